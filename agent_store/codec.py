@@ -1,0 +1,172 @@
+"""Agent Framework objects <-> JSON rows, with one documented rule set and no silent conversions.
+
+State values (one row per top-level key of ``AgentSession.state``) are stored as JSON:
+
+- ``None``, ``bool``, ``int``, ``str``, finite ``float``, ``list`` and ``dict`` with string keys: as themselves.
+- ``datetime`` -> ``{"$datetime": "<ISO 8601>"}``, ``date`` -> ``{"$date": ...}``, ``tuple`` -> ``{"$tuple": [...]}``:
+  they come back as the same type (a naive datetime stays naive, an aware one keeps its offset).
+- Types registered with ``agent_framework.register_state_type`` (``Message`` is) ->
+  ``{"$state": {"type": "<type id>", ...payload}}``, rebuilt by the registered decoder.
+- A plain dict whose only key is one of those ``$`` tags is wrapped as ``{"$dict": {...}}``, so user data
+  never turns into another type by accident (a dict with ``"type": "message"`` stays a dict).
+- Anything else (sets, bytes, NaN/Infinity, custom objects, non-string keys, cycles, strings holding NUL
+  or lone surrogates) raises :class:`InvalidValueError` naming the key and the path inside it.
+
+Messages are stored as ``Message.to_dict()`` plus columns extracted for SQL (role, author, plain text).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import uuid
+from collections.abc import Mapping
+from datetime import date, datetime
+from typing import Any
+
+from agent_framework import Message
+
+# The framework keeps its state-type registry private; these two dicts are what register_state_type fills.
+# tests/test_codec.py pins that they still exist and behave, so a framework change fails loudly here.
+from agent_framework._sessions import _STATE_CLASS_REGISTRY, _STATE_TYPE_REGISTRY
+
+from .errors import InvalidValueError
+
+_TAGS = frozenset({"$datetime", "$date", "$tuple", "$state", "$dict"})
+_SCALARS = (str, int, bool, type(None))
+# A JSON \u0000 escape that is not itself escaped (preceded by an even number of backslashes).
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+DEFAULT_MAX_VALUE_BYTES = 16 * 1024 * 1024
+
+
+def dumps(value: Any, *, where: str, max_bytes: int = DEFAULT_MAX_VALUE_BYTES) -> str:
+    """Serialize an already-encoded JSON value, enforcing what every backend can store.
+
+    Raises:
+        InvalidValueError: NUL characters (PostgreSQL cannot store them), lone surrogates (not UTF-8),
+            or a document larger than ``max_bytes``.
+    """
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False, sort_keys=True, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:  # a non-JSON object or NaN inside a message body
+        raise InvalidValueError(f"{where}: {exc}") from exc
+    if "\\u0000" in text and _NUL_ESCAPE.search(text):
+        raise InvalidValueError(f"{where}: text contains a NUL character (\\x00), which cannot be stored")
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise InvalidValueError(f"{where}: text contains a lone surrogate, which is not valid UTF-8") from exc
+    if size > max_bytes:
+        raise InvalidValueError(f"{where}: {size} bytes is over the limit of {max_bytes} (Store max_value_bytes)")
+    return text
+
+
+def encode_state(value: Any, *, key: str) -> Any:
+    """Encode one state value to JSON-compatible data by the module's rules."""
+    return _encode(value, f"state[{key!r}]", set())
+
+
+def _encode(value: Any, path: str, active: set[int]) -> Any:
+    kind = type(value)
+    if kind in _SCALARS:
+        return value
+    if kind is float:
+        if not math.isfinite(value):
+            raise InvalidValueError(f"{path}: {value!r} is not a finite number; JSON cannot store it")
+        return value
+    if kind is dict or kind is list or kind is tuple:
+        if id(value) in active:
+            raise InvalidValueError(f"{path}: the value contains itself (a cycle)")
+        active.add(id(value))
+        try:
+            if kind is dict:
+                return _encode_dict(value, path, active)
+            items = [_encode(item, f"{path}[{i}]", active) for i, item in enumerate(value)]
+            return items if kind is list else {"$tuple": items}
+        finally:
+            active.discard(id(value))
+    if kind is datetime:
+        return {"$datetime": value.isoformat()}
+    if kind is date:
+        return {"$date": value.isoformat()}
+    registration = _STATE_CLASS_REGISTRY.get(kind)
+    if registration is not None:
+        payload = dict(registration.encoder(value))
+        payload.pop("type", None)
+        encoded = _encode_dict(payload, path, active, tag_check=False)
+        return {"$state": {**encoded, "type": registration.type_id}}
+    raise InvalidValueError(
+        f"{path}: a {kind.__name__} cannot be stored. Storable: JSON values, datetime, date, tuple, and "
+        "types registered with agent_framework.register_state_type"
+    )
+
+
+def _encode_dict(value: dict[Any, Any], path: str, active: set[int], *, tag_check: bool = True) -> Any:
+    out: dict[str, Any] = {}
+    for k, item in value.items():
+        if type(k) is not str:
+            raise InvalidValueError(f"{path}: key {k!r} is a {type(k).__name__}; only string keys can be stored")
+        out[k] = _encode(item, f"{path}[{k!r}]", active)
+    if tag_check and len(out) == 1 and next(iter(out)) in _TAGS:
+        return {"$dict": out}
+    return out
+
+
+def decode_state(value: Any, *, key: str) -> Any:
+    """Rebuild a state value stored by :func:`encode_state`."""
+    return _decode(value, f"state[{key!r}]")
+
+
+def _decode(value: Any, path: str) -> Any:
+    if type(value) is list:
+        return [_decode(item, path) for item in value]
+    if type(value) is not dict:
+        return value
+    if len(value) == 1:
+        tag, inner = next(iter(value.items()))
+        if tag == "$dict":
+            return {k: _decode(item, path) for k, item in inner.items()}
+        if tag == "$tuple":
+            return tuple(_decode(item, path) for item in inner)
+        if tag == "$datetime":
+            return datetime.fromisoformat(inner)
+        if tag == "$date":
+            return date.fromisoformat(inner)
+        if tag == "$state":
+            registration = _STATE_TYPE_REGISTRY.get(inner.get("type"))
+            if registration is None:
+                raise InvalidValueError(
+                    f"{path}: stored state type {inner.get('type')!r} is not registered in this process; "
+                    "import the module that calls register_state_type before loading"
+                )
+            payload = {k: _decode(item, path) for k, item in inner.items()}
+            return registration.decoder(payload)
+    return {k: _decode(item, path) for k, item in value.items()}
+
+
+def message_row(message: Message, *, max_bytes: int) -> dict[str, Any]:
+    """The column values for one message; gives it a stable ``message_id`` if it has none.
+
+    The id is written back onto the in-memory message so a retried commit, and the framework's own
+    de-duplication, see the same identity.
+    """
+    if not isinstance(message, Message):
+        raise InvalidValueError(f"history holds a {type(message).__name__}, not an agent_framework.Message")
+    if message.message_id is None:
+        message.message_id = uuid.uuid4().hex
+    where = f"message {message.message_id!r}"
+    body = message.to_dict()
+    return {
+        "message_id": message.message_id,
+        "role": str(message.role),
+        "author_name": message.author_name,
+        "text": message.text or "",
+        "body": dumps(body, where=where, max_bytes=max_bytes),
+    }
+
+
+def message_from_row(body: Mapping[str, Any]) -> Message:
+    """Rebuild a ``Message`` from its stored ``to_dict()`` form."""
+    return Message.from_dict(dict(body))

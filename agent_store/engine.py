@@ -1,0 +1,136 @@
+"""Turning a URL into a correctly configured async engine, and the schema check a store does once.
+
+SQLite gets WAL, a busy timeout, foreign keys and explicit ``BEGIN`` statements (pysqlite's implicit
+transactions would let a run's reads see two different snapshots); PostgreSQL gets pre-ping (the pool
+recovers after a server restart) and a connect timeout (an unreachable host fails, it does not hang).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import event, text
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+from .errors import ConfigurationError, SchemaOutOfDateError, SchemaTooNewError, redact
+from .tables import SCHEMA_REVISION
+
+DEFAULT_URL = "sqlite+aiosqlite:///agent_store.db"
+URL_ENV = "AGENT_STORE_URL"
+CONNECT_TIMEOUT_S = 10.0
+
+_DRIVERS = {"sqlite+aiosqlite": "sqlite", "postgresql+asyncpg": "postgresql"}
+_SYNC_HINT = {"sqlite": "sqlite+aiosqlite://", "postgresql": "postgresql+asyncpg://", "postgres": "postgresql+asyncpg://"}
+# Fixed statements chosen by an execution option; never assembled from input.
+_SQLITE_BEGIN = {"deferred": "BEGIN", "immediate": "BEGIN IMMEDIATE"}
+
+
+def resolve_url(url: str | URL | None) -> URL:
+    """Parse ``url`` (or ``$AGENT_STORE_URL``, or the embedded default) and check the driver is async."""
+    raw = url if url is not None else os.environ.get(URL_ENV) or DEFAULT_URL
+    try:
+        parsed = make_url(raw)
+    except ArgumentError as exc:
+        # The raw text is not echoed: it may hold a password.
+        raise ConfigurationError(
+            "could not parse the database URL; expected e.g. sqlite+aiosqlite:///file.db "
+            "or postgresql+asyncpg://user@host/db"
+        ) from exc
+    if parsed.drivername not in _DRIVERS:
+        hint = _SYNC_HINT.get(parsed.drivername.split("+")[0])
+        advice = f"; use {hint}" if hint else "; supported: sqlite+aiosqlite, postgresql+asyncpg"
+        raise ConfigurationError(f"unsupported driver {parsed.drivername!r} in {redact(parsed)}{advice}")
+    return parsed
+
+
+def make_engine(url: str | URL | None = None, **engine_kwargs: Any) -> AsyncEngine:
+    """Create the engine agent_store expects for ``url`` (see :func:`resolve_url`)."""
+    parsed = resolve_url(url)
+    if parsed.drivername == "postgresql+asyncpg":
+        connect_args = {"timeout": CONNECT_TIMEOUT_S, **engine_kwargs.pop("connect_args", {})}
+        engine_kwargs.setdefault("pool_pre_ping", True)
+        return create_async_engine(parsed, connect_args=connect_args, **engine_kwargs)
+    database = parsed.database or ""
+    if database in ("", ":memory:") or database.startswith("file::memory:"):
+        raise ConfigurationError("an in-memory SQLite database cannot be shared by runs; give a file path")
+    engine = create_async_engine(parsed, **engine_kwargs)
+    configure_sqlite(engine)
+    return engine
+
+
+def configure_sqlite(engine: AsyncEngine) -> None:
+    """Install the SQLite connection set-up; harmless on other dialects and if called twice."""
+    sync_engine = engine.sync_engine
+    if sync_engine.dialect.name != "sqlite" or event.contains(sync_engine, "connect", _sqlite_connect):
+        return
+    event.listen(sync_engine, "connect", _sqlite_connect)
+    event.listen(sync_engine, "begin", _sqlite_begin)
+
+
+def _sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
+    dbapi_connection.isolation_level = None  # we emit BEGIN ourselves, see _sqlite_begin
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA busy_timeout = 30000")  # ms; a writer waits this long for the lock
+    cursor.execute("PRAGMA journal_mode = WAL")
+    cursor.execute("PRAGMA synchronous = NORMAL")
+    cursor.execute("PRAGMA foreign_keys = ON")
+    cursor.close()
+
+
+def _sqlite_begin(conn: Any) -> None:
+    # Writes start with BEGIN IMMEDIATE: the write lock is taken (waiting up to busy_timeout) before any
+    # read, so a commit never fails with "database is locked" on lock upgrade.
+    mode = conn.get_execution_options().get("agent_store_begin", "deferred")
+    conn.exec_driver_sql(_SQLITE_BEGIN[mode])
+
+
+def migrations_dir() -> Path:
+    """Where the Alembic scripts are: inside the installed package, or the source checkout's migrations/."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "migrations", here.parent / "migrations"):
+        if (candidate / "env.py").is_file():
+            return candidate
+    raise ConfigurationError("agent_store's migrations are missing from this installation")
+
+
+def known_revisions() -> set[str]:
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory(str(migrations_dir()))
+    return {rev.revision for rev in script.walk_revisions()}
+
+
+async def check_schema(conn: AsyncConnection, url: URL) -> None:
+    """Raise a :class:`SchemaError` unless the database is at this code's head revision."""
+
+    def read_revision(sync_conn: Any) -> str | None:
+        from alembic.migration import MigrationContext
+
+        return MigrationContext.configure(sync_conn).get_current_revision()
+
+    current = await conn.run_sync(read_revision)
+    if current == SCHEMA_REVISION:
+        return
+    where = redact(url)
+    if current is None:
+        raise SchemaOutOfDateError(
+            f"{where} has no agent_store schema; run `agent-store upgrade` (or `await store.migrate()`, "
+            "or `alembic upgrade head` from a checkout)"
+        )
+    if current in known_revisions():
+        raise SchemaOutOfDateError(
+            f"{where} is at schema revision {current}, behind this agent_store ({SCHEMA_REVISION}); "
+            "run `agent-store upgrade` (or `await store.migrate()`)"
+        )
+    raise SchemaTooNewError(
+        f"{where} is at schema revision {current}, which this agent_store does not know "
+        f"(its newest is {SCHEMA_REVISION}); upgrade the agent-store package"
+    )
+
+
+async def ping(conn: AsyncConnection) -> None:
+    await conn.execute(text("SELECT 1"))

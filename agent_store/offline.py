@@ -1,0 +1,95 @@
+"""A deterministic chat client that needs no network: for the demo, the tests and the benchmarks.
+
+It is built on the framework's own client layers (chat middleware, function invocation, telemetry), so an
+``Agent`` drives it exactly as it drives a hosted model. Its answers come only from the messages it is
+given, which is what makes it a test of persistence: it can name the user only if the history reached it.
+
+- "我叫李明" / "my name is Ann"       -> a greeting that repeats the name
+- "我叫什么名字？" / "what is my name?" -> the name found in earlier user messages, or "I don't know"
+- instructions mentioning 翻译/translat -> "[译] <text>";  摘要/summar -> "摘要：<start of text>"
+- a user message "call <tool>" with that tool offered -> a function call, then a reply with its result
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
+from typing import Any
+
+from agent_framework import (
+    BaseChatClient,
+    ChatMiddlewareLayer,
+    ChatResponse,
+    ChatResponseUpdate,
+    Content,
+    FunctionInvocationLayer,
+    Message,
+    ResponseStream,
+)
+from agent_framework.observability import ChatTelemetryLayer
+
+_TELL = re.compile(r"(?:我叫|my name is\s+)([^\s，。,.!！?？]+)", re.IGNORECASE)
+_ASK = re.compile(r"我叫什么|what(?:'s| is) my name", re.IGNORECASE)
+_CALL = re.compile(r"\bcall (\w+)", re.IGNORECASE)
+
+
+def answer(messages: Sequence[Message], instructions: str = "") -> str:
+    """The reply text for a conversation, computed only from what is passed in."""
+    users = [m.text or "" for m in messages if m.role == "user"]
+    last = users[-1] if users else ""
+    if _ASK.search(last):
+        names = [found.group(1) for text in users[:-1] for found in _TELL.finditer(text)]
+        return f"你叫{names[-1]}。" if names else "我不知道你叫什么名字。"
+    if told := _TELL.search(last):
+        return f"你好，{told.group(1)}！很高兴认识你。"
+    latest = messages[-1].text if messages else ""
+    if "翻译" in instructions or "translat" in instructions.lower():
+        return f"[译] {latest}"
+    if "摘要" in instructions or "summar" in instructions.lower():
+        return f"摘要：{latest[:20]}"
+    return f"收到：{last}（第 {len(users)} 条用户消息）"
+
+
+class OfflineChatClient(ChatMiddlewareLayer[Any], FunctionInvocationLayer[Any], ChatTelemetryLayer[Any],
+                        BaseChatClient[Any]):
+    """Offline, deterministic stand-in for a hosted chat model (see the module docstring)."""
+
+    OTEL_PROVIDER_NAME = "agent_store.offline"
+
+    def _inner_get_response(self, *, messages: Sequence[Message], stream: bool, options: Mapping[str, Any],
+                            **kwargs: Any) -> Awaitable[ChatResponse] | ResponseStream[ChatResponseUpdate, ChatResponse]:
+        reply = self._reply(messages, options)
+        if stream:
+            return self._build_response_stream(self._stream(reply))
+
+        async def respond() -> ChatResponse:
+            return ChatResponse(messages=[reply], usage_details=_usage(messages, reply))
+
+        return respond()
+
+    def _reply(self, messages: Sequence[Message], options: Mapping[str, Any]) -> Message:
+        tools = {getattr(tool, "name", None) for tool in options.get("tools") or []}
+        last = messages[-1] if messages else None
+        call = _CALL.search(last.text or "") if last is not None and last.role == "user" else None
+        if call and call.group(1) in tools:
+            return Message(role="assistant", contents=[
+                Content.from_function_call(call_id=f"call_{uuid.uuid4().hex[:8]}", name=call.group(1), arguments={})
+            ])
+        if last is not None and last.role == "tool":
+            results = [str(c.result) for c in last.contents if c.type == "function_result"]
+            return Message(role="assistant", contents=[f"工具结果：{', '.join(results)}"])
+        return Message(role="assistant", contents=[answer(messages, str(options.get("instructions") or ""))])
+
+    async def _stream(self, reply: Message) -> AsyncIterator[ChatResponseUpdate]:
+        if reply.text:
+            for piece in re.findall(r".{1,4}", reply.text, flags=re.S):
+                yield ChatResponseUpdate(role="assistant", contents=[Content.from_text(piece)])
+        else:
+            yield ChatResponseUpdate(role="assistant", contents=list(reply.contents))
+
+
+def _usage(messages: Sequence[Message], reply: Message) -> dict[str, int]:
+    prompt = sum(len(m.text or "") for m in messages)
+    return {"input_token_count": prompt, "output_token_count": len(reply.text or ""),
+            "total_token_count": prompt + len(reply.text or "")}

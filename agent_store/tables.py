@@ -1,0 +1,168 @@
+"""The relational schema, as SQLAlchemy ORM rows. Alembic migrations create it; this module only describes it.
+
+Every session-owned table carries ``session_id`` first in its primary key: it is the natural shard key
+(see docs/SCALING.md) and it keeps a session's rows together in the index.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    DateTime,
+    Dialect,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeEngine
+
+# The Alembic revision this code expects; tests/test_migrations.py pins it to the scripts' head.
+SCHEMA_REVISION = "0001"
+ID_MAX = 255  # ids are bounded: longer ones are refused before any SQL runs
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class _JSONBText(JSONB):
+    """JSONB that takes already-serialized JSON text (the codec serializes once, with its own rules)."""
+
+    def bind_processor(self, dialect: Dialect) -> None:
+        return None
+
+
+class JsonText(TypeDecorator[Any]):
+    """A JSON document column: JSONB on PostgreSQL, UTF-8 text (not \\uXXXX-escaped) on SQLite.
+
+    Binds take JSON *text* produced by :mod:`agent_store.codec`; reads give Python values.
+    """
+
+    impl = Text
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
+        if dialect.name == "postgresql":
+            return dialect.type_descriptor(_JSONBText())
+        return dialect.type_descriptor(Text())
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> Any:
+        if value is not None and not isinstance(value, str):
+            raise TypeError("JsonText binds serialized JSON text; use agent_store.codec.dumps()")
+        return value
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> Any:
+        if dialect.name == "postgresql" or value is None:
+            return value
+        return json.loads(value)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timezone-aware UTC timestamp on every backend (SQLite keeps no zone, so UTC is implied)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("timestamps must be timezone-aware")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class SessionRow(Base):
+    """One conversation. ``version`` goes up by one with every committed run."""
+
+    __tablename__ = "agent_sessions"
+
+    id: Mapped[str] = mapped_column(String(ID_MAX), primary_key=True)
+    user_id: Mapped[str | None] = mapped_column(String(ID_MAX))
+    agent_id: Mapped[str | None] = mapped_column(String(ID_MAX))
+    service_session_id: Mapped[Any | None] = mapped_column(JsonText())
+    version: Mapped[int] = mapped_column(Integer, default=0)
+    # Next free message seq; also the message count. Bumped under the row lock so seq is gap-free.
+    next_seq: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+    __table_args__ = (Index(None, "user_id", "updated_at"),)
+
+
+class MessageRow(Base):
+    """One chat message, in commit order. ``body`` is ``Message.to_dict()``; ``text`` its plain text."""
+
+    __tablename__ = "agent_messages"
+
+    session_id: Mapped[str] = mapped_column(
+        String(ID_MAX), ForeignKey("agent_sessions.id", ondelete="CASCADE"), primary_key=True
+    )
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)
+    message_id: Mapped[str] = mapped_column(String(ID_MAX))
+    run_id: Mapped[str] = mapped_column(String(36))
+    role: Mapped[str] = mapped_column(String(32))
+    author_name: Mapped[str | None] = mapped_column(String(ID_MAX))
+    text: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    body: Mapped[Any] = mapped_column(JsonText())
+
+    __table_args__ = (Index(None, "session_id", "message_id", unique=True),)
+
+
+class StateRow(Base):
+    """One top-level key of ``AgentSession.state``; ``version`` is the session version that wrote it."""
+
+    __tablename__ = "agent_state"
+
+    session_id: Mapped[str] = mapped_column(
+        String(ID_MAX), ForeignKey("agent_sessions.id", ondelete="CASCADE"), primary_key=True
+    )
+    key: Mapped[str] = mapped_column(String(ID_MAX), primary_key=True)
+    value: Mapped[Any] = mapped_column(JsonText())
+    version: Mapped[int] = mapped_column(Integer)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class RunRow(Base):
+    """One committed run. Its key makes a retried commit of the same run a no-op, never a duplicate."""
+
+    __tablename__ = "agent_runs"
+
+    session_id: Mapped[str] = mapped_column(
+        String(ID_MAX), ForeignKey("agent_sessions.id", ondelete="CASCADE"), primary_key=True
+    )
+    run_id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    version: Mapped[int] = mapped_column(Integer)
+    messages_written: Mapped[int] = mapped_column(Integer)
+    state_keys_written: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    committed_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+sessions_t = SessionRow.__table__
+messages_t = MessageRow.__table__
+state_t = StateRow.__table__
+runs_t = RunRow.__table__

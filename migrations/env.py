@@ -1,0 +1,60 @@
+"""Alembic environment for agent_store: async engines, or a connection handed over by Store.migrate()."""
+
+from __future__ import annotations
+
+import asyncio
+from logging.config import fileConfig
+from typing import Any
+
+from alembic import context
+from sqlalchemy import text
+
+from agent_store.engine import make_engine, resolve_url
+from agent_store.tables import Base
+
+config = context.config
+if config.config_file_name is not None and config.attributes.get("connection") is None:
+    fileConfig(config.config_file_name, disable_existing_loggers=False)
+
+target_metadata = Base.metadata
+# Any fixed 64-bit number: concurrent `upgrade`s (several app replicas starting) queue instead of racing.
+_PG_MIGRATION_LOCK = 0x6167656E7473746F
+
+
+def _run(connection: Any) -> None:
+    context.configure(
+        connection=connection,
+        target_metadata=target_metadata,
+        render_as_batch=connection.dialect.name == "sqlite",
+        compare_type=True,
+    )
+    with context.begin_transaction():
+        if connection.dialect.name == "postgresql":
+            connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_MIGRATION_LOCK})
+        context.run_migrations()
+
+
+async def _run_async() -> None:
+    url = context.get_x_argument(as_dictionary=True).get("url")
+    engine = make_engine(url)
+    try:
+        async with engine.connect() as connection:
+            await connection.run_sync(_run)
+            await connection.commit()
+    finally:
+        await engine.dispose()
+
+
+def _run_offline() -> None:
+    url = resolve_url(context.get_x_argument(as_dictionary=True).get("url"))
+    context.configure(url=url, target_metadata=target_metadata, literal_binds=True)
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+if context.is_offline_mode():
+    _run_offline()
+elif (shared := config.attributes.get("connection")) is not None:
+    _run(shared)
+else:
+    asyncio.run(_run_async())
