@@ -1,0 +1,3 @@
+from agent_store.cli import main
+
+main()

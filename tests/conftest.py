@@ -1,0 +1,84 @@
+"""One behaviour suite, every backend: each test that takes ``url`` or ``store`` runs on SQLite and PostgreSQL.
+
+SQLite: a file in the test's temp dir. PostgreSQL: a fresh, empty database per test, created through the
+server named by ``AGENT_STORE_TEST_POSTGRES_URL`` (e.g. postgresql+asyncpg://postgres@127.0.0.1:5432/test).
+Without that variable the PostgreSQL cases skip with the reason shown; with ``CI=true`` they fail instead,
+and any skip at all fails the run (see pytest_sessionfinish).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+from agent_framework import Agent
+from sqlalchemy.engine import make_url
+
+from agent_store import Store
+from agent_store.offline import OfflineChatClient
+
+PG_ENV = "AGENT_STORE_TEST_POSTGRES_URL"
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+BACKENDS = [pytest.param("sqlite", id="sqlite"), pytest.param("postgresql", id="postgresql")]
+
+
+def _pg_admin_url() -> str:
+    raw = os.environ.get(PG_ENV)
+    if not raw:
+        if IN_CI:
+            pytest.fail(f"{PG_ENV} is not set, and CI=true: PostgreSQL tests may not be skipped")
+        pytest.skip(f"{PG_ENV} is not set: PostgreSQL cases skipped (set it to run them)")
+    return raw
+
+
+def _plain_dsn(sa_url: str) -> str:
+    return make_url(sa_url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+@pytest.fixture(params=BACKENDS)
+async def url(request: pytest.FixtureRequest, tmp_path: object) -> AsyncIterator[str]:
+    """The URL of an empty database on each backend (no schema yet)."""
+    if request.param == "sqlite":
+        yield f"sqlite+aiosqlite:///{tmp_path}/store.db"
+        return
+    admin = make_url(_pg_admin_url())
+    name = f"{admin.database}_{uuid.uuid4().hex[:12]}"
+    conn = await asyncpg.connect(_plain_dsn(admin.render_as_string(hide_password=False)))
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    try:
+        yield admin.set(database=name).render_as_string(hide_password=False)
+    finally:
+        conn = await asyncpg.connect(_plain_dsn(admin.render_as_string(hide_password=False)))
+        try:
+            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await conn.close()
+
+
+@pytest.fixture
+async def store(url: str) -> AsyncIterator[Store]:
+    """A migrated store on each backend."""
+    async with Store.from_url(url) as store:
+        await store.migrate()
+        yield store
+
+
+@pytest.fixture
+def agent() -> Agent:
+    return Agent(client=OfflineChatClient(), name="Bot")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    skipped = len(reporter.stats.get("skipped", [])) if reporter else 0
+    if IN_CI and skipped:
+        if reporter:
+            reporter.write_line(f"CI=true: {skipped} test(s) skipped; a skip is a failure in CI", red=True)
+        session.exitstatus = 1
