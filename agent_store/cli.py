@@ -16,7 +16,10 @@ from .store import Store
 T = TypeVar("T")
 
 url_option = click.option(
-    "--url", envvar=URL_ENV, default=None, show_envvar=True,
+    "--url",
+    envvar=URL_ENV,
+    default=None,
+    show_envvar=True,
     help="Database URL (default: sqlite+aiosqlite:///agent_store.db).",
 )
 

@@ -8,11 +8,13 @@
 
 from __future__ import annotations
 
-import subprocess
+import asyncio
 import sys
 import uuid
+from asyncio.subprocess import PIPE
 from collections.abc import Callable
 from datetime import datetime
+from typing import Any
 
 from agent_framework import Agent
 from sqlalchemy import text
@@ -23,11 +25,11 @@ from .store import Store
 TRANSCRIPT_SQL = "SELECT seq, role, author_name, text FROM agent_messages WHERE session_id = :sid ORDER BY seq"
 
 
-def count_turn(state: dict[str, object]) -> int:
+def count_turn(state: dict[str, Any]) -> int:
     """The seed's per-turn bookkeeping: a counter and a history list with timestamps."""
-    turn = int(state.get("turn_count", 0)) + 1  # type: ignore[call-overload]
+    turn: int = state.get("turn_count", 0) + 1
     state["turn_count"] = turn
-    state.setdefault("history", []).append({"turn": turn, "timestamp": datetime.now()})  # type: ignore[union-attr]
+    state.setdefault("history", []).append({"turn": turn, "timestamp": datetime.now()})
     return turn
 
 
@@ -81,14 +83,16 @@ async def run_demo(url: str | None, say: Callable[[str], None]) -> str:
     command = [sys.executable, "-m", "agent_store", "demo", "--step", "turn-two", "--chat-id", chat_id]
     if url is not None:
         command += ["--url", url]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"turn two (separate process) failed: {done.stderr.strip()}")
-    say(done.stdout.rstrip())
+    child = await asyncio.create_subprocess_exec(*command, stdout=PIPE, stderr=PIPE)
+    out, err = await child.communicate()
+    if child.returncode != 0:
+        raise RuntimeError(f"turn two (separate process) failed: {err.decode().strip()}")
+    say(out.decode().rstrip())
     await shared_session(url, shared_id, say)
     async with Store.from_url(url) as store:
         for sid in (chat_id, shared_id):
             await show_sql(store, TRANSCRIPT_SQL, {"sid": sid}, say)
-        await show_sql(store, "SELECT key, value FROM agent_state WHERE session_id = :sid ORDER BY key",
-                       {"sid": chat_id}, say)
+        await show_sql(
+            store, "SELECT key, value FROM agent_state WHERE session_id = :sid ORDER BY key", {"sid": chat_id}, say
+        )
     return chat_id

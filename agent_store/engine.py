@@ -24,7 +24,11 @@ URL_ENV = "AGENT_STORE_URL"
 CONNECT_TIMEOUT_S = 10.0
 
 _DRIVERS = {"sqlite+aiosqlite": "sqlite", "postgresql+asyncpg": "postgresql"}
-_SYNC_HINT = {"sqlite": "sqlite+aiosqlite://", "postgresql": "postgresql+asyncpg://", "postgres": "postgresql+asyncpg://"}
+_SYNC_HINT = {
+    "sqlite": "sqlite+aiosqlite://",
+    "postgresql": "postgresql+asyncpg://",
+    "postgres": "postgresql+asyncpg://",
+}
 # Fixed statements chosen by an execution option; never assembled from input.
 _SQLITE_BEGIN = {"deferred": "BEGIN", "immediate": "BEGIN IMMEDIATE"}
 

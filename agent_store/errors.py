@@ -16,7 +16,6 @@ so the original stays in ``__cause__``; messages name the database with its pass
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -104,5 +103,5 @@ def translated(url: URL, doing: str) -> Iterator[None]:
         if exc.connection_invalidated or isinstance(exc.orig, sqlite3.OperationalError):
             raise StorageUnavailableError(f"{doing} failed on {redact(url)}: {_first_line(exc)}") from exc
         raise
-    except (OSError, TimeoutError, asyncio.TimeoutError) as exc:
+    except (OSError, TimeoutError) as exc:
         raise StorageUnavailableError(f"{doing} failed on {redact(url)}: {_first_line(exc)}") from exc

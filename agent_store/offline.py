@@ -26,6 +26,7 @@ from agent_framework import (
     FunctionInvocationLayer,
     Message,
     ResponseStream,
+    UsageDetails,
 )
 from agent_framework.observability import ChatTelemetryLayer
 
@@ -51,14 +52,16 @@ def answer(messages: Sequence[Message], instructions: str = "") -> str:
     return f"收到：{last}（第 {len(users)} 条用户消息）"
 
 
-class OfflineChatClient(ChatMiddlewareLayer[Any], FunctionInvocationLayer[Any], ChatTelemetryLayer[Any],
-                        BaseChatClient[Any]):
+class OfflineChatClient(  # type: ignore[misc]  # the framework's layers overload get_response differently
+    ChatMiddlewareLayer[Any], FunctionInvocationLayer[Any], ChatTelemetryLayer[Any], BaseChatClient[Any]
+):
     """Offline, deterministic stand-in for a hosted chat model (see the module docstring)."""
 
     OTEL_PROVIDER_NAME = "agent_store.offline"
 
-    def _inner_get_response(self, *, messages: Sequence[Message], stream: bool, options: Mapping[str, Any],
-                            **kwargs: Any) -> Awaitable[ChatResponse] | ResponseStream[ChatResponseUpdate, ChatResponse]:
+    def _inner_get_response(
+        self, *, messages: Sequence[Message], stream: bool, options: Mapping[str, Any], **kwargs: Any
+    ) -> Awaitable[ChatResponse] | ResponseStream[ChatResponseUpdate, ChatResponse]:
         reply = self._reply(messages, options)
         if stream:
             return self._build_response_stream(self._stream(reply))
@@ -73,9 +76,12 @@ class OfflineChatClient(ChatMiddlewareLayer[Any], FunctionInvocationLayer[Any], 
         last = messages[-1] if messages else None
         call = _CALL.search(last.text or "") if last is not None and last.role == "user" else None
         if call and call.group(1) in tools:
-            return Message(role="assistant", contents=[
-                Content.from_function_call(call_id=f"call_{uuid.uuid4().hex[:8]}", name=call.group(1), arguments={})
-            ])
+            return Message(
+                role="assistant",
+                contents=[
+                    Content.from_function_call(call_id=f"call_{uuid.uuid4().hex[:8]}", name=call.group(1), arguments={})
+                ],
+            )
         if last is not None and last.role == "tool":
             results = [str(c.result) for c in last.contents if c.type == "function_result"]
             return Message(role="assistant", contents=[f"工具结果：{', '.join(results)}"])
@@ -89,7 +95,10 @@ class OfflineChatClient(ChatMiddlewareLayer[Any], FunctionInvocationLayer[Any], 
             yield ChatResponseUpdate(role="assistant", contents=list(reply.contents))
 
 
-def _usage(messages: Sequence[Message], reply: Message) -> dict[str, int]:
+def _usage(messages: Sequence[Message], reply: Message) -> UsageDetails:
     prompt = sum(len(m.text or "") for m in messages)
-    return {"input_token_count": prompt, "output_token_count": len(reply.text or ""),
-            "total_token_count": prompt + len(reply.text or "")}
+    return UsageDetails(
+        input_token_count=prompt,
+        output_token_count=len(reply.text or ""),
+        total_token_count=prompt + len(reply.text or ""),
+    )

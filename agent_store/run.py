@@ -75,8 +75,9 @@ class Delta:
 class Run:
     """A loaded session and what is needed to commit what the agent changed in it."""
 
-    def __init__(self, store: Store, session: AgentSession, snapshot: Snapshot, *, user_id: str | None,
-                 agent_id: str | None) -> None:
+    def __init__(
+        self, store: Store, session: AgentSession, snapshot: Snapshot, *, user_id: str | None, agent_id: str | None
+    ) -> None:
         self.store = store
         self.session = session
         self.user_id = user_id
@@ -119,7 +120,7 @@ class Run:
             rest = {k: v for k, v in history.items() if k != "messages"}
             if rest:
                 state[HISTORY_KEY] = rest
-            seen = set(snap.message_ids)
+            seen: set[str | None] = set(snap.message_ids)
             for message in history.get("messages", []):
                 message_id = getattr(message, "message_id", None)
                 if message_id is None or message_id not in seen:
@@ -147,8 +148,15 @@ class Run:
         if not snap.exists:
             await db.execute(
                 dialect.insert(sessions_t).on_conflict_do_nothing(),
-                {"id": sid, "user_id": self.user_id, "agent_id": self.agent_id, "version": 0, "next_seq": 0,
-                 "created_at": now, "updated_at": now},
+                {
+                    "id": sid,
+                    "user_id": self.user_id,
+                    "agent_id": self.agent_id,
+                    "version": 0,
+                    "next_seq": 0,
+                    "created_at": now,
+                    "updated_at": now,
+                },
             )
         values: dict[str, Any] = {
             "version": sessions_t.c.version + 1,
@@ -157,21 +165,28 @@ class Run:
         }
         if delta.service_session_id_changed:
             values["service_session_id"] = codec.dumps(self.session.service_session_id, where="service_session_id")
-        bumped = (await db.execute(
-            update(sessions_t)
-            .where(sessions_t.c.id == sid, sessions_t.c.user_id.is_not_distinct_from(self.user_id))
-            .values(values)
-            .returning(sessions_t.c.version, sessions_t.c.next_seq)
-        )).first()
+        bumped = (
+            await db.execute(
+                update(sessions_t)
+                .where(sessions_t.c.id == sid, sessions_t.c.user_id.is_not_distinct_from(self.user_id))
+                .values(values)
+                .returning(sessions_t.c.version, sessions_t.c.next_seq)
+            )
+        ).first()
         if bumped is None:
             raise SessionNotFoundError(f"session {sid!r} no longer exists for user {self.user_id!r}")
         version, next_seq = bumped
         changed = [*delta.upserts, *delta.deletes]
         if changed:
-            stored = dict((await db.execute(
-                select(state_t.c.key, state_t.c.version)
-                .where(state_t.c.session_id == sid, state_t.c.key.in_(changed))
-            )).all())
+            stored = dict(
+                (
+                    await db.execute(
+                        select(state_t.c.key, state_t.c.version).where(
+                            state_t.c.session_id == sid, state_t.c.key.in_(changed)
+                        )
+                    )
+                ).all()
+            )
             lost = sorted(k for k in changed if stored.get(k) != snap.state_version.get(k))
             if lost:
                 raise ConflictError(sid, lost)
@@ -182,30 +197,45 @@ class Run:
             await db.execute(
                 upsert.on_conflict_do_update(
                     index_elements=[state_t.c.session_id, state_t.c.key],
-                    set_={"value": upsert.excluded.value, "version": upsert.excluded.version,
-                          "updated_at": upsert.excluded.updated_at},
+                    set_={
+                        "value": upsert.excluded.value,
+                        "version": upsert.excluded.version,
+                        "updated_at": upsert.excluded.updated_at,
+                    },
                 ),
-                [{"session_id": sid, "key": k, "value": v, "version": version, "updated_at": now}
-                 for k, v in delta.upserts.items()],
+                [
+                    {"session_id": sid, "key": k, "value": v, "version": version, "updated_at": now}
+                    for k, v in delta.upserts.items()
+                ],
             )
         first_seq = next_seq - len(delta.messages)
         if delta.messages:
             await db.execute(
                 insert(messages_t),
-                [{**row, "session_id": sid, "seq": first_seq + i, "run_id": self._run_id, "created_at": now}
-                 for i, row in enumerate(delta.messages)],
+                [
+                    {**row, "session_id": sid, "seq": first_seq + i, "run_id": self._run_id, "created_at": now}
+                    for i, row in enumerate(delta.messages)
+                ],
             )
-        await db.execute(insert(runs_t), {
-            "session_id": sid, "run_id": self._run_id, "version": version,
-            "messages_written": len(delta.messages), "state_keys_written": len(changed),
-            "started_at": self._started_at, "committed_at": now,
-        })
+        await db.execute(
+            insert(runs_t),
+            {
+                "session_id": sid,
+                "run_id": self._run_id,
+                "version": version,
+                "messages_written": len(delta.messages),
+                "state_keys_written": len(changed),
+                "started_at": self._started_at,
+                "committed_at": now,
+            },
+        )
         return int(version)
 
     async def _already_committed(self, db: AsyncConnection) -> bool:
         found = await db.execute(
-            select(runs_t.c.version).where(runs_t.c.session_id == self.session.session_id,
-                                           runs_t.c.run_id == self._run_id)
+            select(runs_t.c.version).where(
+                runs_t.c.session_id == self.session.session_id, runs_t.c.run_id == self._run_id
+            )
         )
         return found.first() is not None
 
@@ -213,8 +243,11 @@ class Run:
         """Make the snapshot describe the database as this run left it, so a later commit writes only news."""
         snap = self._snapshot
         result = CommitResult(
-            session_id=self.session.session_id, run_id=self._run_id, version=version,
-            messages_written=len(delta.messages), state_keys_written=len(delta.upserts) + len(delta.deletes),
+            session_id=self.session.session_id,
+            run_id=self._run_id,
+            version=version,
+            messages_written=len(delta.messages),
+            state_keys_written=len(delta.upserts) + len(delta.deletes),
         )
         snap.exists, snap.version = True, version
         snap.service_session_id = self.session.service_session_id
@@ -228,8 +261,9 @@ class Run:
         return result
 
 
-async def load(store: Store, session_id: str, *, user_id: str | None, agent_id: str | None,
-               history_limit: int | None) -> Run:
+async def load(
+    store: Store, session_id: str, *, user_id: str | None, agent_id: str | None, history_limit: int | None
+) -> Run:
     """Read one session in a short read-only transaction and rebuild its ``AgentSession``."""
     check_id(session_id, "session_id", required=True)
     check_id(user_id, "user_id")
@@ -240,19 +274,28 @@ async def load(store: Store, session_id: str, *, user_id: str | None, agent_id: 
     session = AgentSession(session_id=session_id)
     messages: list[Message] = []
     async with store._transaction(write=False, doing="loading a session") as db:
-        row = (await db.execute(
-            select(sessions_t.c.user_id, sessions_t.c.agent_id, sessions_t.c.service_session_id,
-                   sessions_t.c.version, sessions_t.c.next_seq).where(sessions_t.c.id == session_id)
-        )).first()
+        row = (
+            await db.execute(
+                select(
+                    sessions_t.c.user_id,
+                    sessions_t.c.agent_id,
+                    sessions_t.c.service_session_id,
+                    sessions_t.c.version,
+                    sessions_t.c.next_seq,
+                ).where(sessions_t.c.id == session_id)
+            )
+        ).first()
         if row is not None:
             if row.user_id != user_id or (row.agent_id is not None and row.agent_id != agent_id):
                 # Same answer whether the id is unused or someone else's: ids do not leak across tenants.
                 raise SessionNotFoundError(f"no session {session_id!r} for user {user_id!r}")
             snap.exists, snap.version = True, row.version
             snap.service_session_id = session.service_session_id = row.service_session_id
-            for key, value, version in (await db.execute(
-                select(state_t.c.key, state_t.c.value, state_t.c.version).where(state_t.c.session_id == session_id)
-            )).all():
+            for key, value, version in (
+                await db.execute(
+                    select(state_t.c.key, state_t.c.value, state_t.c.version).where(state_t.c.session_id == session_id)
+                )
+            ).all():
                 snap.state_text[key] = codec.dumps(value, where=f"state[{key!r}]", max_bytes=2**62)
                 snap.state_version[key] = version
                 session.state[key] = codec.decode_state(value, key=key)

@@ -29,8 +29,9 @@ class Store:
         check_schema: verify once, before first use, that the database is at this code's schema.
     """
 
-    def __init__(self, engine: AsyncEngine, *, max_value_bytes: int = codec.DEFAULT_MAX_VALUE_BYTES,
-                 check_schema: bool = True) -> None:
+    def __init__(
+        self, engine: AsyncEngine, *, max_value_bytes: int = codec.DEFAULT_MAX_VALUE_BYTES, check_schema: bool = True
+    ) -> None:
         if engine.dialect.name not in ("sqlite", "postgresql") or not engine.dialect.is_async:
             raise ConfigurationError(f"unsupported engine dialect {engine.dialect.name!r}: use aiosqlite or asyncpg")
         configure_sqlite(engine)
@@ -56,30 +57,49 @@ class Store:
         return self.engine.url
 
     async def migrate(self, revision: str = "head") -> None:
-        """Bring the schema to ``revision`` with the shipped Alembic migrations (``alembic upgrade``)."""
+        """Upgrade the schema to ``revision`` with the shipped migrations (same as ``alembic upgrade``)."""
+        await self._alembic("upgrade", revision)
+
+    async def downgrade(self, revision: str) -> None:
+        """Downgrade the schema to ``revision`` (``"base"`` drops every agent_store table)."""
+        await self._alembic("downgrade", revision)
+
+    async def _alembic(self, verb: str, revision: str) -> None:
         from alembic import command
         from alembic.config import Config
 
         config = Config()
         config.set_main_option("script_location", str(migrations_dir()))
 
-        def upgrade(sync_conn: Any) -> None:
+        def run(sync_conn: Any) -> None:
             config.attributes["connection"] = sync_conn
-            command.upgrade(config, revision)
+            getattr(command, verb)(config, revision)
 
-        with translated(self.url, "migrating"):
+        with translated(self.url, f"schema {verb}"):
             async with self.engine.begin() as conn:
-                await conn.run_sync(upgrade)
+                await conn.run_sync(run)
         self._schema_ok = False
 
-    async def load(self, session_id: str, *, user_id: str | None = None, agent_id: str | None = None,
-                   history_limit: int | None = None) -> Run:
+    async def load(
+        self,
+        session_id: str,
+        *,
+        user_id: str | None = None,
+        agent_id: str | None = None,
+        history_limit: int | None = None,
+    ) -> Run:
         """Load a session for one run; commit it with ``await run.commit()``. See :meth:`session`."""
         return await load(self, session_id, user_id=user_id, agent_id=agent_id, history_limit=history_limit)
 
     @asynccontextmanager
-    async def session(self, session_id: str, *, user_id: str | None = None, agent_id: str | None = None,
-                      history_limit: int | None = None) -> AsyncIterator[AgentSession]:
+    async def session(
+        self,
+        session_id: str,
+        *,
+        user_id: str | None = None,
+        agent_id: str | None = None,
+        history_limit: int | None = None,
+    ) -> AsyncIterator[AgentSession]:
         """Yield the stored session as an ``AgentSession``; commit what changed when the block exits.
 
         The session is created on first use. ``history_limit`` loads only the last N messages (the
@@ -119,6 +139,7 @@ class Store:
     async def __aenter__(self) -> Store:
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         await self.close()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import (
     DateTime,
@@ -18,6 +18,7 @@ from sqlalchemy import (
     Integer,
     MetaData,
     String,
+    Table,
     Text,
     TypeDecorator,
 )
@@ -162,7 +163,8 @@ class RunRow(Base):
     committed_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
-sessions_t = SessionRow.__table__
-messages_t = MessageRow.__table__
-state_t = StateRow.__table__
-runs_t = RunRow.__table__
+# Core tables for the run's batched statements (the ORM classes above document them).
+sessions_t = cast(Table, SessionRow.__table__)
+messages_t = cast(Table, MessageRow.__table__)
+state_t = cast(Table, StateRow.__table__)
+runs_t = cast(Table, RunRow.__table__)

@@ -34,7 +34,10 @@ async def test_a_second_store_remembers_the_name_and_the_state(url: str, agent: 
             session.state["count"] += 1
         assert reply.text == "你叫李明。"
         assert await rows(second, "SELECT seq, role, author_name FROM agent_messages ORDER BY seq") == [
-            (0, "user", None), (1, "assistant", "Bot"), (2, "user", None), (3, "assistant", "Bot"),
+            (0, "user", None),
+            (1, "assistant", "Bot"),
+            (2, "user", None),
+            (3, "assistant", "Bot"),
         ]
         assert await rows(second, "SELECT value FROM agent_state WHERE key = 'count'") in ([(2,)], [("2",)])
 
@@ -125,7 +128,9 @@ async def test_only_changed_keys_are_written_and_a_deleted_key_leaves_no_row(sto
         del session.state["gone"]
         session.state["new"] = True
     assert await rows(store, "SELECT key, version FROM agent_state ORDER BY key") == [
-        ("nested", 2), ("new", 2), ("same", 1),
+        ("nested", 2),
+        ("new", 2),
+        ("same", 1),
     ]
     async with store.session("s", user_id="u") as session:
         assert session.state["nested"] == {"a": {"b": [1, 2]}}
@@ -173,7 +178,8 @@ async def test_overlapping_runs_keep_both_histories_and_merge_disjoint_keys(stor
     await second.commit()
     await first.commit()
     assert await rows(store, "SELECT seq, text FROM agent_messages WHERE role = 'user' ORDER BY seq") == [
-        (0, "from tab two"), (2, "from tab one"),
+        (0, "from tab two"),
+        (2, "from tab one"),
     ]
     assert await rows(store, "SELECT min(seq), max(seq), count(*) FROM agent_messages") == [(0, 3, 4)]
     async with store.session("s", user_id="u") as session:
@@ -275,8 +281,9 @@ async def test_no_connection_is_held_while_the_agent_runs(url: str, agent: Agent
         async with store.session("c", user_id="u") as session:
             assert store.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
             await agent.run("hi", session=session)
-        assert await rows(store, "SELECT session_id, count(*) FROM agent_messages GROUP BY session_id "
-                                 "ORDER BY session_id") == [("a", 2), ("b", 2), ("c", 2)]
+        assert await rows(
+            store, "SELECT session_id, count(*) FROM agent_messages GROUP BY session_id ORDER BY session_id"
+        ) == [("a", 2), ("b", 2), ("c", 2)]
 
 
 async def test_tables_are_readable_with_orm_rows(store: Store, agent: Agent) -> None:

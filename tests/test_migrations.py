@@ -1,0 +1,124 @@
+"""Alembic is the only schema authority: upgrade/downgrade on both backends, models match head."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import inspect, text
+
+from agent_store import SchemaOutOfDateError, SchemaTooNewError, Store
+from agent_store.engine import migrations_dir
+from agent_store.tables import SCHEMA_REVISION, Base
+
+ROOT = Path(__file__).resolve().parent.parent
+TABLES = {"agent_sessions", "agent_messages", "agent_state", "agent_runs"}
+
+
+async def table_names(store: Store) -> set[str]:
+    async with store.engine.connect() as conn:
+        return set(await conn.run_sync(lambda c: inspect(c).get_table_names())) - {"alembic_version"}
+
+
+def test_the_code_expects_the_scripts_head() -> None:
+    assert ScriptDirectory(str(migrations_dir())).get_current_head() == SCHEMA_REVISION
+
+
+async def test_upgrade_downgrade_upgrade(url: str) -> None:
+    async with Store.from_url(url) as store:
+        await store.migrate()
+        assert await table_names(store) == TABLES
+        await store.downgrade("base")
+        assert await table_names(store) == set()
+        await store.migrate()
+        assert await table_names(store) == TABLES
+        async with store.session("s", user_id="u") as session:
+            session.state["ok"] = True
+
+
+async def test_the_orm_models_match_the_head_schema(url: str) -> None:
+    async with Store.from_url(url) as store:
+        await store.migrate()
+
+        def diff(sync_conn: Any) -> list[Any]:
+            context = MigrationContext.configure(sync_conn, opts={"compare_type": True})
+            return list(compare_metadata(context, Base.metadata))
+
+        async with store.engine.connect() as conn:
+            assert await conn.run_sync(diff) == []
+
+
+async def test_alembic_upgrade_head_from_the_repo_root(url: str) -> None:
+    env = {**os.environ, "AGENT_STORE_URL": url}
+    done = subprocess.run(
+        [sys.executable, "-m", "alembic", "upgrade", "head"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    async with Store.from_url(url) as store:
+        assert await table_names(store) == TABLES
+        async with store.session("s", user_id="u") as session:
+            session.state["ok"] = True
+
+
+async def test_a_store_on_an_empty_database_says_how_to_upgrade(url: str) -> None:
+    async with Store.from_url(url) as store:
+        with pytest.raises(SchemaOutOfDateError, match="agent-store upgrade"):
+            async with store.session("s"):
+                pass
+
+
+def older_revisions() -> list[str]:
+    script = ScriptDirectory(str(migrations_dir()))
+    return ["base", *(r.revision for r in script.walk_revisions() if r.revision != SCHEMA_REVISION)]
+
+
+@pytest.mark.parametrize("revision", older_revisions())
+async def test_a_database_behind_head_says_how_to_upgrade(url: str, revision: str) -> None:
+    async with Store.from_url(url) as store:
+        await store.migrate()
+        await store.downgrade(revision)
+    async with Store.from_url(url) as store:
+        with pytest.raises(SchemaOutOfDateError, match="agent-store upgrade"):
+            async with store.session("s"):
+                pass
+
+
+async def test_a_database_ahead_of_the_code_is_refused(url: str) -> None:
+    async with Store.from_url(url) as store:
+        await store.migrate()
+        async with store.engine.begin() as conn:
+            await conn.execute(text("UPDATE alembic_version SET version_num = 'f00dcafe9999'"))
+    async with Store.from_url(url) as store:
+        with pytest.raises(SchemaTooNewError, match=r"f00dcafe9999.*upgrade the agent-store package"):
+            async with store.session("s"):
+                pass
+
+
+def test_the_wheel_ships_the_migrations(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    (wheel,) = tmp_path.glob("agent_store-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {
+        "agent_store/migrations/env.py",
+        "agent_store/migrations/versions/0001_initial.py",
+        "agent_store/migrations/script.py.mako",
+    } <= names

@@ -1,0 +1,97 @@
+"""The README is the front door: its quick start, its SQL and its commands run here, on both backends."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from sqlalchemy import text
+
+from agent_store import Store
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+QUICKSTART_URL = "sqlite+aiosqlite:///chat.db"
+
+
+def blocks(language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", README, flags=re.S)
+
+
+def run_cli(*args: str, cwd: Path, url: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "AGENT_STORE_URL"}
+    if url is not None:
+        env["AGENT_STORE_URL"] = url
+    return subprocess.run(
+        [sys.executable, "-m", "agent_store", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=180
+    )
+
+
+def test_the_readme_has_the_blocks_these_tests_run() -> None:
+    assert len(blocks("python")) == 1
+    assert len(blocks("sql")) == 4
+
+
+async def test_the_quick_start_and_then_its_sql(url: str, tmp_path: Path) -> None:
+    (quickstart,) = blocks("python")
+    assert quickstart.count(QUICKSTART_URL) == 2
+    script = tmp_path / "quickstart.py"
+    script.write_text(quickstart.replace(QUICKSTART_URL, url), encoding="utf-8")
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "你叫李明。 2"
+
+    transcript, sessions, matching, state = blocks("sql")
+    async with Store.from_url(url) as store, store.engine.connect() as conn:
+
+        def run(sql: str) -> list[tuple[object, ...]]:
+            return [tuple(r) for r in conn.sync_connection.execute(text(sql.strip().rstrip(";"))).all()]
+
+        assert [r[:3] for r in await conn.run_sync(lambda _: run(transcript))] == [
+            (0, "user", None),
+            (1, "assistant", "Assistant"),
+            (2, "user", None),
+            (3, "assistant", "Assistant"),
+        ]
+        assert [r[:3] for r in await conn.run_sync(lambda _: run(sessions))] == [("chat-42", 4, 2)]
+        assert [r[:3] for r in await conn.run_sync(lambda _: run(matching))] == [
+            ("chat-42", 0, "user"),
+            ("chat-42", 1, "assistant"),
+            ("chat-42", 3, "assistant"),
+        ]
+        assert [(r[0], r[2]) for r in await conn.run_sync(lambda _: run(state))] == [("turns", 2)]
+
+
+def test_the_demo_runs_offline_and_remembers_across_processes(url: str, tmp_path: Path) -> None:
+    done = run_cli("demo", cwd=tmp_path, url=url)
+    assert done.returncode == 0, done.stderr
+    assert "process A] user: 我叫李明  ->  Assistant: 你好，李明！" in done.stdout
+    assert "process B] user: 我叫什么名字？  ->  Assistant: 你叫李明。" in done.stdout
+    assert "turn_count=2" in done.stdout
+    assert "Translator: [译]" in done.stdout and "Summarizer: 摘要：" in done.stdout
+
+
+def test_the_demo_uses_the_embedded_default_without_a_url(tmp_path: Path) -> None:
+    done = run_cli("demo", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "agent_store.db").is_file()
+    assert "你叫李明。" in done.stdout
+
+
+def test_check_and_upgrade_report_in_one_line(url: str, tmp_path: Path) -> None:
+    before = run_cli("check", cwd=tmp_path, url=url)
+    assert before.returncode == 1
+    assert before.stderr.strip().count("\n") == 0 and "agent-store upgrade" in before.stderr
+    assert "Traceback" not in before.stderr
+    assert run_cli("upgrade", cwd=tmp_path, url=url).returncode == 0
+    after = run_cli("check", cwd=tmp_path, url=url)
+    assert after.returncode == 0 and after.stdout.startswith("ok:")
+
+
+def test_a_bad_url_fails_in_one_line_without_the_password(tmp_path: Path) -> None:
+    done = run_cli("check", "--url", "postgresql://app:s3cret@db/x", cwd=tmp_path)
+    assert done.returncode == 1
+    assert "ConfigurationError" in done.stderr and "s3cret" not in done.stderr and "Traceback" not in done.stderr
