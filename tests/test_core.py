@@ -187,21 +187,21 @@ async def test_overlapping_runs_keep_both_histories_and_merge_disjoint_keys(stor
         assert len(session.state["in_memory"]["messages"]) == 4
 
 
-@pytest.mark.parametrize("change", ["set", "delete"])
+@pytest.mark.parametrize("change", ["set", "delete", "create"])
 async def test_the_same_key_changed_by_two_runs_is_a_conflict_and_the_loser_writes_nothing(
     store: Store, agent: Agent, change: str
 ) -> None:
     async with store.session("s", user_id="u") as session:
-        session.state["counter"] = 0
+        session.state["counter" if change != "create" else "other"] = 0
     first = await store.load("s", user_id="u")
     second = await store.load("s", user_id="u")
     first.session.state["counter"] = 1
     await first.commit()
     await agent.run("lost?", session=second.session)
-    if change == "set":
-        second.session.state["counter"] = 1
-    else:
+    if change == "delete":
         del second.session.state["counter"]
+    else:
+        second.session.state["counter"] = 1
     with pytest.raises(ConflictError, match="counter") as conflict:
         await second.commit()
     assert conflict.value.keys == ["counter"]
@@ -255,6 +255,16 @@ async def test_a_session_is_invisible_to_another_user(store: Store, agent: Agent
         async with store.session("chat-42"):
             pass
     assert await rows(store, "SELECT user_id, version FROM agent_sessions") == [("u1", 1)]
+
+
+async def test_a_session_bound_to_an_agent_cannot_be_opened_by_another(store: Store, agent: Agent) -> None:
+    async with store.session("private", user_id="u", agent_id="translator") as session:
+        await agent.run("hi", session=session)
+    for other in ("summarizer", None):
+        with pytest.raises(SessionNotFoundError):
+            await store.load("private", user_id="u", agent_id=other)
+    run = await store.load("private", user_id="u", agent_id="translator")
+    assert len(run.session.state["in_memory"]["messages"]) == 2
 
 
 @pytest.mark.parametrize("service_id", ["resp_123", {"conversation_id": "conv_9", "kind": "x"}])
