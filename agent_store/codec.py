@@ -22,6 +22,7 @@ import math
 import re
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import date, datetime
 from typing import Any
 
@@ -146,25 +147,42 @@ def _decode(value: Any, path: str) -> Any:
     return {k: _decode(item, path) for k, item in value.items()}
 
 
-def message_row(message: Message, *, max_bytes: int) -> dict[str, Any]:
-    """The column values for one message; gives it a stable ``message_id`` if it has none.
+@dataclass(frozen=True)
+class MessageRecord:
+    """One message ready for insertion: its columns, and its function calls/results as (call_id, kind, name)."""
+
+    message_id: str
+    columns: dict[str, Any]
+    tools: list[tuple[str, str, str | None]]
+
+
+def message_record(message: Message, *, max_bytes: int, tool_names: dict[str, str]) -> MessageRecord:
+    """The rows for one message; gives it a stable ``message_id`` if it has none.
 
     The id is written back onto the in-memory message so a retried commit, and the framework's own
-    de-duplication, see the same identity.
+    de-duplication, see the same identity. ``tool_names`` maps call ids to names seen so far (it is updated),
+    so a function result's row can carry the name of the tool that produced it.
     """
     if not isinstance(message, Message):
         raise InvalidValueError(f"history holds a {type(message).__name__}, not an agent_framework.Message")
     if message.message_id is None:
         message.message_id = uuid.uuid4().hex
     where = f"message {message.message_id!r}"
-    body = message.to_dict()
-    return {
+    tools: list[tuple[str, str, str | None]] = []
+    for content in message.contents:
+        if content.type == "function_call" and content.call_id:
+            tool_names[content.call_id] = content.name or ""
+            tools.append((content.call_id, "call", content.name))
+        elif content.type == "function_result" and content.call_id:
+            tools.append((content.call_id, "result", tool_names.get(content.call_id)))
+    columns = {
         "message_id": message.message_id,
         "role": str(message.role),
         "author_name": message.author_name,
         "text": message.text or "",
-        "body": dumps(body, where=where, max_bytes=max_bytes),
+        "body": dumps(message.to_dict(), where=where, max_bytes=max_bytes),
     }
+    return MessageRecord(message.message_id, columns, tools)
 
 
 def message_from_row(body: Mapping[str, Any]) -> Message:

@@ -4,34 +4,38 @@
     await agent.run("...", session=run.session)       # 2. the model thinks; no connection is held
     await run.commit()                                # 3. one write transaction with only the delta
 
-``store.session(...)`` is these three steps as an ``async with`` block.
+``store.session(...)`` is these three steps as an ``async with`` block. The SQL itself is in statements.py.
 
 Concurrency is settled by the database, not by locks in this process:
 - the commit's first statement updates the session row (``version + 1``, ``next_seq + n``); that row lock
   orders concurrent commits, so ``seq`` is gap-free and in commit order;
-- each state row records the session version that wrote it; a key this run changed whose stored version
-  is no longer the one it loaded was changed by someone else: :class:`ConflictError`, nothing written;
+- each state row records the stamp of the commit that wrote it; a key this run changed whose stored stamp is
+  no longer the one it loaded was changed by someone else: :class:`ConflictError`, nothing written;
 - the ``agent_runs`` primary key makes a retried commit of the same run a no-op.
+
+State keys prefixed ``user:`` / ``app:`` live in rows shared by all of a user's / an app's sessions (same
+rules, same transaction); ``temp:`` keys are never stored.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from agent_framework import AgentSession, InMemoryHistoryProvider, Message
-from sqlalchemy import delete, insert, select, update
-from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from . import codec
+from . import statements as sql
 from .errors import ConflictError, InvalidValueError, SessionNotFoundError
 from .models import CommitResult
-from .tables import ID_MAX, messages_t, runs_t, sessions_t, state_t
+from .tables import ID_MAX
 
 if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
+
     from .store import Store
 
 # Where a plain Agent's auto-added InMemoryHistoryProvider keeps its messages: state["in_memory"]["messages"].
@@ -56,15 +60,16 @@ class Snapshot:
     version: int = 0
     service_session_id: Any = None
     state_text: dict[str, str] = field(default_factory=dict)  # canonical JSON of each key as loaded
-    state_version: dict[str, int] = field(default_factory=dict)  # session version that wrote each key
+    state_version: dict[str, int] = field(default_factory=dict)  # stamp of the commit that wrote each key
     message_ids: set[str] = field(default_factory=set)
+    complete_history: bool = True  # False: older messages exist that this run has not seen
 
 
 @dataclass
 class Delta:
-    upserts: dict[str, str]
+    upserts: dict[str, str]  # state key -> canonical JSON
     deletes: list[str]
-    messages: list[dict[str, Any]]
+    messages: list[codec.MessageRecord]
     service_session_id_changed: bool
 
     @property
@@ -73,25 +78,37 @@ class Delta:
 
 
 class Run:
-    """A loaded session and what is needed to commit what the agent changed in it."""
+    """A loaded session, and what is needed to commit what the agent changed in it."""
 
     def __init__(
         self, store: Store, session: AgentSession, snapshot: Snapshot, *, user_id: str | None, agent_id: str | None
     ) -> None:
-        self.store = store
-        self.session = session
-        self.user_id = user_id
-        self.agent_id = agent_id
+        self.store, self.session, self.user_id, self.agent_id = store, session, user_id, agent_id
         self._snapshot = snapshot
-        self._run_id = uuid.uuid4().hex
+        self._scopes = sql.scopes(session.session_id, user_id, store.app_id)
+        self._run_id, self._stamp = uuid.uuid4().hex, sql.new_stamp()  # both kept for a retry of the same commit
         self._started_at = datetime.now(UTC)
         self._attempted = False  # a commit was sent whose outcome we may not know
+
+    @property
+    def history(self) -> list[Message]:
+        """The run's message list (what a plain Agent's in-memory provider reads and appends to)."""
+        slot = self.session.state.setdefault(HISTORY_KEY, {})
+        messages: list[Message] = slot.setdefault("messages", [])
+        return messages
+
+    def add_messages(self, messages: Iterable[Message]) -> None:
+        """Append messages to the run's history (for history providers); the same object is never added twice."""
+        history = self.history
+        present = {id(m) for m in history}
+        history.extend(m for m in messages if id(m) not in present)
 
     async def commit(self) -> CommitResult:
         """Write the run's new messages and changed state keys in one transaction.
 
-        Safe to call again after a :class:`StorageUnavailableError`: if the first attempt did commit,
-        the retry finds its run row and writes nothing twice.
+        Safe to call again after a :class:`StorageUnavailableError`: if the first attempt did commit, the
+        retry finds its run row and writes nothing twice. After a successful commit the run can go on and
+        commit again later; each commit writes only what changed since the previous one.
 
         Raises:
             InvalidValueError: a state value or message cannot be stored (checked before any SQL).
@@ -104,8 +121,8 @@ class Run:
         if delta.empty and snap.exists:
             return CommitResult(session_id=self.session.session_id, run_id=self._run_id, version=snap.version)
         async with self.store._transaction(write=True, doing="committing a run") as db:
-            if self._attempted and await self._already_committed(db):
-                return self._committed(delta, snap.version + 1)
+            if self._attempted and (landed := await sql.run_recorded(db, self.session.session_id, self._run_id)):
+                return self._committed(delta, landed)
             self._attempted = True
             version = await self._write(db, delta)
         return self._committed(delta, version)
@@ -113,12 +130,11 @@ class Run:
     def _delta(self) -> Delta:
         """Encode and diff in memory; a value that cannot be stored fails here, before any SQL."""
         snap, limit = self._snapshot, self.store.max_value_bytes
-        state = dict(self.session.state)
+        state = {k: v for k, v in self.session.state.items() if not k.startswith(sql.TEMP_PREFIX)}
         history = state.pop(HISTORY_KEY, None)
         new_messages: list[Message] = []
         if isinstance(history, dict):
-            rest = {k: v for k, v in history.items() if k != "messages"}
-            if rest:
+            if rest := {k: v for k, v in history.items() if k != "messages"}:
                 state[HISTORY_KEY] = rest
             seen: set[str | None] = set(snap.message_ids)
             for message in history.get("messages", []):
@@ -131,23 +147,23 @@ class Run:
         upserts: dict[str, str] = {}
         for key, value in state.items():
             check_id(key, "a state key")
+            sql.scope_of(key, self._scopes)  # a user: key without a user fails here, not in SQL
             encoded = codec.dumps(codec.encode_state(value, key=key), where=f"state[{key!r}]", max_bytes=limit)
             if snap.state_text.get(key) != encoded:
                 upserts[key] = encoded
-        rows = [codec.message_row(m, max_bytes=limit) for m in new_messages]
+        names: dict[str, str] = {}
         return Delta(
             upserts=upserts,
             deletes=[key for key in snap.state_text if key not in state],
-            messages=rows,
+            messages=[codec.message_record(m, max_bytes=limit, tool_names=names) for m in new_messages],
             service_session_id_changed=self.session.service_session_id != snap.service_session_id,
         )
 
     async def _write(self, db: AsyncConnection, delta: Delta) -> int:
         sid, now, snap = self.session.session_id, datetime.now(UTC), self._snapshot
-        dialect = postgresql if db.dialect.name == "postgresql" else sqlite
         if not snap.exists:
-            await db.execute(
-                dialect.insert(sessions_t).on_conflict_do_nothing(),
+            await sql.create_session(
+                db,
                 {
                     "id": sid,
                     "user_id": self.user_id,
@@ -158,86 +174,47 @@ class Run:
                     "updated_at": now,
                 },
             )
-        values: dict[str, Any] = {
-            "version": sessions_t.c.version + 1,
-            "next_seq": sessions_t.c.next_seq + len(delta.messages),
-            "updated_at": now,
-        }
+        extra: dict[str, Any] = {"updated_at": now}
         if delta.service_session_id_changed:
-            values["service_session_id"] = codec.dumps(self.session.service_session_id, where="service_session_id")
-        bumped = (
-            await db.execute(
-                update(sessions_t)
-                .where(sessions_t.c.id == sid, sessions_t.c.user_id.is_not_distinct_from(self.user_id))
-                .values(values)
-                .returning(sessions_t.c.version, sessions_t.c.next_seq)
-            )
-        ).first()
-        if bumped is None:
-            raise SessionNotFoundError(f"session {sid!r} no longer exists for user {self.user_id!r}")
-        version, next_seq = bumped
-        changed = [*delta.upserts, *delta.deletes]
-        if changed:
-            stored = dict(
-                (
-                    await db.execute(
-                        select(state_t.c.key, state_t.c.version).where(
-                            state_t.c.session_id == sid, state_t.c.key.in_(changed)
-                        )
-                    )
-                ).all()
-            )
-            lost = sorted(k for k in changed if stored.get(k) != snap.state_version.get(k))
-            if lost:
-                raise ConflictError(sid, lost)
-        if delta.deletes:
-            await db.execute(delete(state_t).where(state_t.c.session_id == sid, state_t.c.key.in_(delta.deletes)))
-        if delta.upserts:
-            upsert = dialect.insert(state_t)
-            await db.execute(
-                upsert.on_conflict_do_update(
-                    index_elements=[state_t.c.session_id, state_t.c.key],
-                    set_={
-                        "value": upsert.excluded.value,
-                        "version": upsert.excluded.version,
-                        "updated_at": upsert.excluded.updated_at,
-                    },
-                ),
-                [
-                    {"session_id": sid, "key": k, "value": v, "version": version, "updated_at": now}
-                    for k, v in delta.upserts.items()
-                ],
-            )
+            extra["service_session_id"] = codec.dumps(self.session.service_session_id, where="service_session_id")
+        version, next_seq = await sql.bump_session(db, sid, self.user_id, len(delta.messages), extra)
         first_seq = next_seq - len(delta.messages)
-        if delta.messages:
-            await db.execute(
-                insert(messages_t),
-                [
-                    {**row, "session_id": sid, "seq": first_seq + i, "run_id": self._run_id, "created_at": now}
-                    for i, row in enumerate(delta.messages)
-                ],
-            )
-        await db.execute(
-            insert(runs_t),
+
+        changed = [*delta.upserts, *delta.deletes]
+        for scope in self._scopes:
+            keys = [k for k in changed if sql.scope_of(k, self._scopes) is scope]
+            if not keys:
+                continue
+            if scope.prefix:
+                await sql.lock_shared_scope(db, scope)
+            stored = await sql.stored_versions(db, scope, [scope.stored_key(k) for k in keys])
+            if lost := sorted(k for k in keys if stored.get(k) != snap.state_version.get(k)):
+                raise ConflictError(sid, lost)
+            upserts = {k: v for k, v in delta.upserts.items() if k in keys}
+            stamp = self._stamp if scope.prefix else version
+            await sql.write_state(db, scope, upserts, [k for k in delta.deletes if k in keys], stamp, now)
+
+        records = delta.messages
+        if records and not snap.complete_history:
+            # Older messages were not loaded: skip any this run carries that are stored already (a retried save).
+            stored_ids = await sql.already_stored(db, sid, [r.message_id for r in records])
+            if stored_ids:
+                records = delta.messages = [r for r in records if r.message_id not in stored_ids]
+                await sql.give_back_seq(db, sid, len(stored_ids))
+        await sql.insert_messages(db, sid, records, first_seq, self._run_id, now)
+        await sql.record_run(
+            db,
             {
                 "session_id": sid,
                 "run_id": self._run_id,
                 "version": version,
-                "messages_written": len(delta.messages),
+                "messages_written": len(records),
                 "state_keys_written": len(changed),
                 "started_at": self._started_at,
                 "committed_at": now,
             },
         )
-        return int(version)
-
-    async def _already_committed(self, db: AsyncConnection) -> bool:
-        found = await db.execute(
-            select(runs_t.c.version).where(
-                runs_t.c.session_id == self.session.session_id, runs_t.c.run_id == self._run_id
-            )
-        )
-        return found.first() is not None
+        return version
 
     def _committed(self, delta: Delta, version: int) -> CommitResult:
         """Make the snapshot describe the database as this run left it, so a later commit writes only news."""
@@ -255,9 +232,11 @@ class Run:
             snap.state_text.pop(key, None)
             snap.state_version.pop(key, None)
         for key, text in delta.upserts.items():
-            snap.state_text[key], snap.state_version[key] = text, version
-        snap.message_ids.update(row["message_id"] for row in delta.messages)
-        self._run_id, self._attempted = uuid.uuid4().hex, False
+            snap.state_text[key] = text
+            shared = key.startswith((sql.USER_PREFIX, sql.APP_PREFIX))
+            snap.state_version[key] = self._stamp if shared else version
+        snap.message_ids.update(r.message_id for r in delta.messages)
+        self._run_id, self._stamp, self._attempted = uuid.uuid4().hex, sql.new_stamp(), False
         return result
 
 
@@ -270,39 +249,27 @@ async def load(
     check_id(agent_id, "agent_id")
     if history_limit is not None and (type(history_limit) is not int or history_limit < 0):
         raise InvalidValueError(f"history_limit must be a non-negative int or None, not {history_limit!r}")
-    snap = Snapshot()
+    snap = Snapshot(complete_history=history_limit is None)
     session = AgentSession(session_id=session_id)
     messages: list[Message] = []
     async with store._transaction(write=False, doing="loading a session") as db:
-        row = (
-            await db.execute(
-                select(
-                    sessions_t.c.user_id,
-                    sessions_t.c.agent_id,
-                    sessions_t.c.service_session_id,
-                    sessions_t.c.version,
-                    sessions_t.c.next_seq,
-                ).where(sessions_t.c.id == session_id)
-            )
-        ).first()
+        row = (await db.execute(sql.read_session(session_id))).first()
+        if row is not None and (row.user_id != user_id or row.agent_id not in (None, agent_id)):
+            # Same answer whether the id is unused or someone else's: ids do not leak across tenants.
+            raise SessionNotFoundError(f"no session {session_id!r} for user {user_id!r}")
+        for prefix, key, value, version in (
+            await db.execute(sql.read_state(sql.scopes(session_id, user_id, store.app_id)))
+        ).all():
+            full_key = prefix + key
+            snap.state_text[full_key] = codec.dumps(value, where=f"state[{full_key!r}]", max_bytes=2**62)
+            snap.state_version[full_key] = version
+            session.state[full_key] = codec.decode_state(value, key=full_key)
         if row is not None:
-            if row.user_id != user_id or (row.agent_id is not None and row.agent_id != agent_id):
-                # Same answer whether the id is unused or someone else's: ids do not leak across tenants.
-                raise SessionNotFoundError(f"no session {session_id!r} for user {user_id!r}")
             snap.exists, snap.version = True, row.version
             snap.service_session_id = session.service_session_id = row.service_session_id
-            for key, value, version in (
-                await db.execute(
-                    select(state_t.c.key, state_t.c.value, state_t.c.version).where(state_t.c.session_id == session_id)
-                )
+            for message_id, body in (
+                await db.execute(sql.read_messages(session_id, row.next_seq, history_limit))
             ).all():
-                snap.state_text[key] = codec.dumps(value, where=f"state[{key!r}]", max_bytes=2**62)
-                snap.state_version[key] = version
-                session.state[key] = codec.decode_state(value, key=key)
-            query = select(messages_t.c.message_id, messages_t.c.body).where(messages_t.c.session_id == session_id)
-            if history_limit is not None:
-                query = query.where(messages_t.c.seq >= row.next_seq - history_limit)
-            for message_id, body in (await db.execute(query.order_by(messages_t.c.seq))).all():
                 snap.message_ids.add(message_id)
                 messages.append(codec.message_from_row(body))
     history = session.state.get(HISTORY_KEY)

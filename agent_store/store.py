@@ -25,17 +25,24 @@ class Store:
 
     Args:
         engine: an async SQLAlchemy engine on ``sqlite+aiosqlite`` or ``postgresql+asyncpg``.
+        app_id: the application whose ``app:`` state keys this store reads and writes.
         max_value_bytes: the largest state value or message (as JSON) a run may write.
         check_schema: verify once, before first use, that the database is at this code's schema.
     """
 
     def __init__(
-        self, engine: AsyncEngine, *, max_value_bytes: int = codec.DEFAULT_MAX_VALUE_BYTES, check_schema: bool = True
+        self,
+        engine: AsyncEngine,
+        *,
+        app_id: str = "default",
+        max_value_bytes: int = codec.DEFAULT_MAX_VALUE_BYTES,
+        check_schema: bool = True,
     ) -> None:
         if engine.dialect.name not in ("sqlite", "postgresql") or not engine.dialect.is_async:
             raise ConfigurationError(f"unsupported engine dialect {engine.dialect.name!r}: use aiosqlite or asyncpg")
         configure_sqlite(engine)
         self.engine = engine
+        self.app_id = app_id
         self.max_value_bytes = max_value_bytes
         self._schema_ok = not check_schema
 
@@ -49,7 +56,7 @@ class Store:
         Raises:
             ConfigurationError: malformed URL, a sync driver (``postgresql://``, ``sqlite://``), or in-memory SQLite.
         """
-        store_options = {k: options.pop(k) for k in ("max_value_bytes", "check_schema") if k in options}
+        store_options = {k: options.pop(k) for k in ("app_id", "max_value_bytes", "check_schema") if k in options}
         return cls(make_engine(url, **options), **store_options)
 
     @property

@@ -11,9 +11,11 @@ from datetime import UTC, datetime
 from typing import Any, cast
 
 from sqlalchemy import (
+    BigInteger,
     DateTime,
     Dialect,
     ForeignKey,
+    ForeignKeyConstraint,
     Index,
     Integer,
     MetaData,
@@ -27,7 +29,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeEngine
 
 # The Alembic revision this code expects; tests/test_migrations.py pins it to the scripts' head.
-SCHEMA_REVISION = "0001"
+SCHEMA_REVISION = "0002"
 ID_MAX = 255  # ids are bounded: longer ones are refused before any SQL runs
 
 NAMING_CONVENTION = {
@@ -163,8 +165,54 @@ class RunRow(Base):
     committed_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
+class ToolCallRow(Base):
+    """One function call or function result inside a message, so tools can be queried (and paired) in SQL."""
+
+    __tablename__ = "agent_tool_calls"
+
+    session_id: Mapped[str] = mapped_column(String(ID_MAX), primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)
+    call_id: Mapped[str] = mapped_column(String(ID_MAX), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))  # "call" or "result"
+    tool_name: Mapped[str | None] = mapped_column(String(ID_MAX))  # a result's name, when its call is known
+
+    __table_args__ = (
+        ForeignKeyConstraint(
+            ["session_id", "seq"], ["agent_messages.session_id", "agent_messages.seq"], ondelete="CASCADE"
+        ),
+        Index(None, "session_id", "call_id"),
+    )
+
+
+class UserStateRow(Base):
+    """A ``user:``-prefixed state key: shared by every session of one user (long-term memory)."""
+
+    __tablename__ = "agent_user_state"
+
+    user_id: Mapped[str] = mapped_column(String(ID_MAX), primary_key=True)
+    key: Mapped[str] = mapped_column(String(ID_MAX), primary_key=True)
+    value: Mapped[Any] = mapped_column(JsonText())
+    version: Mapped[int] = mapped_column(BigInteger)  # a random write stamp: equal means "not written since"
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class AppStateRow(Base):
+    """An ``app:``-prefixed state key: shared by every session of one application (``Store(app_id=...)``)."""
+
+    __tablename__ = "agent_app_state"
+
+    app_id: Mapped[str] = mapped_column(String(ID_MAX), primary_key=True)
+    key: Mapped[str] = mapped_column(String(ID_MAX), primary_key=True)
+    value: Mapped[Any] = mapped_column(JsonText())
+    version: Mapped[int] = mapped_column(BigInteger)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
 # Core tables for the run's batched statements (the ORM classes above document them).
 sessions_t = cast(Table, SessionRow.__table__)
 messages_t = cast(Table, MessageRow.__table__)
 state_t = cast(Table, StateRow.__table__)
 runs_t = cast(Table, RunRow.__table__)
+tool_calls_t = cast(Table, ToolCallRow.__table__)
+user_state_t = cast(Table, UserStateRow.__table__)
+app_state_t = cast(Table, AppStateRow.__table__)

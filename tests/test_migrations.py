@@ -20,7 +20,7 @@ from agent_store.engine import migrations_dir
 from agent_store.tables import SCHEMA_REVISION, Base
 
 ROOT = Path(__file__).resolve().parent.parent
-TABLES = {"agent_sessions", "agent_messages", "agent_state", "agent_runs"}
+TABLES = set(Base.metadata.tables)
 
 
 async def table_names(store: Store) -> set[str]:
