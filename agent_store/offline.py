@@ -8,6 +8,8 @@ given, which is what makes it a test of persistence: it can name the user only i
 - "我叫什么名字？" / "what is my name?" -> the name found in earlier user messages, or "I don't know"
 - instructions mentioning 翻译/translat -> "[译] <text>";  摘要/summar -> "摘要：<start of text>"
 - a user message "call <tool>" with that tool offered -> a function call, then a reply with its result
+- a name told while a ``remember`` tool is offered -> remember(key="name", value=<name>), then the greeting
+- asked the name with none in the history -> the name from remembered facts in the instructions ("- name: X")
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from agent_framework.observability import ChatTelemetryLayer
 
 _TELL = re.compile(r"(?:我叫|my name is\s+)([^\s，。,.!！?？]+)", re.IGNORECASE)
 _ASK = re.compile(r"我叫什么|what(?:'s| is) my name", re.IGNORECASE)
+_REMEMBERED = re.compile(r"^- name: (\S+)$", re.MULTILINE)  # MemoryProvider's instructions
 _CALL = re.compile(r"\bcall (\w+)", re.IGNORECASE)
 
 
@@ -41,6 +44,7 @@ def answer(messages: Sequence[Message], instructions: str = "") -> str:
     last = users[-1] if users else ""
     if _ASK.search(last):
         names = [found.group(1) for text in users[:-1] for found in _TELL.finditer(text)]
+        names = names or _REMEMBERED.findall(instructions)
         return f"你叫{names[-1]}。" if names else "我不知道你叫什么名字。"
     if told := _TELL.search(last):
         return f"你好，{told.group(1)}！很高兴认识你。"
@@ -53,7 +57,11 @@ def answer(messages: Sequence[Message], instructions: str = "") -> str:
 
 
 class OfflineChatClient(  # type: ignore[misc]  # the framework's layers overload get_response differently
-    ChatMiddlewareLayer[Any], FunctionInvocationLayer[Any], ChatTelemetryLayer[Any], BaseChatClient[Any]
+    # The order the framework's own clients use: the function loop outside, chat middleware per model call.
+    FunctionInvocationLayer[Any],
+    ChatMiddlewareLayer[Any],
+    ChatTelemetryLayer[Any],
+    BaseChatClient[Any],
 ):
     """Offline, deterministic stand-in for a hosted chat model (see the module docstring)."""
 
@@ -73,19 +81,20 @@ class OfflineChatClient(  # type: ignore[misc]  # the framework's layers overloa
 
     def _reply(self, messages: Sequence[Message], options: Mapping[str, Any]) -> Message:
         tools = {getattr(tool, "name", None) for tool in options.get("tools") or []}
+        instructions = str(options.get("instructions") or "")
         last = messages[-1] if messages else None
-        call = _CALL.search(last.text or "") if last is not None and last.role == "user" else None
-        if call and call.group(1) in tools:
-            return Message(
-                role="assistant",
-                contents=[
-                    Content.from_function_call(call_id=f"call_{uuid.uuid4().hex[:8]}", name=call.group(1), arguments={})
-                ],
-            )
         if last is not None and last.role == "tool":
-            results = [str(c.result) for c in last.contents if c.type == "function_result"]
-            return Message(role="assistant", contents=[f"工具结果：{', '.join(results)}"])
-        return Message(role="assistant", contents=[answer(messages, str(options.get("instructions") or ""))])
+            called = {c.call_id: c.name for m in messages for c in m.contents if c.type == "function_call"}
+            results = [c for c in last.contents if c.type == "function_result"]
+            if all(called.get(c.call_id) == "remember" for c in results):
+                return Message(role="assistant", contents=[answer(messages, instructions)])
+            return Message(role="assistant", contents=[f"工具结果：{', '.join(str(c.result) for c in results)}"])
+        text = (last.text or "") if last is not None and last.role == "user" else ""
+        if (call := _CALL.search(text)) and call.group(1) in tools:
+            return _call(call.group(1), {})
+        if (told := _TELL.search(text)) and "remember" in tools:
+            return _call("remember", {"key": "name", "value": told.group(1)})
+        return Message(role="assistant", contents=[answer(messages, instructions)])
 
     async def _stream(self, reply: Message) -> AsyncIterator[ChatResponseUpdate]:
         if reply.text:
@@ -93,6 +102,13 @@ class OfflineChatClient(  # type: ignore[misc]  # the framework's layers overloa
                 yield ChatResponseUpdate(role="assistant", contents=[Content.from_text(piece)])
         else:
             yield ChatResponseUpdate(role="assistant", contents=list(reply.contents))
+
+
+def _call(name: str, arguments: dict[str, Any]) -> Message:
+    call_id = f"call_{uuid.uuid4().hex[:8]}"
+    return Message(
+        role="assistant", contents=[Content.from_function_call(call_id=call_id, name=name, arguments=arguments)]
+    )
 
 
 def _usage(messages: Sequence[Message], reply: Message) -> UsageDetails:

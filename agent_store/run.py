@@ -20,6 +20,7 @@ rules, same transaction); ``temp:`` keys are never stored.
 from __future__ import annotations
 
 import uuid
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -40,6 +41,14 @@ if TYPE_CHECKING:
 
 # Where a plain Agent's auto-added InMemoryHistoryProvider keeps its messages: state["in_memory"]["messages"].
 HISTORY_KEY = InMemoryHistoryProvider.DEFAULT_SOURCE_ID
+
+# The run each live session belongs to, so the framework seams (history provider, session store) can join it.
+_RUNS: weakref.WeakKeyDictionary[AgentSession, Run] = weakref.WeakKeyDictionary()
+
+
+def run_of(session: AgentSession) -> Run | None:
+    """The store run that loaded ``session``, if it came from ``store.load`` / ``store.session``."""
+    return _RUNS.get(session)
 
 
 def check_id(value: str | None, what: str, *, required: bool = False) -> None:
@@ -89,6 +98,21 @@ class Run:
         self._run_id, self._stamp = uuid.uuid4().hex, sql.new_stamp()  # both kept for a retry of the same commit
         self._started_at = datetime.now(UTC)
         self._attempted = False  # a commit was sent whose outcome we may not know
+        _RUNS[session] = self
+
+    @classmethod
+    def unloaded(cls, store: Store, session: AgentSession, *, user_id: str | None, agent_id: str | None = None) -> Run:
+        """A run for a session the store did not load: every message and key it holds is news to commit.
+
+        Messages already stored (by id) are skipped, and keys that exist already are conflicts.
+        """
+        check_id(session.session_id, "session_id", required=True)
+        return cls(store, session, Snapshot(complete_history=False), user_id=user_id, agent_id=agent_id)
+
+    @property
+    def exists(self) -> bool:
+        """Whether the session was in the database when loaded (or has been committed since)."""
+        return self._snapshot.exists
 
     @property
     def history(self) -> list[Message]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Table, case, delete, func, insert, literal, select, update
+from sqlalchemy import Table, bindparam, case, delete, func, insert, literal, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql import Select
@@ -193,7 +193,19 @@ async def insert_messages(
         for call_id, kind, name in r.tools
     ]
     if tools:
-        await db.execute(insert(tool_calls_t), tools)
+        # A result whose call was committed earlier (per-service-call saves) takes the name from that call's row.
+        call = tool_calls_t.alias("call")
+        earlier_name = (
+            select(call.c.tool_name)
+            .where(call.c.session_id == bindparam("session_id"), call.c.call_id == bindparam("call_id"))
+            .where(call.c.kind == "call")
+            .limit(1)
+            .scalar_subquery()
+        )
+        params = {name: bindparam(name) for name in ("session_id", "seq", "call_id", "kind")}
+        await db.execute(
+            insert(tool_calls_t).values(**params, tool_name=func.coalesce(bindparam("tool_name"), earlier_name)), tools
+        )
 
 
 async def record_run(db: AsyncConnection, row: dict[str, Any]) -> None:

@@ -8,13 +8,15 @@ from types import TracebackType
 from typing import Any
 
 from agent_framework import AgentSession
+from sqlalchemy import delete
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from . import codec
 from .engine import check_schema, configure_sqlite, make_engine, migrations_dir
 from .errors import ConfigurationError, translated
-from .run import Run, load
+from .run import Run, check_id, load
+from .tables import sessions_t
 
 
 class Store:
@@ -122,6 +124,18 @@ class Store:
         run = await self.load(session_id, user_id=user_id, agent_id=agent_id, history_limit=history_limit)
         yield run.session
         await run.commit()
+
+    async def delete(self, session_id: str, *, user_id: str | None = None) -> bool:
+        """Delete a session with its messages, state and run log in one transaction; False if there was none."""
+        check_id(session_id, "session_id", required=True)
+        check_id(user_id, "user_id")
+        async with self._transaction(write=True, doing="deleting a session") as db:
+            done = await db.execute(
+                delete(sessions_t).where(
+                    sessions_t.c.id == session_id, sessions_t.c.user_id.is_not_distinct_from(user_id)
+                )
+            )
+        return bool(done.rowcount)
 
     @asynccontextmanager
     async def _transaction(self, *, write: bool, doing: str) -> AsyncIterator[AsyncConnection]:

@@ -1,0 +1,176 @@
+"""Agent Framework seams backed by the store: a history provider, a session store, long-term memory.
+
+Inside ``store.session(...)`` all three join the run: what they write is committed with the run's messages
+and state in its one transaction. Outside one, the history provider and the session store commit on their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any
+
+from agent_framework import AgentSession, ContextProvider, HistoryProvider, Message, SessionContext, SessionStore, tool
+
+from .errors import InvalidValueError
+from .run import Run, run_of
+
+if TYPE_CHECKING:
+    from .store import Store
+
+# The session whose provider hooks are running: the framework passes the session to before_run/after_run but
+# only its id to get_messages/save_messages, and two sessions may share an id in one process (two tabs).
+_HOOKED_SESSION: ContextVar[AgentSession | None] = ContextVar("agent_store_hooked_session", default=None)
+
+
+class StoreHistoryProvider(HistoryProvider):
+    """A ``HistoryProvider`` whose history is the store's ``agent_messages`` table.
+
+    - In a ``store.session(...)`` block it reads the run's loaded history and its saves join the run's commit.
+    - On any other ``AgentSession`` each ``save_messages`` is its own transaction; messages are identified by
+      ``message_id`` (assigned when missing), so a retried save stores nothing twice, and de-duplication
+      looks up only the ids being saved, never the whole history.
+
+    Args:
+        store: the store to read and write.
+        source_id: the provider's id in the agent's pipeline (default ``"agent_store"``).
+        user_id: the owner of sessions this provider creates and the only user whose sessions it opens
+            outside a run (inside one, the run's user applies).
+        history_limit: outside a run, load only the last N messages (tool calls kept with their results).
+        Other keyword arguments are ``HistoryProvider``'s: ``load_messages``, ``store_inputs``, ...
+    """
+
+    DEFAULT_SOURCE_ID = "agent_store"
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        source_id: str = DEFAULT_SOURCE_ID,
+        user_id: str | None = None,
+        history_limit: int | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__(source_id, **options)
+        self.store, self.user_id, self.history_limit = store, user_id, history_limit
+
+    async def before_run(
+        self, *, agent: Any, session: AgentSession, context: SessionContext, state: dict[str, Any]
+    ) -> None:
+        token = _HOOKED_SESSION.set(session)
+        try:
+            await super().before_run(agent=agent, session=session, context=context, state=state)
+        finally:
+            _HOOKED_SESSION.reset(token)
+
+    async def after_run(
+        self, *, agent: Any, session: AgentSession, context: SessionContext, state: dict[str, Any]
+    ) -> None:
+        token = _HOOKED_SESSION.set(session)
+        try:
+            await super().after_run(agent=agent, session=session, context=context, state=state)
+        finally:
+            _HOOKED_SESSION.reset(token)
+
+    def _joined_run(self, session_id: str | None) -> Run | None:
+        session = _HOOKED_SESSION.get()
+        if session is None or session.session_id != session_id:
+            return None
+        return run_of(session)
+
+    async def get_messages(
+        self, session_id: str | None, *, state: dict[str, Any] | None = None, **kwargs: Any
+    ) -> list[Message]:
+        if (run := self._joined_run(session_id)) is not None:
+            return list(run.history)
+        if session_id is None:
+            return []
+        loaded = await self.store.load(session_id, user_id=self.user_id, history_limit=self.history_limit)
+        return list(loaded.history)
+
+    async def save_messages(
+        self, session_id: str | None, messages: Sequence[Message], *, state: dict[str, Any] | None = None, **kwargs: Any
+    ) -> None:
+        if not messages or session_id is None:
+            return
+        if (run := self._joined_run(session_id)) is not None:
+            run.add_messages(messages)
+            return
+        standalone = Run.unloaded(self.store, AgentSession(session_id=session_id), user_id=self.user_id)
+        standalone.add_messages(messages)
+        await standalone.commit()
+
+
+class StoreSessionStore(SessionStore):
+    """The framework's ``SessionStore`` (get / set / delete of whole sessions) on the store's tables.
+
+    ``get`` loads a session (its state rows and messages); ``set`` commits what changed since that ``get``,
+    with the usual rules: new messages appended, changed keys written, a key changed meanwhile by someone
+    else raises ``ConflictError``. ``set`` of a session this store did not hand out writes its messages
+    (skipping ids already stored) and its keys (a key that already exists is a conflict, not an overwrite).
+    """
+
+    def __init__(self, store: Store, *, user_id: str | None = None, history_limit: int | None = None) -> None:
+        super().__init__()
+        self.store, self.user_id, self.history_limit = store, user_id, history_limit
+
+    async def get(self, session_id: str) -> AgentSession | None:
+        SessionStore.validate_session_id(session_id)
+        run = await self.store.load(session_id, user_id=self.user_id, history_limit=self.history_limit)
+        return run.session if run.exists else None
+
+    async def set(self, session_id: str, session: AgentSession) -> None:
+        SessionStore.validate_session_id(session_id)
+        if session.session_id != session_id:
+            raise InvalidValueError(
+                f"StoreSessionStore keeps a session under its own id: {session.session_id!r} != {session_id!r}"
+            )
+        run = run_of(session)
+        if run is None or run.store is not self.store:
+            run = Run.unloaded(self.store, session, user_id=self.user_id)
+        await run.commit()
+
+    async def delete(self, session_id: str) -> None:
+        SessionStore.validate_session_id(session_id)
+        await self.store.delete(session_id, user_id=self.user_id)
+
+
+FACT_PREFIX = "user:fact."
+
+
+class MemoryProvider(ContextProvider):
+    """Long-term memory: facts about a user that every new session of that user starts with.
+
+    Facts are user-scoped state keys ``user:fact.<name>`` (one row each in ``agent_user_state``), loaded with
+    the session and committed with the run. Before each run the provider lists them in the instructions and
+    offers the model a ``remember(key, value)`` tool; the app can record facts itself with :meth:`remember`.
+    Use it on sessions opened with ``store.session(..., user_id=...)``.
+    """
+
+    DEFAULT_SOURCE_ID = "agent_store_memory"
+
+    def __init__(self, source_id: str = DEFAULT_SOURCE_ID) -> None:
+        super().__init__(source_id)
+
+    @staticmethod
+    def facts(session: AgentSession) -> dict[str, Any]:
+        return {k[len(FACT_PREFIX) :]: v for k, v in session.state.items() if k.startswith(FACT_PREFIX)}
+
+    @staticmethod
+    def remember(session: AgentSession, key: str, value: Any) -> None:
+        """Record a fact about the session's user; stored when the run commits."""
+        session.state[FACT_PREFIX + key] = value
+
+    async def before_run(
+        self, *, agent: Any, session: AgentSession, context: SessionContext, state: dict[str, Any]
+    ) -> None:
+        if facts := self.facts(session):
+            lines = "\n".join(f"- {key}: {value}" for key, value in sorted(facts.items()))
+            context.extend_instructions(self.source_id, f"What you remember about this user:\n{lines}")
+
+        def remember(key: str, value: str) -> str:
+            """Remember a lasting fact about the user (e.g. key="name", value="李明") for future conversations."""
+            MemoryProvider.remember(session, key, value)
+            return f"remembered {key}"
+
+        context.extend_tools(self.source_id, [tool(remember, name="remember")])

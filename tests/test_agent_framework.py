@@ -1,0 +1,396 @@
+"""Issue 3: the framework's seams on the store: history provider, session store, streaming, tools, memory."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
+from typing import Any, ClassVar
+
+import pytest
+from agent_framework import (
+    Agent,
+    AgentSession,
+    ChatResponse,
+    ChatResponseUpdate,
+    Content,
+    Message,
+    ResponseStream,
+    register_state_type,
+    tool,
+)
+from sqlalchemy import event, text
+
+from agent_store import ConflictError, SessionNotFoundError, Store
+from agent_store.agent_framework import MemoryProvider, StoreHistoryProvider, StoreSessionStore
+from agent_store.offline import OfflineChatClient, answer
+
+
+async def rows(store: Store, sql: str, **params: object) -> list[tuple[Any, ...]]:
+    async with store.engine.connect() as conn:
+        return [tuple(r) for r in (await conn.execute(text(sql), params)).all()]
+
+
+async def transcript(store: Store, session_id: str) -> list[tuple[Any, ...]]:
+    return await rows(
+        store, "SELECT role, author_name, text FROM agent_messages WHERE session_id = :s ORDER BY seq", s=session_id
+    )
+
+
+@tool
+def lookup_weather(city: str = "北京") -> str:
+    """Look up the weather."""
+    return f"{city}: 晴"
+
+
+# ---- history provider ----------------------------------------------------------------------------------
+
+
+async def test_history_provider_inside_a_store_session_joins_the_run(store: Store) -> None:
+    agent = Agent(client=OfflineChatClient(), name="Bot", context_providers=[StoreHistoryProvider(store)])
+    async with store.session("s", user_id="u") as session:
+        await agent.run("我叫李明", session=session)
+        assert await rows(store, "SELECT count(*) FROM agent_messages") == [(0,)]  # not yet: one commit at exit
+    with pytest.raises(RuntimeError):
+        async with store.session("s", user_id="u") as session:
+            await agent.run("this turn is lost", session=session)
+            raise RuntimeError("app failed after the model call")
+    async with store.session("s", user_id="u") as session:
+        reply = await agent.run("我叫什么名字？", session=session)
+    assert reply.text == "你叫李明。"
+    assert [r[2] for r in await transcript(store, "s")] == [
+        "我叫李明",
+        "你好，李明！很高兴认识你。",
+        "我叫什么名字？",
+        "你叫李明。",
+    ]
+    assert await rows(store, "SELECT count(*) FROM agent_runs") == [(2,)]
+
+
+async def test_history_provider_on_a_plain_session_commits_each_save(store: Store) -> None:
+    def fresh_agent() -> Agent:
+        provider = StoreHistoryProvider(store, user_id="u")
+        return Agent(client=OfflineChatClient(), name="Bot", context_providers=[provider])
+
+    await fresh_agent().run("我叫李明", session=AgentSession(session_id="plain"))
+    assert await rows(store, "SELECT count(*), max(user_id) FROM agent_sessions") == [(1, "u")]
+    reply = await fresh_agent().run("我叫什么名字？", session=AgentSession(session_id="plain"))  # "after a restart"
+    assert reply.text == "你叫李明。"
+    assert len(await transcript(store, "plain")) == 4
+    with pytest.raises(SessionNotFoundError):
+        await Agent(
+            client=OfflineChatClient(), context_providers=[StoreHistoryProvider(store, user_id="intruder")]
+        ).run("hi", session=AgentSession(session_id="plain"))
+
+
+async def test_a_retried_save_stores_nothing_twice_and_reads_no_history(store: Store) -> None:
+    provider = StoreHistoryProvider(store, user_id="u")
+    old = [Message(role="user", contents=[f"old {i}"]) for i in range(30)]
+    await provider.save_messages("s", old)
+    batch = [Message(role="user", contents=["same words"]), Message(role="assistant", contents=["ok"])]
+    statements: list[str] = []
+
+    def capture(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        statements.append(statement)
+
+    event.listen(store.engine.sync_engine, "before_cursor_execute", capture)
+    try:
+        await provider.save_messages("s", batch)
+        await provider.save_messages("s", batch)  # the framework (or the app) retries the same save
+    finally:
+        event.remove(store.engine.sync_engine, "before_cursor_execute", capture)
+    assert await rows(store, "SELECT count(*), max(seq) FROM agent_messages") == [(32, 31)]
+    reads = [s for s in statements if s.lstrip().upper().startswith("SELECT") and "agent_messages" in s]
+    assert reads and all("body" not in s and "message_id IN" in s.replace("agent_messages.", "") for s in reads)
+
+
+async def test_the_same_words_twice_are_two_turns(store: Store, agent: Agent) -> None:
+    async with store.session("s", user_id="u") as session:
+        await agent.run("你好", session=session)
+        await agent.run("你好", session=session)
+    assert [r[2] for r in await transcript(store, "s") if r[0] == "user"] == ["你好", "你好"]
+
+
+async def test_audit_only_provider_beside_the_in_memory_one_stores_each_message_once(store: Store) -> None:
+    audit = StoreHistoryProvider(store, load_messages=False)
+    agent = Agent(client=OfflineChatClient(), name="Bot", context_providers=[audit])
+    for words in ("我叫李明", "我叫什么名字？"):
+        async with store.session("s", user_id="u") as session:
+            reply = await agent.run(words, session=session)
+    assert reply.text == "你叫李明。"  # the auto-added in-memory provider loaded the stored history
+    assert len(await transcript(store, "s")) == 4
+
+
+@pytest.mark.parametrize(
+    ("options", "roles"),
+    [
+        pytest.param({"store_inputs": False}, ["assistant"], id="outputs-only"),
+        pytest.param({"store_outputs": False}, ["user"], id="inputs-only"),
+    ],
+)
+async def test_store_inputs_and_outputs_flags(store: Store, options: dict[str, bool], roles: list[str]) -> None:
+    provider = StoreHistoryProvider(store, user_id="u", **options)
+    await Agent(client=OfflineChatClient(), context_providers=[provider]).run(
+        "hi", session=AgentSession(session_id="s")
+    )
+    assert [r[0] for r in await transcript(store, "s")] == roles
+
+
+EXPECTED_TOOL_LOOP = [
+    ("user", "call lookup_weather"),
+    ("assistant", ""),
+    ("tool", ""),
+    ("assistant", "工具结果：北京: 晴"),
+]
+
+
+@pytest.mark.parametrize("inside_run", [True, False], ids=["store-session", "plain-session"])
+async def test_per_service_call_persistence_with_a_tool_loop(store: Store, inside_run: bool) -> None:
+    agent = Agent(
+        client=OfflineChatClient(),
+        name="Bot",
+        tools=[lookup_weather],
+        context_providers=[StoreHistoryProvider(store, user_id="u")],
+        require_per_service_call_history_persistence=True,
+    )
+    if inside_run:
+        async with store.session("s", user_id="u") as session:
+            await agent.run("call lookup_weather", session=session)
+    else:
+        await agent.run("call lookup_weather", session=AgentSession(session_id="s"))
+    assert [(role, text) for role, _author, text in await transcript(store, "s")] == EXPECTED_TOOL_LOOP
+    # one commit for the run, or one per model call (two calls: the tool request, then the answer)
+    assert await rows(store, "SELECT count(*) FROM agent_runs") == [(1 if inside_run else 2,)]
+    calls = await rows(store, "SELECT seq, kind, tool_name FROM agent_tool_calls ORDER BY seq")
+    assert calls == [(1, "call", "lookup_weather"), (2, "result", "lookup_weather")]
+
+
+# ---- tools and windows -----------------------------------------------------------------------------------
+
+
+async def test_tool_calls_are_columns_and_a_window_never_splits_a_call_from_its_result(store: Store) -> None:
+    agent = Agent(client=OfflineChatClient(), name="Bot", tools=[lookup_weather])
+    async with store.session("s", user_id="u") as session:
+        await agent.run("call lookup_weather", session=session)  # seq 0..3
+    (call_id,) = await rows(store, "SELECT call_id FROM agent_tool_calls WHERE kind = 'call'")
+    assert await rows(
+        store, "SELECT seq FROM agent_tool_calls WHERE call_id = :c AND kind = 'result'", c=call_id[0]
+    ) == [(2,)]
+
+    for limit, first_role in ((1, "assistant"), (2, "assistant"), (3, "assistant"), (4, "user")):
+        run = await store.load("s", user_id="u", history_limit=limit)
+        history = run.history
+        kinds = [c.type for m in history for c in m.contents]
+        assert history[0].role == first_role, limit
+        assert kinds.count("function_result") <= kinds.count("function_call"), (limit, kinds)
+    window = (await store.load("s", user_id="u", history_limit=2)).history  # would start at the result
+    assert [m.role for m in window] == ["assistant", "tool", "assistant"]  # widened back to its call
+
+
+async def test_a_windowed_session_still_appends_without_duplicates(store: Store, agent: Agent) -> None:
+    for i in range(3):
+        async with store.session("s", user_id="u") as session:
+            await agent.run(f"turn {i}", session=session)
+    async with store.session("s", user_id="u", history_limit=2) as session:
+        assert len(session.state["in_memory"]["messages"]) == 2
+        await agent.run("turn 3", session=session)
+    assert await rows(store, "SELECT count(*), max(seq) FROM agent_messages") == [(8, 7)]
+
+
+# ---- streaming -----------------------------------------------------------------------------------------
+
+
+class BrokenStreamClient(OfflineChatClient):
+    """Streams one chunk, then the connection to the model breaks."""
+
+    async def _stream(self, reply: Message) -> AsyncIterator[ChatResponseUpdate]:
+        yield ChatResponseUpdate(role="assistant", contents=[Content.from_text("半")])
+        raise ConnectionError("model stream broke")
+
+
+async def test_a_fully_consumed_stream_persists_like_a_plain_run(store: Store, agent: Agent) -> None:
+    async with store.session("plain", user_id="u") as session:
+        await agent.run("我叫李明", session=session)
+    async with store.session("streamed", user_id="u") as session:
+        chunks = [update.text async for update in agent.run("我叫李明", session=session, stream=True)]
+    assert "".join(chunks) == "你好，李明！很高兴认识你。"
+    assert await transcript(store, "streamed") == await transcript(store, "plain")
+
+
+async def test_an_abandoned_stream_persists_nothing_and_the_session_goes_on(store: Store, agent: Agent) -> None:
+    async with store.session("s", user_id="u") as session:
+        async for _update in agent.run("我叫王五", session=session, stream=True):
+            break  # the user closed the tab
+    assert await rows(store, "SELECT count(*) FROM agent_messages") == [(0,)]
+    async with store.session("s", user_id="u") as session:
+        reply = await agent.run("我叫什么名字？", session=session)
+    assert reply.text == "我不知道你叫什么名字。"
+    assert len(await transcript(store, "s")) == 2
+
+
+async def test_a_client_that_raises_mid_stream_persists_nothing(store: Store) -> None:
+    agent = Agent(client=BrokenStreamClient(), name="Bot")
+    with pytest.raises(ConnectionError, match="model stream broke"):
+        async with store.session("s", user_id="u") as session:
+            async for _update in agent.run("hello", session=session, stream=True):
+                pass
+    assert await rows(store, "SELECT count(*) FROM agent_sessions") == [(0,)]
+    async with store.session("s", user_id="u") as session:
+        await Agent(client=OfflineChatClient(), name="Bot").run("hello", session=session)
+    assert len(await transcript(store, "s")) == 2
+
+
+# ---- service-managed threads -----------------------------------------------------------------------------
+
+
+class ServiceThreadClient(OfflineChatClient):
+    """A 'service' that keeps each conversation's history server-side and returns its id."""
+
+    STORES_BY_DEFAULT = True
+    threads: ClassVar[dict[str, list[Message]]] = {}  # the "service side", outliving app restarts
+
+    def _inner_get_response(
+        self, *, messages: Sequence[Message], stream: bool, options: Mapping[str, Any], **kwargs: Any
+    ) -> Awaitable[ChatResponse] | ResponseStream[ChatResponseUpdate, ChatResponse]:
+        conversation = str(options.get("conversation_id") or f"conv_{uuid.uuid4().hex[:6]}")
+        thread = self.threads.setdefault(conversation, [])
+        thread.extend(messages)
+        reply = Message(role="assistant", contents=[answer(thread)])
+        thread.append(reply)
+
+        async def respond() -> ChatResponse:
+            return ChatResponse(messages=[reply], conversation_id=conversation)
+
+        return respond()
+
+
+async def test_a_service_managed_thread_continues_after_a_restart(url: str) -> None:
+    async with Store.from_url(url) as store:
+        await store.migrate()
+        async with store.session("s", user_id="u") as session:
+            await Agent(client=ServiceThreadClient()).run("我叫李明", session=session)
+        conversation = session.service_session_id
+        assert isinstance(conversation, str) and conversation.startswith("conv_")
+    async with Store.from_url(url) as restarted:
+        async with restarted.session("s", user_id="u") as session:
+            assert session.service_session_id == conversation
+            reply = await Agent(client=ServiceThreadClient()).run("我叫什么名字？", session=session)
+    assert reply.text == "你叫李明。"
+    assert len(ServiceThreadClient.threads[conversation]) == 4
+
+
+# ---- session store -------------------------------------------------------------------------------------
+
+
+async def test_session_store_get_set_delete_with_conflicts(store: Store, agent: Agent) -> None:
+    sessions = StoreSessionStore(store, user_id="u")
+    assert await sessions.get("s") is None
+    session = AgentSession(session_id="s")
+    await agent.run("我叫李明", session=session)
+    session.state["prefs"] = {"theme": "dark"}
+    await sessions.set("s", session)
+    assert await rows(store, "SELECT key FROM agent_state") == [("prefs",)]  # per-key rows, not a blob
+
+    a, b = await sessions.get("s"), await sessions.get("s")
+    assert a is not None and b is not None and a is not b
+    assert b.state["prefs"] == {"theme": "dark"}
+    reply = await agent.run("我叫什么名字？", session=a)
+    assert reply.text == "你叫李明。"
+    a.state["prefs"]["theme"] = "light"
+    b.state["prefs"] = {"theme": "blue"}
+    await sessions.set("s", a)
+    with pytest.raises(ConflictError, match="prefs"):
+        await sessions.set("s", b)
+    with pytest.raises(ConflictError):  # a session the store did not hand out cannot overwrite a key
+        stranger = AgentSession(session_id="s")
+        stranger.state["prefs"] = {}
+        await sessions.set("s", stranger)
+    reloaded = await sessions.get("s")
+    assert reloaded is not None and reloaded.state["prefs"] == {"theme": "light"}
+    assert len(reloaded.state["in_memory"]["messages"]) == 4
+    await sessions.delete("s")
+    assert await sessions.get("s") is None
+    assert await rows(store, "SELECT count(*) FROM agent_messages") == [(0,)]
+
+
+# ---- shared sessions, memory, state types -------------------------------------------------------------
+
+
+async def test_two_agents_share_a_session_and_the_transcript_names_them(store: Store) -> None:
+    client = OfflineChatClient()
+    translator = Agent(client=client, name="Translator", instructions="翻译助手")
+    summarizer = Agent(client=client, name="Summarizer", instructions="摘要助手")
+    async with store.session("shared", user_id="u") as session:
+        translated = await translator.run("Sessions keep state.", session=session)
+        await summarizer.run(translated.text, session=session)
+    assert [(r[0], r[1]) for r in await transcript(store, "shared")] == [
+        ("user", None),
+        ("assistant", "Translator"),
+        ("user", None),
+        ("assistant", "Summarizer"),
+    ]
+
+
+async def test_memory_follows_the_user_into_a_new_session_and_no_one_else(store: Store) -> None:
+    agent = Agent(client=OfflineChatClient(), name="Bot", context_providers=[MemoryProvider()])
+    async with store.session("a", user_id="li") as session:
+        greeting = await agent.run("我叫李明", session=session)
+    assert greeting.text == "你好，李明！很高兴认识你。"
+    assert await rows(store, "SELECT user_id, key, value FROM agent_user_state") in (
+        [("li", "fact.name", "李明")],
+        [("li", "fact.name", '"李明"')],
+    )
+    async with store.session("b", user_id="li") as session:
+        mine = await agent.run("我叫什么名字？", session=session)
+    async with store.session("c", user_id="someone-else") as session:
+        theirs = await agent.run("我叫什么名字？", session=session)
+    assert (mine.text, theirs.text) == ("你叫李明。", "我不知道你叫什么名字。")
+
+
+async def test_user_and_app_state_are_shared_and_follow_the_conflict_rules(url: str) -> None:
+    async with Store.from_url(url, app_id="support") as store:
+        await store.migrate()
+        async with store.session("a", user_id="li") as session:
+            session.state["user:tier"] = "gold"
+            session.state["app:greeting"] = "欢迎"
+        async with store.session("b", user_id="wang") as session:
+            assert "user:tier" not in session.state and session.state["app:greeting"] == "欢迎"
+        first, second = await store.load("x", user_id="li"), await store.load("y", user_id="li")
+        assert first.session.state["user:tier"] == second.session.state["user:tier"] == "gold"
+        first.session.state["user:tier"] = "platinum"
+        second.session.state["user:tier"] = "silver"
+        second.session.state["user:other"] = 1
+        await first.commit()
+        with pytest.raises(ConflictError, match="user:tier"):
+            await second.commit()
+        assert await rows(store, "SELECT key, value FROM agent_user_state WHERE user_id = 'li'") in (
+            [("tier", "platinum")],
+            [("tier", '"platinum"')],
+        )
+        assert await rows(store, "SELECT count(*) FROM agent_sessions WHERE id = 'y'") == [(0,)]
+    async with Store.from_url(url, app_id="other-app") as store:
+        async with store.session("c", user_id="li") as session:
+            assert "app:greeting" not in session.state and session.state["user:tier"] == "platinum"
+
+
+class Badge:
+    def __init__(self, label: str) -> None:
+        self.label = label
+
+    def to_dict(self) -> dict[str, str]:
+        return {"label": self.label}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Badge:
+        return cls(data["label"])
+
+
+register_state_type(Badge, type_id="tests.badge")
+
+
+async def test_registered_state_types_come_back_as_themselves(store: Store) -> None:
+    async with store.session("s", user_id="u") as session:
+        session.state["badges"] = [Badge("早起"), {"type": "tests.badge", "label": "just a dict"}]
+    async with store.session("s", user_id="u") as session:
+        badge, plain = session.state["badges"]
+    assert isinstance(badge, Badge) and badge.label == "早起"
+    assert plain == {"type": "tests.badge", "label": "just a dict"}
