@@ -18,6 +18,7 @@ from agent_framework import (
     register_state_type,
     tool,
 )
+from agent_framework._compaction import SlidingWindowStrategy
 from sqlalchemy import event, text
 
 from agent_store import ConflictError, SessionNotFoundError, Store
@@ -394,3 +395,25 @@ async def test_registered_state_types_come_back_as_themselves(store: Store) -> N
         badge, plain = session.state["badges"]
     assert isinstance(badge, Badge) and badge.label == "早起"
     assert plain == {"type": "tests.badge", "label": "just a dict"}
+
+
+async def test_compaction_rewrites_what_the_model_sees_never_what_is_stored(store: Store) -> None:
+    seen: list[list[str]] = []
+
+    class Spy(OfflineChatClient):
+        def _inner_get_response(self, *, messages: Sequence[Message], **kwargs: Any) -> Any:
+            seen.append([m.text or "" for m in messages])
+            return super()._inner_get_response(messages=messages, **kwargs)
+
+    agent = Agent(client=Spy(compaction_strategy=SlidingWindowStrategy(keep_last_groups=2)), name="Bot")
+    for words in ("我叫李明", "a", "b", "我叫什么名字？"):
+        async with store.session("s", user_id="u") as session:
+            reply = await agent.run(words, session=session)
+    assert reply.text == "我不知道你叫什么名字。"  # the window dropped the name before the model saw it
+    assert len(seen[-1]) == 2
+    stored = await transcript(store, "s")
+    assert [r[2] for r in stored if r[0] == "user"] == ["我叫李明", "a", "b", "我叫什么名字？"]
+    assert len(stored) == 8
+    assert await rows(store, "SELECT count(*) FROM agent_messages WHERE CAST(body AS TEXT) LIKE '%_excluded%'") == [(0,)]
+    async with store.session("s", user_id="u") as session:
+        assert len(session.state["in_memory"]["messages"]) == 8  # the next run gets the full history again

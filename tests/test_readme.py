@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from sqlalchemy import text
 
 from agent_store import Store
@@ -31,19 +32,42 @@ def run_cli(*args: str, cwd: Path, url: str | None = None) -> subprocess.Complet
 
 
 def test_the_readme_has_the_blocks_these_tests_run() -> None:
-    assert len(blocks("python")) == 1
+    assert len(blocks("python")) == len(EXAMPLES) == 7
     assert len(blocks("sql")) == 4
 
 
-async def test_the_quick_start_and_then_its_sql(url: str, tmp_path: Path) -> None:
-    (quickstart,) = blocks("python")
-    assert quickstart.count(QUICKSTART_URL) == 2
-    script = tmp_path / "quickstart.py"
-    script.write_text(quickstart.replace(QUICKSTART_URL, url), encoding="utf-8")
-    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=180)
+def run_example(source: str, url: str, cwd: Path) -> list[str]:
+    """Run one README program against ``url``; returns its printed lines."""
+    assert source.count(QUICKSTART_URL) >= 1
+    script = cwd / "example.py"
+    script.write_text(source.replace(QUICKSTART_URL, url), encoding="utf-8")
+    done = subprocess.run([sys.executable, str(script)], cwd=cwd, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "你叫李明。 2"
+    return done.stdout.splitlines()
 
+
+def examples() -> list[object]:
+    """Each python block of the README, named after the heading above it."""
+    found: list[object] = []
+    for section in re.split(r"^#+ ", README, flags=re.M)[1:]:
+        title = section.splitlines()[0]
+        for source in re.findall(r"```python\n(.*?)```", section, flags=re.S):
+            found.append(pytest.param(source, id=re.sub(r"\W+", "-", title.lower()).strip("-")))
+    return found
+
+
+EXAMPLES = examples()
+
+
+@pytest.mark.parametrize("source", EXAMPLES)
+def test_each_readme_example_prints_what_it_says(source: str, url: str, tmp_path: Path) -> None:
+    expected = re.findall(r"# -> (.*)$", source, flags=re.M)
+    assert expected, "an example must say what it prints"
+    assert run_example(source, url, tmp_path) == expected
+
+
+async def test_the_readme_sql_runs_on_the_quick_starts_data(url: str, tmp_path: Path) -> None:
+    run_example(blocks("python")[0], url, tmp_path)
     transcript, sessions, matching, state = blocks("sql")
     async with Store.from_url(url) as store, store.engine.connect() as conn:
 
