@@ -153,16 +153,18 @@ async def test_per_service_call_persistence_with_a_tool_loop(store: Store, insid
         context_providers=[StoreHistoryProvider(store, user_id="u")],
         require_per_service_call_history_persistence=True,
     )
-    if inside_run:
-        async with store.session("s", user_id="u") as session:
-            await agent.run("call lookup_weather", session=session)
-    else:
-        await agent.run("call lookup_weather", session=AgentSession(session_id="s"))
-    assert [(role, text) for role, _author, text in await transcript(store, "s")] == EXPECTED_TOOL_LOOP
-    # one commit for the run, or one per model call (two calls: the tool request, then the answer)
-    assert await rows(store, "SELECT count(*) FROM agent_runs") == [(1 if inside_run else 2,)]
-    calls = await rows(store, "SELECT seq, kind, tool_name FROM agent_tool_calls ORDER BY seq")
+    for _turn in range(3):  # each turn adds exactly its own four messages: no re-saves, no growth
+        if inside_run:
+            async with store.session("s", user_id="u") as session:
+                await agent.run("call lookup_weather", session=session)
+        else:
+            await agent.run("call lookup_weather", session=AgentSession(session_id="s"))
+    assert [(role, text) for role, _author, text in await transcript(store, "s")] == EXPECTED_TOOL_LOOP * 3
+    # one commit per run, or one per model call (two calls a turn: the tool request, then the answer)
+    assert await rows(store, "SELECT count(*) FROM agent_runs") == [(3 if inside_run else 6,)]
+    calls = await rows(store, "SELECT seq, kind, tool_name FROM agent_tool_calls ORDER BY seq LIMIT 2")
     assert calls == [(1, "call", "lookup_weather"), (2, "result", "lookup_weather")]
+    assert await rows(store, "SELECT count(*) FROM agent_tool_calls WHERE tool_name = 'lookup_weather'") == [(6,)]
 
 
 # ---- tools and windows -----------------------------------------------------------------------------------
@@ -414,6 +416,41 @@ async def test_compaction_rewrites_what_the_model_sees_never_what_is_stored(stor
     stored = await transcript(store, "s")
     assert [r[2] for r in stored if r[0] == "user"] == ["我叫李明", "a", "b", "我叫什么名字？"]
     assert len(stored) == 8
-    assert await rows(store, "SELECT count(*) FROM agent_messages WHERE CAST(body AS TEXT) LIKE '%_excluded%'") == [(0,)]
+    assert await rows(store, "SELECT count(*) FROM agent_messages WHERE CAST(body AS TEXT) LIKE '%_excluded%'") == [
+        (0,)
+    ]
     async with store.session("s", user_id="u") as session:
         assert len(session.state["in_memory"]["messages"]) == 8  # the next run gets the full history again
+
+
+@pytest.mark.parametrize("verdict", ["permit", "deny"])
+@pytest.mark.parametrize("inside_run", [True, False], ids=["store-session", "plain-session"])
+async def test_a_save_the_framework_defers_or_drops(store: Store, verdict: str, inside_run: bool) -> None:
+    """The framework's egress gate (used by its agent-hooks middleware) defers history saves until a verdict.
+
+    The agent-hooks SDK is not installable here, so the gate is driven the way that middleware drives it.
+    """
+    from agent_framework._sessions import _offer_run_persistence_gate_claim, _RunPersistenceGate
+
+    agent = Agent(client=OfflineChatClient(), name="Bot", context_providers=[StoreHistoryProvider(store, user_id="u")])
+
+    async def guarded_run(session: AgentSession) -> None:
+        gate = _RunPersistenceGate()
+        _offer_run_persistence_gate_claim(gate, agent)
+        with gate:
+            await agent.run("我叫李明", session=session)
+        assert await rows(store, "SELECT count(*) FROM agent_messages") == [(0,)]  # held behind the verdict
+        if verdict == "permit":
+            await gate.flush()
+        else:
+            gate.drop()
+
+    if inside_run:
+        async with store.session("s", user_id="u") as session:
+            await guarded_run(session)
+    else:
+        await guarded_run(AgentSession(session_id="s"))
+    stored = [r[2] for r in await transcript(store, "s")]
+    assert stored == (["我叫李明", "你好，李明！很高兴认识你。"] if verdict == "permit" else [])
+    reply = await agent.run("我叫什么名字？", session=AgentSession(session_id="s"))  # the session goes on
+    assert reply.text == ("你叫李明。" if verdict == "permit" else "我不知道你叫什么名字。")
