@@ -56,7 +56,7 @@ def answer(messages: Sequence[Message], instructions: str = "") -> str:
     return f"收到：{last}（第 {len(users)} 条用户消息）"
 
 
-class OfflineChatClient(  # type: ignore[misc]  # the framework's layers overload get_response differently
+class OfflineChatClient(
     # The order the framework's own clients use: the function loop outside, chat middleware per model call.
     FunctionInvocationLayer[Any],
     ChatMiddlewareLayer[Any],

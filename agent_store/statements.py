@@ -202,7 +202,7 @@ async def insert_messages(
             .limit(1)
             .scalar_subquery()
         )
-        params = {name: bindparam(name) for name in ("session_id", "seq", "call_id", "kind")}
+        params: dict[str, Any] = {name: bindparam(name) for name in ("session_id", "seq", "call_id", "kind")}
         await db.execute(
             insert(tool_calls_t).values(**params, tool_name=func.coalesce(bindparam("tool_name"), earlier_name)), tools
         )
