@@ -8,6 +8,8 @@ recovers after a server restart) and a connect timeout (an unreachable host fail
 from __future__ import annotations
 
 import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +92,33 @@ def _sqlite_begin(conn: Any) -> None:
     # read, so a commit never fails with "database is locked" on lock upgrade.
     mode = conn.get_execution_options().get("agent_store_begin", "deferred")
     conn.exec_driver_sql(_SQLITE_BEGIN[mode])
+
+
+@asynccontextmanager
+async def migration_connection(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+    """A connection for schema changes, committed at the end of the block.
+
+    On SQLite, foreign keys are off meanwhile: Alembic's batch mode rebuilds a table by copy, drop and
+    rename, and with foreign keys on, dropping ``agent_sessions`` would cascade-delete every message.
+    """
+    async with engine.connect() as conn:
+        on_sqlite = conn.dialect.name == "sqlite"
+        if on_sqlite:
+            await _sqlite_foreign_keys(conn, on=False)
+        try:
+            yield conn
+            await conn.commit()
+        finally:
+            if conn.in_transaction():
+                await conn.rollback()
+            if on_sqlite:
+                await _sqlite_foreign_keys(conn, on=True)
+
+
+async def _sqlite_foreign_keys(conn: AsyncConnection, *, on: bool) -> None:
+    # Straight to the driver: the PRAGMA is a no-op inside a transaction, and SQLAlchemy would open one.
+    raw = await conn.get_raw_connection()
+    await raw.driver_connection.execute("PRAGMA foreign_keys = ON" if on else "PRAGMA foreign_keys = OFF")  # type: ignore[union-attr]
 
 
 def migrations_dir() -> Path:

@@ -13,7 +13,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from . import codec
-from .engine import check_schema, configure_sqlite, make_engine, migrations_dir
+from .engine import check_schema, configure_sqlite, make_engine, migration_connection, migrations_dir
 from .errors import ConfigurationError, translated
 from .run import Run, check_id, load
 from .tables import sessions_t
@@ -85,7 +85,7 @@ class Store:
             getattr(command, verb)(config, revision)
 
         with translated(self.url, f"schema {verb}"):
-            async with self.engine.begin() as conn:
+            async with migration_connection(self.engine) as conn:
                 await conn.run_sync(run)
         self._schema_ok = False
 

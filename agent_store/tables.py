@@ -29,7 +29,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeEngine
 
 # The Alembic revision this code expects; tests/test_migrations.py pins it to the scripts' head.
-SCHEMA_REVISION = "0002"
+SCHEMA_REVISION = "0003"
 ID_MAX = 255  # ids are bounded: longer ones are refused before any SQL runs
 
 NAMING_CONVENTION = {
@@ -110,9 +110,19 @@ class SessionRow(Base):
     # Next free message seq; also the message count. Bumped under the row lock so seq is gap-free.
     next_seq: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
-    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())  # last activity: what listings sort by
+    title: Mapped[str | None] = mapped_column(String(512))
+    meta: Mapped[Any] = mapped_column("metadata", JsonText(), server_default="{}")  # the app's JSON dict
+    last_run_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    closed_at: Mapped[datetime | None] = mapped_column(UTCDateTime())  # set: read-only
+    ttl_seconds: Mapped[int | None] = mapped_column(Integer)  # idle time-to-live; NULL: the store's default
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime())  # pushed forward by each run
 
-    __table_args__ = (Index(None, "user_id", "updated_at"),)
+    __table_args__ = (
+        Index(None, "user_id", "updated_at", "id"),  # a user's sessions, newest first (keyset pagination)
+        Index(None, "updated_at", "id"),
+        Index(None, "expires_at"),  # purge_expired
+    )
 
 
 class MessageRow(Base):
@@ -163,6 +173,12 @@ class RunRow(Base):
     state_keys_written: Mapped[int] = mapped_column(Integer)
     started_at: Mapped[datetime] = mapped_column(UTCDateTime())
     committed_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    agent_name: Mapped[str | None] = mapped_column(String(ID_MAX))
+    messages_in: Mapped[int] = mapped_column(Integer, server_default="0")  # user / tool messages
+    messages_out: Mapped[int] = mapped_column(Integer, server_default="0")  # assistant messages
+    input_tokens: Mapped[int | None] = mapped_column(Integer)
+    output_tokens: Mapped[int | None] = mapped_column(Integer)
+    outcome: Mapped[str] = mapped_column(String(32), server_default="committed")  # or "conflict"
 
 
 class ToolCallRow(Base):

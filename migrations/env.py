@@ -9,7 +9,7 @@ from typing import Any
 from alembic import context
 from sqlalchemy import text
 
-from agent_store.engine import make_engine, resolve_url
+from agent_store.engine import make_engine, migration_connection, resolve_url
 from agent_store.tables import Base
 
 config = context.config
@@ -38,9 +38,8 @@ async def _run_async() -> None:
     url = context.get_x_argument(as_dictionary=True).get("url")
     engine = make_engine(url)
     try:
-        async with engine.connect() as connection:
+        async with migration_connection(engine) as connection:
             await connection.run_sync(_run)
-            await connection.commit()
     finally:
         await engine.dispose()
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from agent_framework import Message
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
@@ -122,3 +123,20 @@ def test_the_wheel_ships_the_migrations(tmp_path: Path) -> None:
         "agent_store/migrations/versions/0001_initial.py",
         "agent_store/migrations/script.py.mako",
     } <= names
+
+
+async def test_data_survives_a_downgrade_and_upgrade_of_the_newest_revision(url: str) -> None:
+    """SQLite batch migrations rebuild tables by copy-and-drop; with foreign keys on that would cascade-delete."""
+    script = ScriptDirectory(str(migrations_dir()))
+    previous = script.get_revision(SCHEMA_REVISION).down_revision
+    assert isinstance(previous, str)
+    async with Store.from_url(url) as store:
+        await store.migrate()
+        async with store.session("kept", user_id="u") as session:
+            session.state["k"] = "v"
+            session.state["in_memory"]["messages"].append(Message(role="user", contents=["still here"]))
+        await store.downgrade(previous)
+        await store.migrate()
+        async with store.engine.connect() as conn:
+            assert (await conn.execute(text("SELECT text FROM agent_messages"))).scalars().all() == ["still here"]
+            assert (await conn.execute(text("SELECT key FROM agent_state"))).scalars().all() == ["k"]
