@@ -8,10 +8,12 @@ from .errors import (
     SchemaError,
     SchemaOutOfDateError,
     SchemaTooNewError,
+    SessionClosedError,
+    SessionExpiredError,
     SessionNotFoundError,
     StorageUnavailableError,
 )
-from .models import CommitResult
+from .models import CommitResult, ErasureReport, MessageRecord, SessionInfo, SessionPage, TransferReport
 from .run import Run
 from .store import Store
 
@@ -20,12 +22,19 @@ __all__ = [
     "CommitResult",
     "ConfigurationError",
     "ConflictError",
+    "ErasureReport",
     "InvalidValueError",
+    "MessageRecord",
     "Run",
     "SchemaError",
     "SchemaOutOfDateError",
     "SchemaTooNewError",
+    "SessionClosedError",
+    "SessionExpiredError",
+    "SessionInfo",
     "SessionNotFoundError",
+    "SessionPage",
     "StorageUnavailableError",
     "Store",
+    "TransferReport",
 ]

@@ -33,6 +33,7 @@ from agent_framework import Message
 from agent_framework._sessions import _STATE_CLASS_REGISTRY, _STATE_TYPE_REGISTRY
 
 from .errors import InvalidValueError
+from .tables import ID_MAX
 
 _TAGS = frozenset({"$datetime", "$date", "$tuple", "$state", "$dict"})
 _SCALARS = (str, int, bool, type(None))
@@ -40,6 +41,16 @@ _SCALARS = (str, int, bool, type(None))
 _NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 DEFAULT_MAX_VALUE_BYTES = 16 * 1024 * 1024
+
+
+def check_id(value: str | None, what: str, *, required: bool = False) -> None:
+    """Ids are opaque, bounded, bound as SQL parameters; refuse what no backend stores faithfully."""
+    if value is None and not required:
+        return
+    if not isinstance(value, str) or not value:
+        raise InvalidValueError(f"{what} must be a non-empty string, not {value!r}")
+    if len(value) > ID_MAX or "\x00" in value:
+        raise InvalidValueError(f"{what} must be at most {ID_MAX} characters with no NUL characters")
 
 
 def dumps(value: Any, *, where: str, max_bytes: int = DEFAULT_MAX_VALUE_BYTES) -> str:
@@ -148,7 +159,7 @@ def _decode(value: Any, path: str) -> Any:
 
 
 @dataclass(frozen=True)
-class MessageRecord:
+class EncodedMessage:
     """One message ready for insertion: its columns, and its function calls/results as (call_id, kind, name)."""
 
     message_id: str
@@ -156,7 +167,7 @@ class MessageRecord:
     tools: list[tuple[str, str, str | None]]
 
 
-def message_record(message: Message, *, max_bytes: int, tool_names: dict[str, str]) -> MessageRecord:
+def message_record(message: Message, *, max_bytes: int, tool_names: dict[str, str]) -> EncodedMessage:
     """The rows for one message; gives it a stable ``message_id`` if it has none.
 
     The id is written back onto the in-memory message so a retried commit, and the framework's own
@@ -182,7 +193,7 @@ def message_record(message: Message, *, max_bytes: int, tool_names: dict[str, st
         "text": message.text or "",
         "body": dumps(message.to_dict(), where=where, max_bytes=max_bytes),
     }
-    return MessageRecord(message.message_id, columns, tools)
+    return EncodedMessage(message.message_id, columns, tools)
 
 
 def message_from_row(body: Mapping[str, Any]) -> Message:

@@ -4,6 +4,8 @@
     ├── ConfigurationError        bad URL, sync driver, unusable option (also a ValueError)
     ├── InvalidValueError         a value that cannot be stored; names the key or field (also a ValueError)
     ├── SessionNotFoundError      no such session for this user / agent (also a LookupError)
+    ├── SessionClosedError        the session was closed: readable, no longer writable
+    ├── SessionExpiredError       the session outlived its idle time-to-live
     ├── ConflictError             a concurrent run changed the same state keys; nothing was written
     ├── SchemaError               the database schema does not match this version of agent_store
     │   ├── SchemaOutOfDateError  database behind the code: run `agent-store upgrade`
@@ -38,6 +40,14 @@ class InvalidValueError(AgentStoreError, ValueError):
 
 class SessionNotFoundError(AgentStoreError, LookupError):
     """No session with this id exists for the given user (and agent)."""
+
+
+class SessionClosedError(AgentStoreError):
+    """The session was closed with ``close_session``: its transcript stays readable, runs are refused."""
+
+
+class SessionExpiredError(AgentStoreError):
+    """The session's idle time-to-live ran out; open it with ``if_expired="restart"`` to start afresh."""
 
 
 class ConflictError(AgentStoreError):

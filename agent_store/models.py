@@ -2,16 +2,76 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict
 
 
-class CommitResult(BaseModel):
-    """What one committed run wrote. ``version`` is the session's version after the commit."""
-
+class _Model(BaseModel):
     model_config = ConfigDict(frozen=True)
+
+
+class CommitResult(_Model):
+    """What one committed run wrote. ``version`` is the session's version after the commit."""
 
     session_id: str
     run_id: str
     version: int
     messages_written: int = 0
     state_keys_written: int = 0
+
+
+class SessionInfo(_Model):
+    """One session as listings show it."""
+
+    id: str
+    user_id: str | None
+    agent_id: str | None
+    title: str | None
+    metadata: dict[str, Any]
+    message_count: int
+    version: int
+    created_at: datetime
+    updated_at: datetime
+    last_run_at: datetime | None
+    closed_at: datetime | None
+    expires_at: datetime | None
+
+
+class SessionPage(_Model):
+    """A page of sessions, newest first; pass ``next_cursor`` back for the next page (None: no more)."""
+
+    items: list[SessionInfo]
+    next_cursor: str | None
+
+
+class MessageRecord(_Model):
+    """One stored message; ``body`` is its ``Message.to_dict()`` (``agent_framework.Message.from_dict`` rebuilds it)."""
+
+    session_id: str
+    seq: int
+    message_id: str
+    run_id: str
+    role: str
+    author_name: str | None
+    text: str
+    created_at: datetime
+    body: dict[str, Any]
+
+
+class ErasureReport(_Model):
+    """What ``erase_user`` removed."""
+
+    user_id: str
+    sessions: int
+    messages: int
+    state_rows: int
+    user_state_rows: int
+
+
+class TransferReport(_Model):
+    """What an import did: sessions written, and sessions skipped because they exist already."""
+
+    imported: int
+    skipped: int

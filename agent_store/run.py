@@ -19,20 +19,27 @@ rules, same transaction); ``temp:`` keys are never stored.
 
 from __future__ import annotations
 
+import logging
 import uuid
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from agent_framework import AgentSession, InMemoryHistoryProvider, Message
 
-from . import codec
+from . import codec, telemetry
 from . import statements as sql
-from .errors import ConflictError, InvalidValueError, SessionNotFoundError
+from .errors import (
+    AgentStoreError,
+    ConflictError,
+    InvalidValueError,
+    SessionClosedError,
+    SessionExpiredError,
+    SessionNotFoundError,
+)
 from .models import CommitResult
-from .tables import ID_MAX
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection
@@ -41,6 +48,7 @@ if TYPE_CHECKING:
 
 # Where a plain Agent's auto-added InMemoryHistoryProvider keeps its messages: state["in_memory"]["messages"].
 HISTORY_KEY = InMemoryHistoryProvider.DEFAULT_SOURCE_ID
+logger = logging.getLogger("agent_store")
 
 # The run each live session belongs to, so the framework seams (history provider, session store) can join it.
 _RUNS: weakref.WeakKeyDictionary[AgentSession, Run] = weakref.WeakKeyDictionary()
@@ -49,16 +57,6 @@ _RUNS: weakref.WeakKeyDictionary[AgentSession, Run] = weakref.WeakKeyDictionary(
 def run_of(session: AgentSession) -> Run | None:
     """The store run that loaded ``session``, if it came from ``store.load`` / ``store.session``."""
     return _RUNS.get(session)
-
-
-def check_id(value: str | None, what: str, *, required: bool = False) -> None:
-    """Ids are opaque, bounded, bound as SQL parameters; refuse what no backend stores faithfully."""
-    if value is None and not required:
-        return
-    if not isinstance(value, str) or not value:
-        raise InvalidValueError(f"{what} must be a non-empty string, not {value!r}")
-    if len(value) > ID_MAX or "\x00" in value:
-        raise InvalidValueError(f"{what} must be at most {ID_MAX} characters with no NUL characters")
 
 
 @dataclass
@@ -72,13 +70,14 @@ class Snapshot:
     state_version: dict[str, int] = field(default_factory=dict)  # stamp of the commit that wrote each key
     message_ids: set[str] = field(default_factory=set)
     complete_history: bool = True  # False: older messages exist that this run has not seen
+    ttl_seconds: int | None = None  # the session's own idle time-to-live, if it has one
 
 
 @dataclass
 class Delta:
     upserts: dict[str, str]  # state key -> canonical JSON
     deletes: list[str]
-    messages: list[codec.MessageRecord]
+    messages: list[codec.EncodedMessage]
     service_session_id_changed: bool
 
     @property
@@ -98,6 +97,7 @@ class Run:
         self._run_id, self._stamp = uuid.uuid4().hex, sql.new_stamp()  # both kept for a retry of the same commit
         self._started_at = datetime.now(UTC)
         self._attempted = False  # a commit was sent whose outcome we may not know
+        self.usage: dict[str, int] = {}  # token usage reported by the agent's responses (see add_usage)
         _RUNS[session] = self
 
     @classmethod
@@ -106,7 +106,7 @@ class Run:
 
         Messages already stored (by id) are skipped, and keys that exist already are conflicts.
         """
-        check_id(session.session_id, "session_id", required=True)
+        codec.check_id(session.session_id, "session_id", required=True)
         return cls(store, session, Snapshot(complete_history=False), user_id=user_id, agent_id=agent_id)
 
     @property
@@ -127,6 +127,12 @@ class Run:
         present = {id(m) for m in history}
         history.extend(m for m in messages if id(m) not in present)
 
+    def add_usage(self, usage: Mapping[str, Any] | None) -> None:
+        """Add a response's token usage to the run log (the store's context providers call this)."""
+        for key in ("input_token_count", "output_token_count"):
+            if usage and isinstance(usage.get(key), int):
+                self.usage[key] = self.usage.get(key, 0) + usage[key]
+
     async def commit(self) -> CommitResult:
         """Write the run's new messages and changed state keys in one transaction.
 
@@ -144,12 +150,39 @@ class Run:
         snap = self._snapshot
         if delta.empty and snap.exists:
             return CommitResult(session_id=self.session.session_id, run_id=self._run_id, version=snap.version)
-        async with self.store._transaction(write=True, doing="committing a run") as db:
-            if self._attempted and (landed := await sql.run_recorded(db, self.session.session_id, self._run_id)):
-                return self._committed(delta, landed)
-            self._attempted = True
-            version = await self._write(db, delta)
-        return self._committed(delta, version)
+        with telemetry.operation("commit", session_id=self.session.session_id) as span:
+            try:
+                async with self.store._transaction(write=True, doing="committing a run") as db:
+                    sid = self.session.session_id
+                    if self._attempted and (landed := await sql.run_recorded(db, sid, self._run_id)):
+                        return self._committed(delta, landed)
+                    self._attempted = True
+                    version = await self._write(db, delta)
+            except ConflictError:
+                telemetry.conflicts.add(1)
+                await self._log_conflict()
+                raise
+            result = self._committed(delta, version)
+            span.set_attributes({"messages": result.messages_written, "state_keys": result.state_keys_written})
+            telemetry.messages_written.add(result.messages_written)
+            telemetry.state_keys_written.add(result.state_keys_written)
+            return result
+
+    async def _log_conflict(self) -> None:
+        """Record the refused run in the run log (its own transaction), so operators can see conflicts."""
+        row = self._log_row(self._snapshot.version, [], 0, "conflict")
+        self._run_id, self._attempted = uuid.uuid4().hex, False  # the refused attempt was rolled back
+        if not self._snapshot.exists:
+            return
+        try:
+            async with self.store._transaction(write=True, doing="logging a conflict") as db:
+                await sql.record_run(db, row)
+        except AgentStoreError:  # the conflict itself is what the caller must see
+            logger.warning("could not log the conflict of run %s", row["run_id"], exc_info=True)
+
+    def _log_row(self, version: int, records: list[codec.EncodedMessage], keys: int, outcome: str) -> dict[str, Any]:
+        ids = {"session_id": self.session.session_id, "run_id": self._run_id, "started_at": self._started_at}
+        return sql.run_log_row(ids, version, records, keys, self.usage, outcome)
 
     def _delta(self) -> Delta:
         """Encode and diff in memory; a value that cannot be stored fails here, before any SQL."""
@@ -170,7 +203,7 @@ class Run:
             state[HISTORY_KEY] = history
         upserts: dict[str, str] = {}
         for key, value in state.items():
-            check_id(key, "a state key")
+            codec.check_id(key, "a state key")
             sql.scope_of(key, self._scopes)  # a user: key without a user fails here, not in SQL
             encoded = codec.dumps(codec.encode_state(value, key=key), where=f"state[{key!r}]", max_bytes=limit)
             if snap.state_text.get(key) != encoded:
@@ -198,7 +231,9 @@ class Run:
                     "updated_at": now,
                 },
             )
-        extra: dict[str, Any] = {"updated_at": now}
+        extra: dict[str, Any] = {"updated_at": now, "last_run_at": now}
+        if ttl := snap.ttl_seconds or self.store.idle_ttl_seconds:
+            extra["expires_at"] = now + timedelta(seconds=ttl)
         if delta.service_session_id_changed:
             extra["service_session_id"] = codec.dumps(self.session.service_session_id, where="service_session_id")
         version, next_seq = await sql.bump_session(db, sid, self.user_id, len(delta.messages), extra)
@@ -226,18 +261,7 @@ class Run:
                 records = delta.messages = [r for r in records if r.message_id not in stored_ids]
                 await sql.give_back_seq(db, sid, len(stored_ids))
         await sql.insert_messages(db, sid, records, first_seq, self._run_id, now)
-        await sql.record_run(
-            db,
-            {
-                "session_id": sid,
-                "run_id": self._run_id,
-                "version": version,
-                "messages_written": len(records),
-                "state_keys_written": len(changed),
-                "started_at": self._started_at,
-                "committed_at": now,
-            },
-        )
+        await sql.record_run(db, self._log_row(version, records, len(changed), "committed"))
         return version
 
     def _committed(self, delta: Delta, version: int) -> CommitResult:
@@ -261,39 +285,69 @@ class Run:
             snap.state_version[key] = self._stamp if shared else version
         snap.message_ids.update(r.message_id for r in delta.messages)
         self._run_id, self._stamp, self._attempted = uuid.uuid4().hex, sql.new_stamp(), False
+        self.usage = {}
         return result
 
 
 async def load(
-    store: Store, session_id: str, *, user_id: str | None, agent_id: str | None, history_limit: int | None
+    store: Store,
+    session_id: str,
+    *,
+    user_id: str | None,
+    agent_id: str | None,
+    history_limit: int | None,
+    if_expired: str = "error",
 ) -> Run:
-    """Read one session in a short read-only transaction and rebuild its ``AgentSession``."""
-    check_id(session_id, "session_id", required=True)
-    check_id(user_id, "user_id")
-    check_id(agent_id, "agent_id")
+    """Read one session in a short read-only transaction and rebuild its ``AgentSession``.
+
+    An expired session raises :class:`SessionExpiredError`, or with ``if_expired="restart"`` is deleted and
+    replaced by a fresh one; a closed session raises :class:`SessionClosedError`.
+    """
+    codec.check_id(session_id, "session_id", required=True)
+    codec.check_id(user_id, "user_id")
+    codec.check_id(agent_id, "agent_id")
     if history_limit is not None and (type(history_limit) is not int or history_limit < 0):
         raise InvalidValueError(f"history_limit must be a non-negative int or None, not {history_limit!r}")
+    if if_expired not in ("error", "restart"):
+        raise InvalidValueError(f'if_expired must be "error" or "restart", not {if_expired!r}')
+    with telemetry.operation("load", session_id=session_id):
+        try:
+            return await _read(store, session_id, user_id=user_id, agent_id=agent_id, history_limit=history_limit)
+        except SessionExpiredError:
+            if if_expired == "error":
+                raise
+        async with store._transaction(write=True, doing="restarting an expired session") as db:
+            await sql.delete_if_expired(db, session_id, user_id, datetime.now(UTC))
+        return await _read(store, session_id, user_id=user_id, agent_id=agent_id, history_limit=history_limit)
+
+
+async def _read(
+    store: Store, session_id: str, *, user_id: str | None, agent_id: str | None, history_limit: int | None
+) -> Run:
     snap = Snapshot(complete_history=history_limit is None)
     session = AgentSession(session_id=session_id)
     messages: list[Message] = []
     async with store._transaction(write=False, doing="loading a session") as db:
         row = (await db.execute(sql.read_session(session_id))).first()
-        if row is not None and (row.user_id != user_id or row.agent_id not in (None, agent_id)):
-            # Same answer whether the id is unused or someone else's: ids do not leak across tenants.
-            raise SessionNotFoundError(f"no session {session_id!r} for user {user_id!r}")
-        for prefix, key, value, version in (
-            await db.execute(sql.read_state(sql.scopes(session_id, user_id, store.app_id)))
-        ).all():
+        if row is not None:
+            if row.user_id != user_id or row.agent_id not in (None, agent_id):
+                # Same answer whether the id is unused or someone else's: ids do not leak across tenants.
+                raise SessionNotFoundError(f"no session {session_id!r} for user {user_id!r}")
+            if row.closed_at is not None:
+                raise SessionClosedError(f"session {session_id!r} was closed at {row.closed_at.isoformat()}")
+            if row.expires_at is not None and row.expires_at <= datetime.now(UTC):
+                raise SessionExpiredError(f"session {session_id!r} expired at {row.expires_at.isoformat()}")
+        scopes = sql.scopes(session_id, user_id, store.app_id)
+        for prefix, key, value, version in (await db.execute(sql.read_state(scopes))).all():
             full_key = prefix + key
             snap.state_text[full_key] = codec.dumps(value, where=f"state[{full_key!r}]", max_bytes=2**62)
             snap.state_version[full_key] = version
             session.state[full_key] = codec.decode_state(value, key=full_key)
         if row is not None:
-            snap.exists, snap.version = True, row.version
+            snap.exists, snap.version, snap.ttl_seconds = True, row.version, row.ttl_seconds
             snap.service_session_id = session.service_session_id = row.service_session_id
-            for message_id, body in (
-                await db.execute(sql.read_messages(session_id, row.next_seq, history_limit))
-            ).all():
+            query = sql.read_messages(session_id, row.next_seq, history_limit)
+            for message_id, body in (await db.execute(query)).all():
                 snap.message_ids.add(message_id)
                 messages.append(codec.message_from_row(body))
     history = session.state.get(HISTORY_KEY)

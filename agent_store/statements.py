@@ -8,7 +8,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Table, bindparam, case, delete, func, insert, literal, select, update
@@ -16,8 +16,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql import Select
 
-from .codec import MessageRecord
-from .errors import InvalidValueError, SessionNotFoundError
+from .codec import EncodedMessage
+from .errors import InvalidValueError, SessionClosedError, SessionNotFoundError
 from .tables import app_state_t, messages_t, runs_t, sessions_t, state_t, tool_calls_t, user_state_t
 
 USER_PREFIX, APP_PREFIX, TEMP_PREFIX = "user:", "app:", "temp:"
@@ -60,7 +60,17 @@ def _insert(db: AsyncConnection, table: Table) -> Any:
 
 def read_session(session_id: str) -> Select[Any]:
     c = sessions_t.c
-    return select(c.user_id, c.agent_id, c.service_session_id, c.version, c.next_seq).where(c.id == session_id)
+    columns = (
+        c.user_id,
+        c.agent_id,
+        c.service_session_id,
+        c.version,
+        c.next_seq,
+        c.closed_at,
+        c.expires_at,
+        c.ttl_seconds,
+    )
+    return select(*columns).where(c.id == session_id)
 
 
 def read_state(available: Sequence[Scope]) -> Any:
@@ -105,17 +115,27 @@ async def bump_session(
 ) -> tuple[int, int]:
     """Take the session row lock and advance it; returns (new version, next_seq after this run's messages)."""
     c = sessions_t.c
+    owned = (c.id == session_id, c.user_id.is_not_distinct_from(user_id))
     bumped = (
         await db.execute(
             update(sessions_t)
-            .where(c.id == session_id, c.user_id.is_not_distinct_from(user_id))
+            .where(*owned, c.closed_at.is_(None))
             .values(version=c.version + 1, next_seq=c.next_seq + n_messages, **values)
             .returning(c.version, c.next_seq)
         )
     ).first()
     if bumped is None:
+        if (await db.execute(select(c.closed_at).where(*owned))).first() is not None:
+            raise SessionClosedError(f"session {session_id!r} was closed while this run was in progress")
         raise SessionNotFoundError(f"session {session_id!r} no longer exists for user {user_id!r}")
     return int(bumped[0]), int(bumped[1])
+
+
+async def delete_if_expired(db: AsyncConnection, session_id: str, user_id: str | None, now: datetime) -> None:
+    c = sessions_t.c
+    await db.execute(
+        delete(sessions_t).where(c.id == session_id, c.user_id.is_not_distinct_from(user_id), c.expires_at <= now)
+    )
 
 
 async def give_back_seq(db: AsyncConnection, session_id: str, unused: int) -> None:
@@ -176,7 +196,7 @@ async def already_stored(db: AsyncConnection, session_id: str, message_ids: list
 
 
 async def insert_messages(
-    db: AsyncConnection, session_id: str, records: Sequence[MessageRecord], first_seq: int, run_id: str, now: datetime
+    db: AsyncConnection, session_id: str, records: Sequence[EncodedMessage], first_seq: int, run_id: str, now: datetime
 ) -> None:
     if not records:
         return
@@ -214,8 +234,32 @@ async def record_run(db: AsyncConnection, row: dict[str, Any]) -> None:
 
 async def run_recorded(db: AsyncConnection, session_id: str, run_id: str) -> int | None:
     """The session version a run produced, if that run is already committed."""
+    c = runs_t.c
     found = await db.execute(
-        select(runs_t.c.version).where(runs_t.c.session_id == session_id, runs_t.c.run_id == run_id)
+        select(c.version).where(c.session_id == session_id, c.run_id == run_id, c.outcome == "committed")
     )
     version = found.scalar()
     return int(version) if version is not None else None
+
+
+def run_log_row(
+    ids: dict[str, Any], version: int, records: Sequence[EncodedMessage], keys: int, usage: dict[str, int], outcome: str
+) -> dict[str, Any]:
+    """The agent_runs row for one commit (or refused commit): who ran, what went in and out, tokens."""
+    roles = [r.columns["role"] for r in records]
+    authors = [
+        r.columns["author_name"] for r in records if r.columns["role"] == "assistant" and r.columns["author_name"]
+    ]
+    return {
+        **ids,
+        "version": version,
+        "messages_written": len(records),
+        "state_keys_written": keys,
+        "committed_at": datetime.now(UTC),
+        "agent_name": authors[-1] if authors else None,
+        "messages_in": sum(role in ("user", "tool") for role in roles),
+        "messages_out": roles.count("assistant"),
+        "input_tokens": usage.get("input_token_count"),
+        "output_tokens": usage.get("output_token_count"),
+        "outcome": outcome,
+    }

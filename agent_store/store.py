@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import timedelta
 from types import TracebackType
 from typing import Any
 
@@ -13,9 +14,10 @@ from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from . import codec
+from .codec import check_id
 from .engine import check_schema, configure_sqlite, make_engine, migration_connection, migrations_dir
 from .errors import ConfigurationError, translated
-from .run import Run, check_id, load
+from .run import Run, load
 from .tables import sessions_t
 
 
@@ -28,6 +30,7 @@ class Store:
     Args:
         engine: an async SQLAlchemy engine on ``sqlite+aiosqlite`` or ``postgresql+asyncpg``.
         app_id: the application whose ``app:`` state keys this store reads and writes.
+        idle_ttl: sessions expire this long after their last run, unless they set their own ``ttl``.
         max_value_bytes: the largest state value or message (as JSON) a run may write.
         check_schema: verify once, before first use, that the database is at this code's schema.
     """
@@ -37,6 +40,7 @@ class Store:
         engine: AsyncEngine,
         *,
         app_id: str = "default",
+        idle_ttl: timedelta | None = None,
         max_value_bytes: int = codec.DEFAULT_MAX_VALUE_BYTES,
         check_schema: bool = True,
     ) -> None:
@@ -45,6 +49,7 @@ class Store:
         configure_sqlite(engine)
         self.engine = engine
         self.app_id = app_id
+        self.idle_ttl_seconds = int(idle_ttl.total_seconds()) if idle_ttl else None
         self.max_value_bytes = max_value_bytes
         self._schema_ok = not check_schema
 
@@ -58,7 +63,9 @@ class Store:
         Raises:
             ConfigurationError: malformed URL, a sync driver (``postgresql://``, ``sqlite://``), or in-memory SQLite.
         """
-        store_options = {k: options.pop(k) for k in ("app_id", "max_value_bytes", "check_schema") if k in options}
+        store_options = {
+            k: options.pop(k) for k in ("app_id", "idle_ttl", "max_value_bytes", "check_schema") if k in options
+        }
         return cls(make_engine(url, **options), **store_options)
 
     @property
