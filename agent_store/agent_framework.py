@@ -71,6 +71,7 @@ class StoreHistoryProvider(HistoryProvider):
             await super().after_run(agent=agent, session=session, context=context, state=state)
         finally:
             _HOOKED_SESSION.reset(token)
+        record_usage(session, context)
 
     def _joined_run(self, session_id: str | None) -> Run | None:
         session = _HOOKED_SESSION.get()
@@ -99,6 +100,13 @@ class StoreHistoryProvider(HistoryProvider):
         standalone = Run.unloaded(self.store, AgentSession(session_id=session_id), user_id=self.user_id)
         standalone.add_messages(messages)
         await standalone.commit()
+
+
+def record_usage(session: AgentSession, context: SessionContext) -> None:
+    """Add the response's token usage to the store run's log entry, when the session belongs to a run."""
+    run = run_of(session)
+    if run is not None and context.response is not None:
+        run.add_usage(context.response.usage_details)
 
 
 class StoreSessionStore(SessionStore):
@@ -174,3 +182,8 @@ class MemoryProvider(ContextProvider):
             return f"remembered {key}"
 
         context.extend_tools(self.source_id, [tool(remember, name="remember")])
+
+    async def after_run(
+        self, *, agent: Any, session: AgentSession, context: SessionContext, state: dict[str, Any]
+    ) -> None:
+        record_usage(session, context)

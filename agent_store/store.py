@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from datetime import timedelta
 from types import TracebackType
@@ -13,10 +14,11 @@ from sqlalchemy import delete
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from . import codec
+from . import codec, lifecycle, transfer
 from .codec import check_id
 from .engine import check_schema, configure_sqlite, make_engine, migration_connection, migrations_dir
-from .errors import ConfigurationError, translated
+from .errors import ConfigurationError, InvalidValueError, translated
+from .models import ErasureReport, MessageRecord, SessionInfo, SessionPage, TransferReport
 from .run import Run, load
 from .tables import sessions_t
 
@@ -103,9 +105,12 @@ class Store:
         user_id: str | None = None,
         agent_id: str | None = None,
         history_limit: int | None = None,
+        if_expired: str = "error",
     ) -> Run:
         """Load a session for one run; commit it with ``await run.commit()``. See :meth:`session`."""
-        return await load(self, session_id, user_id=user_id, agent_id=agent_id, history_limit=history_limit)
+        return await load(
+            self, session_id, user_id=user_id, agent_id=agent_id, history_limit=history_limit, if_expired=if_expired
+        )
 
     @asynccontextmanager
     async def session(
@@ -115,22 +120,104 @@ class Store:
         user_id: str | None = None,
         agent_id: str | None = None,
         history_limit: int | None = None,
+        if_expired: str = "error",
     ) -> AsyncIterator[AgentSession]:
         """Yield the stored session as an ``AgentSession``; commit what changed when the block exits.
 
         The session is created on first use. ``history_limit`` loads only the last N messages (the
         database keeps them all). If the block raises, nothing is written and the exception propagates.
+        An expired session raises ``SessionExpiredError``, or with ``if_expired="restart"`` starts afresh.
 
         Raises:
             SessionNotFoundError: the id belongs to another user, or to another agent.
+            SessionClosedError / SessionExpiredError: the session was closed / outlived its time-to-live.
             ConflictError: on exit, another run changed the same state keys first.
             InvalidValueError: a state value or message cannot be stored.
             SchemaError: the database is not at this code's schema.
             StorageUnavailableError: the database cannot be reached.
         """
-        run = await self.load(session_id, user_id=user_id, agent_id=agent_id, history_limit=history_limit)
+        run = await self.load(
+            session_id, user_id=user_id, agent_id=agent_id, history_limit=history_limit, if_expired=if_expired
+        )
         yield run.session
         await run.commit()
+
+    # ---- lifecycle: see lifecycle.py and transfer.py --------------------------------------------------
+
+    async def list_sessions(
+        self,
+        *,
+        user_id: str | None = None,
+        all_users: bool = False,
+        agent_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> SessionPage:
+        """A page of ``user_id``'s sessions (every user's with ``all_users=True``), most recently active first.
+
+        ``metadata`` keeps sessions whose metadata has those key/value pairs. Pass the page's ``next_cursor``
+        back as ``cursor`` for the next page (keyset pagination: stable and index-served at any depth).
+        """
+        return await lifecycle.list_sessions(
+            self, user_id=user_id, all_users=all_users, agent_id=agent_id, metadata=metadata, limit=limit, cursor=cursor
+        )
+
+    async def get(self, session_id: str, *, user_id: str | None = None) -> SessionInfo:
+        """One session's summary. Raises ``SessionNotFoundError`` (also for another user's session)."""
+        return await lifecycle.get(self, session_id, user_id)
+
+    async def messages(
+        self, session_id: str, *, user_id: str | None = None, after_seq: int = -1, limit: int = 100
+    ) -> list[MessageRecord]:
+        """Up to ``limit`` stored messages with ``seq > after_seq``, in order: page through a transcript."""
+        return await lifecycle.messages(self, session_id, user_id, after_seq, limit)
+
+    async def update(self, session_id: str, *, user_id: str | None = None, **changes: Any) -> None:
+        """Set a session's ``title`` (str or None), ``metadata`` (a JSON dict) or idle ``ttl`` (a timedelta)."""
+        if unknown := set(changes) - {"title", "metadata", "ttl"}:
+            raise InvalidValueError(f"update() takes title, metadata and ttl, not {sorted(unknown)}")
+        await lifecycle.update_info(self, session_id, user_id, changes)
+
+    async def close_session(self, session_id: str, *, user_id: str | None = None) -> None:
+        """Make a session read-only: later runs raise ``SessionClosedError``; the transcript stays readable."""
+        await lifecycle.close(self, session_id, user_id)
+
+    async def clear(self, session_id: str, *, user_id: str | None = None) -> int:
+        """Delete a session's messages, keeping the session and its state; returns how many were deleted."""
+        return await lifecycle.clear(self, session_id, user_id)
+
+    async def purge_expired(self, *, batch_size: int = 500, progress: Callable[[int], None] | None = None) -> int:
+        """Delete every expired session, in batches of short transactions; returns how many were deleted."""
+        return await lifecycle.purge_expired(self, batch_size, progress)
+
+    async def erase_user(self, user_id: str) -> ErasureReport:
+        """Delete every session, message and state row of a user, user-scoped memory included."""
+        return await lifecycle.erase_user(self, user_id)
+
+    async def fork(
+        self, session_id: str, *, user_id: str | None = None, at_seq: int | None = None, new_id: str | None = None
+    ) -> str:
+        """Copy a session's history (up to ``at_seq``) and state into a new session; returns its id."""
+        return await lifecycle.fork(self, session_id, user_id, at_seq, new_id or uuid.uuid4().hex)
+
+    async def truncate(self, session_id: str, after_seq: int, *, user_id: str | None = None) -> int:
+        """Drop the messages after ``after_seq`` (a rewind; tool calls stay with their results)."""
+        return await lifecycle.truncate(self, session_id, user_id, after_seq)
+
+    def export(self, *, user_id: str | None = None, session_id: str | None = None) -> AsyncIterator[str]:
+        """JSON Lines of one session of ``user_id``, or of all of that user's sessions and shared state."""
+        return transfer.export(self, user_id=user_id, session_id=session_id)
+
+    async def import_lines(
+        self, lines: Iterable[str], *, progress: Callable[[int], None] | None = None
+    ) -> TransferReport:
+        """Recreate the sessions of an export; a session that exists already is skipped, never duplicated."""
+        return await transfer.import_lines(self, lines, progress)
+
+    async def stats(self) -> dict[str, Any]:
+        """Row counts, the busiest sessions, and sizes on disk."""
+        return await lifecycle.stats(self)
 
     async def delete(self, session_id: str, *, user_id: str | None = None) -> bool:
         """Delete a session with its messages, state and run log in one transaction; False if there was none."""
