@@ -1,10 +1,18 @@
-"""The `agent-store` command line. User errors print one line and exit non-zero; no tracebacks."""
+"""The `agent-store` command line: operate a store from a shell.
+
+Human output is a table; ``--json`` prints machine-readable JSON. Long work shows a progress bar on a
+terminal and stays quiet when piped. Errors print one line and exit with status 1 (no traceback).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable, Coroutine
+import json
+import sys
+import unicodedata
+from collections.abc import Callable, Coroutine, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import click
@@ -22,6 +30,10 @@ url_option = click.option(
     show_envvar=True,
     help="Database URL (default: sqlite+aiosqlite:///agent_store.db).",
 )
+user_option = click.option(
+    "--user", "user_id", default=None, help="The sessions' owner (omit for sessions without one)."
+)
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 
 
 def runs_async(fn: Callable[..., Coroutine[Any, Any, T]]) -> Callable[..., T]:
@@ -35,6 +47,31 @@ def runs_async(fn: Callable[..., Coroutine[Any, Any, T]]) -> Callable[..., T]:
             raise click.ClickException(f"{type(exc).__name__}: {exc}") from exc
 
     return wrapper
+
+
+def _width(text: str) -> int:
+    return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    cells = [[("-" if v is None else str(v)) for v in row] for row in rows]
+    widths = [max([_width(h), *(_width(r[i]) for r in cells)]) for i, h in enumerate(headers)]
+    for row in [list(headers), *cells]:
+        click.echo("  ".join(v + " " * (w - _width(v)) for v, w in zip(row, widths, strict=True)).rstrip())
+
+
+def print_json(value: Any) -> None:
+    click.echo(json.dumps(value, ensure_ascii=False, indent=2, default=str))
+
+
+@contextmanager
+def progress(label: str, total: int) -> Iterator[Callable[[int], None]]:
+    """A progress bar on a terminal; nothing at all when stderr is piped."""
+    if not sys.stderr.isatty() or total <= 0:
+        yield lambda _n: None
+        return
+    with click.progressbar(length=total, label=label, file=sys.stderr) as bar:
+        yield bar.update
 
 
 @click.group()
@@ -83,3 +120,175 @@ async def check(url: str | None) -> None:
             async with store.engine.connect() as conn:
                 await check_schema(conn, store.url)
         click.echo(f"ok: {store.url.render_as_string(hide_password=True)} is at schema {SCHEMA_REVISION}")
+
+
+@main.command()
+@url_option
+@user_option
+@click.option("--all-users", is_flag=True, help="List every user's sessions.")
+@click.option("--agent", "agent_id", default=None, help="Only sessions bound to this agent id.")
+@click.option("--meta", multiple=True, metavar="KEY=VALUE", help="Only sessions whose metadata has KEY=VALUE.")
+@click.option("--limit", default=50, show_default=True)
+@click.option("--cursor", default=None, help="The next_cursor of a previous page.")
+@json_option
+@runs_async
+async def sessions(url: str | None, user_id: str | None, all_users: bool, agent_id: str | None, meta: tuple[str, ...],
+                   limit: int, cursor: str | None, as_json: bool) -> None:  # fmt: skip
+    """List sessions, most recently active first."""
+    metadata = dict(item.split("=", 1) for item in meta if "=" in item)
+    if len(metadata) != len(meta):
+        raise click.BadParameter("use KEY=VALUE", param_hint="--meta")
+    async with Store.from_url(url) as store:
+        page = await store.list_sessions(
+            user_id=user_id, all_users=all_users, agent_id=agent_id, metadata=metadata, limit=limit, cursor=cursor
+        )
+    if as_json:
+        print_json(page.model_dump(mode="json"))
+        return
+    print_table(
+        ["ID", "USER", "TITLE", "MESSAGES", "UPDATED", "STATUS"],
+        [[s.id, s.user_id, s.title, s.message_count, s.updated_at.strftime("%Y-%m-%d %H:%M:%S"),
+          "closed" if s.closed_at else "open"] for s in page.items],
+    )  # fmt: skip
+    if page.next_cursor:
+        click.echo(f"\nmore: --cursor {page.next_cursor}")
+
+
+def _describe(body: dict[str, Any]) -> list[str]:
+    """Readable lines for a message's contents: text, tool calls and their results."""
+    lines = []
+    for content in body.get("contents", []):
+        kind = content.get("type")
+        if kind == "text":
+            lines.append(content.get("text", ""))
+        elif kind == "function_call":
+            args = content.get("arguments")
+            shown = args if isinstance(args, str) else json.dumps(args or {}, ensure_ascii=False)
+            lines.append(f"-> call {content.get('name')}({shown})  [{content.get('call_id')}]")
+        elif kind == "function_result":
+            lines.append(f"<- result [{content.get('call_id')}]: {content.get('result')}")
+        else:
+            lines.append(f"[{kind}]")
+    return lines
+
+
+@main.command()
+@url_option
+@user_option
+@click.argument("session_id")
+@json_option
+@runs_async
+async def show(url: str | None, user_id: str | None, session_id: str, as_json: bool) -> None:
+    """Print a session's transcript: roles, authors, text and tool calls."""
+    async with Store.from_url(url) as store:
+        info = await store.get(session_id, user_id=user_id)
+        records, after = [], -1
+        while page := await store.messages(session_id, user_id=user_id, after_seq=after, limit=500):
+            records += page
+            after = page[-1].seq
+    if as_json:
+        print_json({"session": info.model_dump(mode="json"), "messages": [m.model_dump(mode="json") for m in records]})
+        return
+    click.echo(f"session {info.id}  user {info.user_id or '-'}  {info.message_count} messages  version {info.version}")
+    if info.title:
+        click.echo(f"title: {info.title}")
+    for m in records:
+        who = f"{m.role} ({m.author_name})" if m.author_name else m.role
+        for i, line in enumerate(_describe(m.body) or [""]):
+            click.echo(f"{m.seq:>5}  {who:<22} {line}" if i == 0 else f"{'':>5}  {'':<22} {line}")
+
+
+@main.command()
+@url_option
+@user_option
+@click.option("--session", "session_id", default=None, help="Only this session (default: all of the user's).")
+@click.option("-o", "--output", type=click.File("w", encoding="utf-8"), default="-", help="File (default: stdout).")
+@runs_async
+async def export(url: str | None, user_id: str | None, session_id: str | None, output: Any) -> None:
+    """Write sessions as JSON Lines (lossless; `agent-store import` reads them back)."""
+    async with Store.from_url(url) as store:
+        lines = store.export(user_id=user_id, session_id=session_id)
+        header = await anext(lines)
+        output.write(header + "\n")
+        with progress("exporting", json.loads(header)["sessions"]) as advance:
+            async for line in lines:
+                output.write(line + "\n")
+                advance(line.startswith('{"kind": "session"'))
+
+
+@main.command(name="import")
+@url_option
+@click.argument("source", type=click.File("r", encoding="utf-8"))
+@json_option
+@runs_async
+async def import_(url: str | None, source: Any, as_json: bool) -> None:
+    """Recreate sessions from an export; sessions that exist already are skipped."""
+    lines = source.readlines()
+    async with Store.from_url(url) as store:
+        total = sum(1 for line in lines if line.startswith('{"kind": "session"'))
+        with progress("importing", total) as advance:
+            report = await store.import_lines(lines, progress=advance)
+    print_json(report.model_dump()) if as_json else click.echo(f"imported {report.imported}, skipped {report.skipped}")
+
+
+@main.command()
+@url_option
+@click.option("--batch-size", default=500, show_default=True)
+@runs_async
+async def purge(url: str | None, batch_size: int) -> None:
+    """Delete expired sessions in small batches."""
+    async with Store.from_url(url) as store:
+        removed = await store.purge_expired(batch_size=batch_size, progress=lambda n: None)
+    click.echo(f"purged {removed} expired sessions")
+
+
+@main.command(name="erase-user")
+@url_option
+@click.argument("user_id")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@json_option
+@runs_async
+async def erase_user(url: str | None, user_id: str, yes: bool, as_json: bool) -> None:
+    """Delete every session, message and state row of USER_ID."""
+    if not yes:
+        if not sys.stdin.isatty():
+            raise click.UsageError("refusing to erase without --yes when not on a terminal")
+        click.confirm(f"Erase everything stored for user {user_id!r}?", abort=True)
+    async with Store.from_url(url) as store:
+        report = await store.erase_user(user_id)
+    if as_json:
+        print_json(report.model_dump())
+        return
+    click.echo(f"erased user {user_id}: {report.sessions} sessions, {report.messages} messages, "
+               f"{report.state_rows + report.user_state_rows} state rows")  # fmt: skip
+
+
+@main.command()
+@url_option
+@user_option
+@click.argument("session_id")
+@click.option("--at-seq", type=int, default=None, help="Copy messages up to this seq (default: all).")
+@click.option("--new-id", default=None, help="Id of the new session (default: a random one).")
+@runs_async
+async def fork(url: str | None, user_id: str | None, session_id: str, at_seq: int | None, new_id: str | None) -> None:
+    """Copy a session (up to a message) into a new session: a new branch of the conversation."""
+    async with Store.from_url(url) as store:
+        click.echo(await store.fork(session_id, user_id=user_id, at_seq=at_seq, new_id=new_id))
+
+
+@main.command()
+@url_option
+@json_option
+@runs_async
+async def stats(url: str | None, as_json: bool) -> None:
+    """Row counts, sizes on disk and the busiest sessions."""
+    async with Store.from_url(url) as store:
+        figures = await store.stats()
+    if as_json:
+        print_json(figures)
+        return
+    print_table(["TABLE", "ROWS", "BYTES"], [[t, n, figures["bytes"].get(t)] for t, n in figures["rows"].items()])
+    if "database" in figures["bytes"]:
+        click.echo(f"database file: {figures['bytes']['database']} bytes")
+    click.echo("\nbusiest sessions:")
+    print_table(["ID", "USER", "MESSAGES"], [[b["id"], b["user_id"], b["messages"]] for b in figures["busiest"]])

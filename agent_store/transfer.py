@@ -72,7 +72,6 @@ async def export(store: Store, *, user_id: str | None, session_id: str | None = 
     """Yield the JSON Lines of one session, or of every session of ``user_id`` and that user's shared state."""
     codec.check_id(user_id, "user_id")
     S = sessions_t.c
-    yield json.dumps({"kind": "header", "format": FORMAT, "schema": SCHEMA_REVISION})
     async with store._transaction(write=False, doing="listing sessions to export") as db:
         query = select(S.id).where(S.user_id.is_not_distinct_from(user_id)).order_by(S.created_at, S.id)
         if session_id is not None:
@@ -80,6 +79,7 @@ async def export(store: Store, *, user_id: str | None, session_id: str | None = 
         ids = list((await db.execute(query)).scalars())
     if session_id is not None and not ids:
         raise SessionNotFoundError(f"no session {session_id!r} for user {user_id!r}")
+    yield json.dumps({"kind": "header", "format": FORMAT, "schema": SCHEMA_REVISION, "sessions": len(ids)})
     for sid in ids:  # one short, consistent read per session
         async with store._transaction(write=False, doing="exporting a session") as db:
             yield _line(

@@ -201,9 +201,12 @@ async def test_export_then_import_into_an_empty_database_reproduces_the_rows(
         first = await copy.import_lines(lines)
         again = await copy.import_lines(lines)
         assert (first.imported, first.skipped, again.imported, again.skipped) == (2, 0, 0, 2)
-        for table, order in (("agent_sessions", "id"), ("agent_messages", "session_id, seq"), ("agent_state", "session_id, key"),
-                             ("agent_tool_calls", "session_id, seq"), ("agent_runs", "session_id, run_id"),
-                             ("agent_user_state", "user_id, key")):  # fmt: skip
+        tables = {
+            "agent_sessions": "id", "agent_messages": "session_id, seq", "agent_state": "session_id, key",
+            "agent_tool_calls": "session_id, seq", "agent_runs": "session_id, run_id",
+            "agent_user_state": "user_id, key",
+        }  # fmt: skip
+        for table, order in tables.items():
             sql = f"SELECT * FROM {table} ORDER BY {order}"  # noqa: S608
             assert [norm(r) for r in await rows(copy, sql)] == [norm(r) for r in await rows(store, sql)], table
         assert [line async for line in copy.export(user_id="li")] == lines
@@ -257,7 +260,8 @@ async def test_the_run_log_records_agent_counts_tokens_and_conflicts(store: Stor
 async def test_the_transcript_view_names_users_and_tools(store: Store) -> None:
     agent = Agent(client=OfflineChatClient(), name="Bot", tools=[weather])
     await chat(store, agent, "s", "call weather", user_id="li")
-    assert await rows(store, "SELECT user_id, seq, role, author_name, tool_name FROM agent_transcript ORDER BY seq") == [
+    view = "SELECT user_id, seq, role, author_name, tool_name FROM agent_transcript ORDER BY seq"
+    assert await rows(store, view) == [
         ("li", 0, "user", None, None), ("li", 1, "assistant", "Bot", "weather"),
         ("li", 2, "tool", "Bot", "weather"), ("li", 3, "assistant", "Bot", None),
     ]  # fmt: skip
