@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from . import codec, telemetry
 from .errors import InvalidValueError, SessionNotFoundError
 from .models import ErasureReport, MessageRecord, SessionInfo, SessionPage
+from .statements import owner_is
 from .tables import JsonText, messages_t, runs_t, sessions_t, state_t, tool_calls_t, user_state_t
 
 if TYPE_CHECKING:
@@ -30,7 +31,7 @@ _SCALARS = (str, int, float, bool)
 def owned(session_id: str, user_id: str | None) -> tuple[ColumnElement[bool], ...]:
     codec.check_id(session_id, "session_id", required=True)
     codec.check_id(user_id, "user_id")
-    return S.id == session_id, S.user_id.is_not_distinct_from(user_id)
+    return S.id == session_id, owner_is(S.user_id, user_id)
 
 
 def info(row: Any) -> SessionInfo:
@@ -105,7 +106,7 @@ async def list_sessions(
     async with store._transaction(write=False, doing="listing sessions") as db:
         query = select(*_INFO_COLUMNS)
         if not all_users:
-            query = query.where(S.user_id.is_not_distinct_from(user_id))
+            query = query.where(owner_is(S.user_id, user_id))
         if agent_id is not None:
             query = query.where(S.agent_id == agent_id)
         if metadata:

@@ -36,6 +36,11 @@ class Scope:
         return key[len(self.prefix) :]
 
 
+def owner_is(column: Any, value: str | None) -> Any:
+    """``column = value``, or ``IS NULL`` for no owner (``IS NOT DISTINCT FROM`` cannot use an index)."""
+    return column.is_(None) if value is None else column == value
+
+
 def scopes(session_id: str, user_id: str | None, app_id: str) -> list[Scope]:
     found = [Scope("", state_t, "session_id", session_id), Scope(APP_PREFIX, app_state_t, "app_id", app_id)]
     if user_id is not None:
@@ -115,7 +120,7 @@ async def bump_session(
 ) -> tuple[int, int]:
     """Take the session row lock and advance it; returns (new version, next_seq after this run's messages)."""
     c = sessions_t.c
-    owned = (c.id == session_id, c.user_id.is_not_distinct_from(user_id))
+    owned = (c.id == session_id, owner_is(c.user_id, user_id))
     bumped = (
         await db.execute(
             update(sessions_t)
@@ -133,9 +138,7 @@ async def bump_session(
 
 async def delete_if_expired(db: AsyncConnection, session_id: str, user_id: str | None, now: datetime) -> None:
     c = sessions_t.c
-    await db.execute(
-        delete(sessions_t).where(c.id == session_id, c.user_id.is_not_distinct_from(user_id), c.expires_at <= now)
-    )
+    await db.execute(delete(sessions_t).where(c.id == session_id, owner_is(c.user_id, user_id), c.expires_at <= now))
 
 
 async def give_back_seq(db: AsyncConnection, session_id: str, unused: int) -> None:

@@ -20,6 +20,7 @@ from .engine import check_schema, configure_sqlite, make_engine, migration_conne
 from .errors import ConfigurationError, InvalidValueError, translated
 from .models import ErasureReport, MessageRecord, SessionInfo, SessionPage, TransferReport
 from .run import Run, load
+from .statements import owner_is
 from .tables import sessions_t
 
 
@@ -225,9 +226,7 @@ class Store:
         check_id(user_id, "user_id")
         async with self._transaction(write=True, doing="deleting a session") as db:
             done = await db.execute(
-                delete(sessions_t).where(
-                    sessions_t.c.id == session_id, sessions_t.c.user_id.is_not_distinct_from(user_id)
-                )
+                delete(sessions_t).where(sessions_t.c.id == session_id, owner_is(sessions_t.c.user_id, user_id))
             )
         return bool(done.rowcount)
 

@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from . import codec
 from .errors import InvalidValueError, SessionNotFoundError
 from .models import TransferReport
+from .statements import owner_is
 from .tables import (
     SCHEMA_REVISION,
     JsonText,
@@ -73,7 +74,7 @@ async def export(store: Store, *, user_id: str | None, session_id: str | None = 
     codec.check_id(user_id, "user_id")
     S = sessions_t.c
     async with store._transaction(write=False, doing="listing sessions to export") as db:
-        query = select(S.id).where(S.user_id.is_not_distinct_from(user_id)).order_by(S.created_at, S.id)
+        query = select(S.id).where(owner_is(S.user_id, user_id)).order_by(S.created_at, S.id)
         if session_id is not None:
             query = query.where(S.id == session_id)
         ids = list((await db.execute(query)).scalars())
