@@ -14,6 +14,7 @@ from .errors import (
     StorageUnavailableError,
 )
 from .models import CommitResult, ErasureReport, MessageRecord, SessionInfo, SessionPage, TransferReport
+from .retry import retry_on_conflict
 from .run import Run
 from .store import Store
 
@@ -37,4 +38,5 @@ __all__ = [
     "StorageUnavailableError",
     "Store",
     "TransferReport",
+    "retry_on_conflict",
 ]

@@ -98,6 +98,7 @@ class Run:
         self._started_at = datetime.now(UTC)
         self._attempted = False  # a commit was sent whose outcome we may not know
         self.usage: dict[str, int] = {}  # token usage reported by the agent's responses (see add_usage)
+        self._held: AsyncConnection | None = None  # serialized mode: the transaction that holds the lock
         _RUNS[session] = self
 
     @classmethod
@@ -127,6 +128,13 @@ class Run:
         present = {id(m) for m in history}
         history.extend(m for m in messages if id(m) not in present)
 
+    async def discard(self) -> None:
+        """Give up the run without writing (releases a serialized run's lock); ``store.session`` does this on errors."""
+        held, self._held = self._held, None
+        if held is not None:
+            await held.rollback()
+            await held.close()
+
     def add_usage(self, usage: Mapping[str, Any] | None) -> None:
         """Add a response's token usage to the run log (the store's context providers call this)."""
         for key in ("input_token_count", "output_token_count"):
@@ -146,13 +154,19 @@ class Run:
             SessionNotFoundError: the session was deleted, or created by another user, meanwhile.
             StorageUnavailableError: the database failed; the session in memory is intact, retry.
         """
-        delta = self._delta()
+        try:
+            delta = self._delta()
+        except BaseException:
+            await self.discard()
+            raise
         snap = self._snapshot
         if delta.empty and snap.exists:
+            await self.discard()
             return CommitResult(session_id=self.session.session_id, run_id=self._run_id, version=snap.version)
         with telemetry.operation("commit", session_id=self.session.session_id) as span:
             try:
-                async with self.store._transaction(write=True, doing="committing a run") as db:
+                held, self._held = self._held, None  # a serialized run's lock ends with this commit, either way
+                async with self.store._transaction(write=True, doing="committing a run", held=held, finish=True) as db:
                     sid = self.session.session_id
                     if self._attempted and (landed := await sql.run_recorded(db, sid, self._run_id)):
                         return self._committed(delta, landed)
@@ -297,11 +311,14 @@ async def load(
     agent_id: str | None,
     history_limit: int | None,
     if_expired: str = "error",
+    serialized: bool = False,
 ) -> Run:
     """Read one session in a short read-only transaction and rebuild its ``AgentSession``.
 
     An expired session raises :class:`SessionExpiredError`, or with ``if_expired="restart"`` is deleted and
-    replaced by a fresh one; a closed session raises :class:`SessionClosedError`.
+    replaced by a fresh one; a closed session raises :class:`SessionClosedError`. A ``serialized`` run holds its
+    session's lock (PostgreSQL advisory lock; SQLite write lock) and a connection from load to commit, so
+    concurrent serialized runs on a session queue instead of conflicting.
     """
     codec.check_id(session_id, "session_id", required=True)
     codec.check_id(user_id, "user_id")
@@ -311,23 +328,35 @@ async def load(
     if if_expired not in ("error", "restart"):
         raise InvalidValueError(f'if_expired must be "error" or "restart", not {if_expired!r}')
     with telemetry.operation("load", session_id=session_id):
+        held = await store._hold(session_id) if serialized else None
         try:
-            return await _read(store, session_id, user_id=user_id, agent_id=agent_id, history_limit=history_limit)
-        except SessionExpiredError:
-            if if_expired == "error":
-                raise
-        async with store._transaction(write=True, doing="restarting an expired session") as db:
-            await sql.delete_if_expired(db, session_id, user_id, datetime.now(UTC))
-        return await _read(store, session_id, user_id=user_id, agent_id=agent_id, history_limit=history_limit)
+            try:
+                return await _read(store, session_id, user_id, agent_id, history_limit, held)
+            except SessionExpiredError:
+                if if_expired == "error":
+                    raise
+            async with store._transaction(write=True, doing="restarting an expired session", held=held) as db:
+                await sql.delete_if_expired(db, session_id, user_id, datetime.now(UTC))
+            return await _read(store, session_id, user_id, agent_id, history_limit, held)
+        except BaseException:
+            if held is not None:
+                await held.rollback()
+                await held.close()
+            raise
 
 
 async def _read(
-    store: Store, session_id: str, *, user_id: str | None, agent_id: str | None, history_limit: int | None
+    store: Store,
+    session_id: str,
+    user_id: str | None,
+    agent_id: str | None,
+    history_limit: int | None,
+    held: AsyncConnection | None,
 ) -> Run:
     snap = Snapshot(complete_history=history_limit is None)
     session = AgentSession(session_id=session_id)
     messages: list[Message] = []
-    async with store._transaction(write=False, doing="loading a session") as db:
+    async with store._transaction(write=False, doing="loading a session", held=held) as db:
         row = (await db.execute(sql.read_session(session_id))).first()
         if row is not None:
             if row.user_id != user_id or row.agent_id not in (None, agent_id):
@@ -352,4 +381,6 @@ async def _read(
                 messages.append(codec.message_from_row(body))
     history = session.state.get(HISTORY_KEY)
     session.state[HISTORY_KEY] = {**(history if isinstance(history, dict) else {}), "messages": messages}
-    return Run(store, session, snap, user_id=user_id, agent_id=agent_id)
+    run = Run(store, session, snap, user_id=user_id, agent_id=agent_id)
+    run._held = held
+    return run

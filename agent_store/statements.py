@@ -150,8 +150,9 @@ async def give_back_seq(db: AsyncConnection, session_id: str, unused: int) -> No
 
 async def lock_shared_scope(db: AsyncConnection, scope: Scope) -> None:
     """Serialize writers of one user's / app's shared keys (SQLite's write lock already does)."""
-    if db.dialect.name == "postgresql":
-        await db.execute(select(func.pg_advisory_xact_lock(func.hashtextextended(scope.prefix + scope.owner, 0))))
+    if db.dialect.name == "postgresql":  # lock classes: 1 serialized sessions, 2 users, 3 apps
+        lock_class = 2 if scope.prefix == USER_PREFIX else 3
+        await db.execute(select(func.pg_advisory_xact_lock(lock_class, func.hashtext(scope.owner))))
 
 
 async def stored_versions(db: AsyncConnection, scope: Scope, keys: Iterable[str]) -> dict[str, int]:

@@ -10,7 +10,7 @@ from types import TracebackType
 from typing import Any
 
 from agent_framework import AgentSession
-from sqlalchemy import delete
+from sqlalchemy import delete, func, select
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -22,6 +22,15 @@ from .models import ErasureReport, MessageRecord, SessionInfo, SessionPage, Tran
 from .run import Run, load
 from .statements import owner_is
 from .tables import sessions_t
+
+SESSION_LOCK_CLASS = 1  # pg_advisory_xact_lock(class, key) namespace of serialized runs (see statements.py)
+
+
+async def _release(conn: AsyncConnection, *, commit: bool) -> None:
+    try:
+        await (conn.commit() if commit else conn.rollback())
+    finally:
+        await conn.close()
 
 
 class Store:
@@ -107,10 +116,17 @@ class Store:
         agent_id: str | None = None,
         history_limit: int | None = None,
         if_expired: str = "error",
+        serialized: bool = False,
     ) -> Run:
-        """Load a session for one run; commit it with ``await run.commit()``. See :meth:`session`."""
+        """Load a session for one run: ``await run.commit()`` it (or ``run.discard()``). See :meth:`session`."""
         return await load(
-            self, session_id, user_id=user_id, agent_id=agent_id, history_limit=history_limit, if_expired=if_expired
+            self,
+            session_id,
+            user_id=user_id,
+            agent_id=agent_id,
+            history_limit=history_limit,
+            if_expired=if_expired,
+            serialized=serialized,
         )
 
     @asynccontextmanager
@@ -122,12 +138,16 @@ class Store:
         agent_id: str | None = None,
         history_limit: int | None = None,
         if_expired: str = "error",
+        serialized: bool = False,
     ) -> AsyncIterator[AgentSession]:
         """Yield the stored session as an ``AgentSession``; commit what changed when the block exits.
 
         The session is created on first use. ``history_limit`` loads only the last N messages (the
         database keeps them all). If the block raises, nothing is written and the exception propagates.
         An expired session raises ``SessionExpiredError``, or with ``if_expired="restart"`` starts afresh.
+        ``serialized=True`` queues overlapping runs on this session instead of letting them conflict: the run
+        holds the session's lock and one pooled connection from load to commit (PostgreSQL advisory lock;
+        on SQLite the database write lock, which queues every writer).
 
         Raises:
             SessionNotFoundError: the id belongs to another user, or to another agent.
@@ -138,9 +158,18 @@ class Store:
             StorageUnavailableError: the database cannot be reached.
         """
         run = await self.load(
-            session_id, user_id=user_id, agent_id=agent_id, history_limit=history_limit, if_expired=if_expired
+            session_id,
+            user_id=user_id,
+            agent_id=agent_id,
+            history_limit=history_limit,
+            if_expired=if_expired,
+            serialized=serialized,
         )
-        yield run.session
+        try:
+            yield run.session
+        except BaseException:
+            await run.discard()
+            raise
         await run.commit()
 
     # ---- lifecycle: see lifecycle.py and transfer.py --------------------------------------------------
@@ -231,13 +260,26 @@ class Store:
         return bool(done.rowcount)
 
     @asynccontextmanager
-    async def _transaction(self, *, write: bool, doing: str) -> AsyncIterator[AsyncConnection]:
-        """A short transaction: a consistent snapshot for reads, the SQLite write lock up front for writes."""
+    async def _transaction(
+        self, *, write: bool, doing: str, held: AsyncConnection | None = None, finish: bool = False
+    ) -> AsyncIterator[AsyncConnection]:
+        """A short transaction: a consistent snapshot for reads, the SQLite write lock up front for writes.
+
+        ``held`` is a serialized run's connection, whose transaction spans load to commit: it is used as it
+        is, and ended (committed, or rolled back on error, then closed) only when ``finish`` is set.
+        """
         with translated(self.url, doing):
-            if not self._schema_ok:
-                async with self.engine.connect() as conn:
-                    await check_schema(conn, self.url)
-                self._schema_ok = True
+            if held is not None:
+                try:
+                    yield held
+                except BaseException:
+                    if finish:
+                        await _release(held, commit=False)
+                    raise
+                if finish:
+                    await _release(held, commit=True)
+                return
+            await self._check_schema()
             async with self.engine.connect() as conn:
                 if conn.dialect.name == "sqlite":
                     conn = await conn.execution_options(agent_store_begin="immediate" if write else "deferred")
@@ -245,6 +287,30 @@ class Store:
                     conn = await conn.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
                 async with conn.begin():
                     yield conn
+
+    async def _hold(self, session_id: str) -> AsyncConnection:
+        """Open a serialized run's transaction and take its session's lock (SQLite: the database write lock)."""
+        with translated(self.url, "locking a session"):
+            await self._check_schema()
+            conn = await self.engine.connect()
+            try:
+                if conn.dialect.name == "sqlite":
+                    conn = await conn.execution_options(agent_store_begin="immediate")
+                await conn.begin()
+                if conn.dialect.name == "postgresql":
+                    await conn.execute(
+                        select(func.pg_advisory_xact_lock(SESSION_LOCK_CLASS, func.hashtext(session_id)))
+                    )
+            except BaseException:
+                await conn.close()
+                raise
+            return conn
+
+    async def _check_schema(self) -> None:
+        if not self._schema_ok:
+            async with self.engine.connect() as conn:
+                await check_schema(conn, self.url)
+            self._schema_ok = True
 
     async def close(self) -> None:
         """Close every pooled connection."""

@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
 
 import asyncpg
 import pytest
@@ -39,27 +41,47 @@ def _plain_dsn(sa_url: str) -> str:
     return make_url(sa_url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
-@pytest.fixture(params=BACKENDS)
-async def url(request: pytest.FixtureRequest, tmp_path: object) -> AsyncIterator[str]:
-    """The URL of an empty database on each backend (no schema yet)."""
-    if request.param == "sqlite":
+@asynccontextmanager
+async def fresh_database(backend: str, tmp_path: Path) -> AsyncIterator[str]:
+    """The URL of a new, empty database (no schema yet), dropped afterwards."""
+    if backend == "sqlite":
         yield f"sqlite+aiosqlite:///{tmp_path}/store.db"
         return
     admin = make_url(_pg_admin_url())
     name = f"{admin.database}_{uuid.uuid4().hex[:12]}"
-    conn = await asyncpg.connect(_plain_dsn(admin.render_as_string(hide_password=False)))
+    dsn = _plain_dsn(admin.render_as_string(hide_password=False))
+    conn = await asyncpg.connect(dsn)
     try:
-        await conn.execute(f'CREATE DATABASE "{name}"')
+        await conn.execute(f'CREATE DATABASE "{name}"')  # a name we made: [a-z0-9_] only
     finally:
         await conn.close()
     try:
         yield admin.set(database=name).render_as_string(hide_password=False)
     finally:
-        conn = await asyncpg.connect(_plain_dsn(admin.render_as_string(hide_password=False)))
+        conn = await asyncpg.connect(dsn)
         try:
             await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         finally:
             await conn.close()
+
+
+@pytest.fixture(params=BACKENDS)
+async def url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
+    """An empty database on each backend."""
+    async with fresh_database(request.param, tmp_path) as database_url:
+        yield database_url
+
+
+@pytest.fixture
+async def pg_url(tmp_path: Path) -> AsyncIterator[str]:
+    """An empty PostgreSQL database, for PostgreSQL-only faults (skipped, or failed in CI, without a server)."""
+    async with fresh_database("postgresql", tmp_path) as database_url:
+        yield database_url
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite+aiosqlite:///{tmp_path}/store.db"
 
 
 @pytest.fixture

@@ -1,0 +1,51 @@
+"""Retrying a run that lost a state conflict: reload the session and do the work again."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, TypeVar
+
+from agent_framework import AgentSession
+
+from .errors import ConflictError
+
+if TYPE_CHECKING:
+    from .store import Store
+
+T = TypeVar("T")
+
+
+async def retry_on_conflict(
+    store: Store,
+    session_id: str,
+    work: Callable[[AgentSession], Awaitable[T]],
+    *,
+    user_id: str | None = None,
+    agent_id: str | None = None,
+    attempts: int = 10,
+    base_delay: float = 0.005,
+) -> T:
+    """Run ``work(session)`` on a freshly loaded session and commit; on :class:`ConflictError`, start over.
+
+    Each attempt loads the session again, so ``work`` sees the state the winning run committed (a counter it
+    increments is never lost). ``work`` runs again on every attempt: if it calls a model, the model is called
+    again. Between attempts it waits ``base_delay * 2**attempt`` seconds, with jitter. The last attempt's
+    ``ConflictError`` propagates. Returns what the successful ``work`` returned.
+    """
+    for attempt in range(attempts):
+        run = await store.load(session_id, user_id=user_id, agent_id=agent_id)
+        try:
+            result = await work(run.session)
+        except BaseException:
+            await run.discard()
+            raise
+        try:
+            await run.commit()
+            return result
+        except ConflictError:
+            if attempt == attempts - 1:
+                raise
+        await asyncio.sleep(base_delay * 2**attempt * random.uniform(0.5, 1.5))
+    raise AssertionError("unreachable")
