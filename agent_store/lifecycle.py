@@ -252,9 +252,10 @@ async def _paired_cut(db: AsyncConnection, session_id: str, cut: int) -> int:
 async def truncate(store: Store, session_id: str, user_id: str | None, after_seq: int) -> int:
     """Drop messages after ``after_seq`` (lowered to keep tool calls with their results); returns how many."""
     async with store._transaction(write=True, doing="truncating a session") as db:
-        if (await db.execute(select(S.id).where(*owned(session_id, user_id)).with_for_update())).first() is None:
+        row = (await db.execute(select(S.next_seq).where(*owned(session_id, user_id)).with_for_update())).first()
+        if row is None:
             raise SessionNotFoundError(f"no session {session_id!r} for user {user_id!r}")
-        cut = await _paired_cut(db, session_id, after_seq)
+        cut = min(await _paired_cut(db, session_id, after_seq), row.next_seq - 1)
         M = messages_t.c
         removed = (await db.execute(delete(messages_t).where(M.session_id == session_id, M.seq > cut))).rowcount
         await db.execute(update(sessions_t).where(S.id == session_id).values(next_seq=cut + 1, version=S.version + 1))
