@@ -24,6 +24,7 @@ async def retry_on_conflict(
     *,
     user_id: str | None = None,
     agent_id: str | None = None,
+    history_limit: int | None = None,
     attempts: int = 10,
     base_delay: float = 0.005,
 ) -> T:
@@ -35,7 +36,7 @@ async def retry_on_conflict(
     ``ConflictError`` propagates. Returns what the successful ``work`` returned.
     """
     for attempt in range(attempts):
-        run = await store.load(session_id, user_id=user_id, agent_id=agent_id)
+        run = await store.load(session_id, user_id=user_id, agent_id=agent_id, history_limit=history_limit)
         try:
             result = await work(run.session)
         except BaseException:

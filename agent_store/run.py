@@ -19,9 +19,9 @@ rules, same transaction); ``temp:`` keys are never stored.
 
 from __future__ import annotations
 
+import copy
 import logging
 import uuid
-import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -50,13 +50,27 @@ if TYPE_CHECKING:
 HISTORY_KEY = InMemoryHistoryProvider.DEFAULT_SOURCE_ID
 logger = logging.getLogger("agent_store")
 
-# The run each live session belongs to, so the framework seams (history provider, session store) can join it.
-_RUNS: weakref.WeakKeyDictionary[AgentSession, Run] = weakref.WeakKeyDictionary()
+
+class StoredSession(AgentSession):
+    """The ``AgentSession`` a store hands out: an ordinary session that also knows the run that loaded it.
+
+    The framework seams (history provider, session store, memory) find the run through it. The link is not
+    serialized (``to_dict``) and not copied: a deep copy is a plain ``AgentSession``.
+    """
+
+    _run: Run | None = None
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> AgentSession:
+        clone = AgentSession(
+            session_id=self.session_id, service_session_id=copy.deepcopy(self.service_session_id, memo)
+        )
+        clone.state = copy.deepcopy(self.state, memo)
+        return clone
 
 
 def run_of(session: AgentSession) -> Run | None:
     """The store run that loaded ``session``, if it came from ``store.load`` / ``store.session``."""
-    return _RUNS.get(session)
+    return session._run if isinstance(session, StoredSession) else None
 
 
 @dataclass
@@ -99,7 +113,8 @@ class Run:
         self._attempted = False  # a commit was sent whose outcome we may not know
         self.usage: dict[str, int] = {}  # token usage reported by the agent's responses (see add_usage)
         self._held: AsyncConnection | None = None  # serialized mode: the transaction that holds the lock
-        _RUNS[session] = self
+        if isinstance(session, StoredSession):
+            session._run = self  # a cycle the garbage collector frees with the session
 
     @classmethod
     def unloaded(cls, store: Store, session: AgentSession, *, user_id: str | None, agent_id: str | None = None) -> Run:
@@ -354,7 +369,7 @@ async def _read(
     held: AsyncConnection | None,
 ) -> Run:
     snap = Snapshot(complete_history=history_limit is None)
-    session = AgentSession(session_id=session_id)
+    session = StoredSession(session_id=session_id)
     messages: list[Message] = []
     async with store._transaction(write=False, doing="loading a session", held=held) as db:
         row = (await db.execute(sql.read_session(session_id))).first()

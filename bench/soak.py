@@ -1,0 +1,117 @@
+"""Soak: many runs over a few sessions with many workers; zero errors, no leaked connections, flat memory.
+
+    python bench/soak.py --url postgresql+asyncpg://postgres@127.0.0.1:5432/soak \
+        --runs 10000 --sessions 100 --workers 32
+
+Each run loads a session, runs the real Agent with the offline client (2 messages), increments a per-session
+counter through retry_on_conflict, and commits. Afterwards every message and counter is accounted for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import os
+import time
+from dataclasses import dataclass, field
+
+from agent_framework import Agent, AgentSession
+from sqlalchemy import text
+
+from agent_store import Store, retry_on_conflict
+from agent_store.offline import OfflineChatClient
+
+
+def rss_mib() -> float:
+    with open(f"/proc/{os.getpid()}/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+@dataclass
+class SoakReport:
+    runs: int
+    seconds: float
+    errors: list[str]
+    retries: int
+    rss_mib: list[tuple[int, float]] = field(default_factory=list)  # (runs done, RSS) samples
+    pool_checked_out: int = -1
+    pool_checked_in: int = -1
+    messages: int = 0
+    counter_total: int = 0
+
+
+async def soak(url: str, *, runs: int, sessions: int, workers: int, fresh: bool = True) -> SoakReport:
+    agent = Agent(client=OfflineChatClient(), name="Soak")
+    report = SoakReport(runs=runs, seconds=0.0, errors=[], retries=0)
+    jobs: asyncio.Queue[int] = asyncio.Queue()
+    for n in range(runs):
+        jobs.put_nowait(n % sessions)
+    done = 0
+    attempts = 0
+
+    async with Store.from_url(url, pool_size=workers, max_overflow=0) as store:
+        await store.migrate()
+        if fresh:
+            async with store.engine.begin() as conn:
+                await conn.execute(text("DELETE FROM agent_sessions WHERE id LIKE 'soak-%'"))
+
+        async def one_run(session: AgentSession) -> None:
+            nonlocal attempts
+            attempts += 1
+            session.state["counter"] = session.state.get("counter", 0) + 1
+            await agent.run("soak", session=session)
+
+        async def worker() -> None:
+            nonlocal done
+            while not jobs.empty():
+                n = jobs.get_nowait()
+                try:
+                    await retry_on_conflict(store, f"soak-{n}", one_run, user_id="soak", history_limit=20, attempts=100)
+                except Exception as exc:  # counted and reported: the soak's verdict is "zero errors"
+                    report.errors.append(f"{type(exc).__name__}: {exc}")
+                done += 1
+                if done % max(1, runs // 10) == 0:
+                    gc.collect()
+                    report.rss_mib.append((done, round(rss_mib(), 1)))
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(workers)))
+        report.seconds = time.perf_counter() - started
+        report.retries = attempts - runs
+        pool = store.engine.pool
+        report.pool_checked_out, report.pool_checked_in = pool.checkedout(), pool.checkedin()  # type: ignore[attr-defined]
+        async with store.engine.connect() as conn:
+            report.messages = (await conn.execute(
+                text("SELECT count(*) FROM agent_messages WHERE session_id LIKE 'soak-%'"))).scalar_one()  # fmt: skip
+            values = await conn.execute(
+                text("SELECT value FROM agent_state WHERE key = 'counter' AND session_id LIKE 'soak-%'")
+            )
+            report.counter_total = sum(int(v) for (v,) in values.all())
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--url", default=os.environ.get("AGENT_STORE_URL", "sqlite+aiosqlite:///soak.db"))
+    parser.add_argument("--runs", type=int, default=10_000)
+    parser.add_argument("--sessions", type=int, default=100)
+    parser.add_argument("--workers", type=int, default=32)
+    args = parser.parse_args()
+    r = asyncio.run(soak(args.url, runs=args.runs, sessions=args.sessions, workers=args.workers))
+    print("| runs | sessions | workers | seconds | runs/s | retries | errors | messages | counters | pool out/in |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    print(f"| {r.runs} | {args.sessions} | {args.workers} | {r.seconds:.1f} | {r.runs / r.seconds:.0f} | {r.retries} | "
+          f"{len(r.errors)} | {r.messages} | {r.counter_total} | {r.pool_checked_out}/{r.pool_checked_in} |")  # fmt: skip
+    print("\nRSS (MiB) after N runs: " + ", ".join(f"{n}: {m}" for n, m in r.rss_mib))
+    for error in r.errors[:10]:
+        print("error:", error)
+    ok = not r.errors and r.messages == 2 * r.runs and r.counter_total == r.runs and r.pool_checked_out == 0
+    raise SystemExit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
