@@ -12,7 +12,7 @@ from agent_framework import Agent
 from agent_store import Store
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-from soak import soak  # noqa: E402
+from soak import soak
 
 
 async def test_a_reduced_soak(url: str) -> None:
