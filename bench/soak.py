@@ -104,8 +104,9 @@ def main() -> None:
     r = asyncio.run(soak(args.url, runs=args.runs, sessions=args.sessions, workers=args.workers))
     print("| runs | sessions | workers | seconds | runs/s | retries | errors | messages | counters | pool out/in |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    print(f"| {r.runs} | {args.sessions} | {args.workers} | {r.seconds:.1f} | {r.runs / r.seconds:.0f} | {r.retries} | "
-          f"{len(r.errors)} | {r.messages} | {r.counter_total} | {r.pool_checked_out}/{r.pool_checked_in} |")  # fmt: skip
+    cells = [r.runs, args.sessions, args.workers, f"{r.seconds:.1f}", f"{r.runs / r.seconds:.0f}", r.retries,
+             len(r.errors), r.messages, r.counter_total, f"{r.pool_checked_out}/{r.pool_checked_in}"]  # fmt: skip
+    print("| " + " | ".join(map(str, cells)) + " |")
     print("\nRSS (MiB) after N runs: " + ", ".join(f"{n}: {m}" for n, m in r.rss_mib))
     for error in r.errors[:10]:
         print("error:", error)

@@ -6,6 +6,7 @@ CI uses 20,000 sessions and 100,000 messages; `bench/big_tables.py` runs the sam
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,9 @@ import pytest
 from sqlalchemy import event, text
 
 from agent_store import Store
-from agent_store.bigdata import fill, full_scans
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+from big_tables import fill, full_scans
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
 

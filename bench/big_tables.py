@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import text
 
 if TYPE_CHECKING:
-    from .store import Store
+    from agent_store.store import Store
 
 # Generated in the database itself (one statement per table), so 1,000,000 messages take seconds.
 _PG_FILL = [
