@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import date, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from agent_framework import Message
 
@@ -167,7 +167,20 @@ class EncodedMessage:
     tools: list[tuple[str, str, str | None]]
 
 
-def message_record(message: Message, *, max_bytes: int, tool_names: dict[str, str]) -> EncodedMessage:
+class MessageCipher(Protocol):
+    """Encrypts message content at rest (see the README's Security section): text in, text out."""
+
+    def encrypt(self, plaintext: str) -> str: ...
+
+    def decrypt(self, token: str) -> str: ...
+
+
+ENCRYPTED = "$encrypted"
+
+
+def message_record(
+    message: Message, *, max_bytes: int, tool_names: dict[str, str], cipher: MessageCipher | None = None
+) -> EncodedMessage:
     """The rows for one message; gives it a stable ``message_id`` if it has none.
 
     The id is written back onto the in-memory message so a retried commit, and the framework's own
@@ -186,16 +199,29 @@ def message_record(message: Message, *, max_bytes: int, tool_names: dict[str, st
             tools.append((content.call_id, "call", content.name))
         elif content.type == "function_result" and content.call_id:
             tools.append((content.call_id, "result", tool_names.get(content.call_id)))
+    body = dumps(message.to_dict(), where=where, max_bytes=max_bytes)
     columns = {
         "message_id": message.message_id,
         "role": str(message.role),
         "author_name": message.author_name,
         "text": message.text or "",
-        "body": dumps(message.to_dict(), where=where, max_bytes=max_bytes),
+        "body": body,
     }
+    if cipher is not None:  # content leaves the process encrypted; ids, roles, authors, tool names stay readable
+        columns["text"] = ""
+        columns["body"] = dumps({ENCRYPTED: cipher.encrypt(body)}, where=where, max_bytes=2**62)
     return EncodedMessage(message.message_id, columns, tools)
 
 
-def message_from_row(body: Mapping[str, Any]) -> Message:
-    """Rebuild a ``Message`` from its stored ``to_dict()`` form."""
-    return Message.from_dict(dict(body))
+def message_from_row(body: Mapping[str, Any], cipher: MessageCipher | None = None) -> Message:
+    """Rebuild a ``Message`` from its stored ``to_dict()`` form (decrypting it if it was stored encrypted)."""
+    return Message.from_dict(dict(plain_body(body, cipher)))
+
+
+def plain_body(body: Mapping[str, Any], cipher: MessageCipher | None) -> Mapping[str, Any]:
+    if ENCRYPTED not in body:
+        return body
+    if cipher is None:
+        raise InvalidValueError("this message is stored encrypted: open the Store with its message_cipher")
+    decoded: Mapping[str, Any] = json.loads(cipher.decrypt(body[ENCRYPTED]))
+    return decoded

@@ -140,7 +140,8 @@ async def messages(
             raise SessionNotFoundError(f"no session {session_id!r} for user {user_id!r}")
         query = select(messages_t).where(M.session_id == session_id, M.seq > after_seq).order_by(M.seq).limit(limit)
         rows = (await db.execute(query)).mappings().all()
-    return [MessageRecord(**row) for row in rows]
+    cipher = store.message_cipher
+    return [MessageRecord(**{**row, "body": codec.plain_body(row["body"], cipher)}) for row in rows]
 
 
 async def _change(store: Store, doing: str, session_id: str, user_id: str | None, **values: Any) -> None:

@@ -241,7 +241,10 @@ class Run:
         return Delta(
             upserts=upserts,
             deletes=[key for key in snap.state_text if key not in state],
-            messages=[codec.message_record(m, max_bytes=limit, tool_names=names) for m in new_messages],
+            messages=[
+                codec.message_record(m, max_bytes=limit, tool_names=names, cipher=self.store.message_cipher)
+                for m in new_messages
+            ],
             service_session_id_changed=self.session.service_session_id != snap.service_session_id,
         )
 
@@ -393,7 +396,7 @@ async def _read(
             query = sql.read_messages(session_id, row.next_seq, history_limit)
             for message_id, body in (await db.execute(query)).all():
                 snap.message_ids.add(message_id)
-                messages.append(codec.message_from_row(body))
+                messages.append(codec.message_from_row(body, store.message_cipher))
     history = session.state.get(HISTORY_KEY)
     session.state[HISTORY_KEY] = {**(history if isinstance(history, dict) else {}), "messages": messages}
     run = Run(store, session, snap, user_id=user_id, agent_id=agent_id)

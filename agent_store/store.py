@@ -44,6 +44,7 @@ class Store:
         app_id: the application whose ``app:`` state keys this store reads and writes.
         idle_ttl: sessions expire this long after their last run, unless they set their own ``ttl``.
         max_value_bytes: the largest state value or message (as JSON) a run may write.
+        message_cipher: encrypts message content at rest (``encrypt(str) -> str``, ``decrypt(str) -> str``).
         check_schema: verify once, before first use, that the database is at this code's schema.
     """
 
@@ -54,6 +55,7 @@ class Store:
         app_id: str = "default",
         idle_ttl: timedelta | None = None,
         max_value_bytes: int = codec.DEFAULT_MAX_VALUE_BYTES,
+        message_cipher: codec.MessageCipher | None = None,
         check_schema: bool = True,
     ) -> None:
         if engine.dialect.name not in ("sqlite", "postgresql") or not engine.dialect.is_async:
@@ -61,6 +63,7 @@ class Store:
         configure_sqlite(engine)
         self.engine = engine
         self.app_id = app_id
+        self.message_cipher = message_cipher
         self.idle_ttl_seconds = int(idle_ttl.total_seconds()) if idle_ttl else None
         self.max_value_bytes = max_value_bytes
         self._schema_ok = not check_schema
@@ -76,7 +79,9 @@ class Store:
             ConfigurationError: malformed URL, a sync driver (``postgresql://``, ``sqlite://``), or in-memory SQLite.
         """
         store_options = {
-            k: options.pop(k) for k in ("app_id", "idle_ttl", "max_value_bytes", "check_schema") if k in options
+            k: options.pop(k)
+            for k in ("app_id", "idle_ttl", "max_value_bytes", "message_cipher", "check_schema")
+            if k in options
         }
         return cls(make_engine(url, **options), **store_options)
 

@@ -307,3 +307,31 @@ async def test_tables_are_readable_with_orm_rows(store: Store, agent: Agent) -> 
         assert bodies[0]["contents"][0]["text"] == "我叫李明"
         assert (await conn.execute(select(state_t.c.value))).scalar_one() == {"a": 1}
         assert (await conn.execute(select(func.count()).select_from(runs_t))).scalar_one() == 1
+
+
+class ReversingCipher:
+    """A test double with the cipher's shape (the README example uses Fernet)."""
+
+    def encrypt(self, plaintext: str) -> str:
+        return plaintext[::-1]
+
+    def decrypt(self, token: str) -> str:
+        return token[::-1]
+
+
+async def test_message_content_can_be_encrypted_at_rest(url: str, agent: Agent) -> None:
+    async with Store.from_url(url, message_cipher=ReversingCipher()) as store:
+        await store.migrate()
+        async with store.session("s", user_id="u") as session:
+            await agent.run("我叫李明", session=session)
+        assert await rows(store, "SELECT count(*) FROM agent_messages WHERE CAST(body AS TEXT) LIKE '%李明%'") == [(0,)]
+        assert await rows(store, "SELECT text, role FROM agent_messages ORDER BY seq") == [
+            ("", "user"),
+            ("", "assistant"),
+        ]
+        assert (await store.messages("s", user_id="u"))[0].body["contents"][0]["text"] == "我叫李明"
+        async with store.session("s", user_id="u") as session:
+            assert (await agent.run("我叫什么名字？", session=session)).text == "你叫李明。"
+    async with Store.from_url(url) as without_key:
+        with pytest.raises(InvalidValueError, match="message_cipher"):
+            await without_key.load("s", user_id="u")
