@@ -62,8 +62,10 @@ async def test_show_prints_roles_authors_and_tool_calls(filled: Store, url: str,
     assert "-> call weather({})" in out and "<- result [" in out and "]: 晴" in out
     transcript = json.loads(ok(cli("show", "chat-1", "--user", "li", "--json", url=url, cwd=tmp_path)))
     assert [m["seq"] for m in transcript["messages"]] == list(range(6))
-    other = cli("show", "chat-1", "--user", "wang", url=url, cwd=tmp_path)
-    assert other.returncode == 1 and "SessionNotFoundError" in other.stderr and "Traceback" not in other.stderr
+    for command in (["show", "chat-1"], ["fork", "chat-1"], ["export", "--session", "chat-1"]):
+        other = cli(*command, "--user", "wang", url=url, cwd=tmp_path)  # another user's session
+        assert other.returncode == 1 and "SessionNotFoundError" in other.stderr and "Traceback" not in other.stderr
+    assert json.loads(ok(cli("sessions", "--user", "wang", "--json", url=url, cwd=tmp_path)))["items"][0]["id"] == "chat-3"
 
 
 async def test_export_then_import_into_another_database(filled: Store, url: str, tmp_path: Path) -> None:
