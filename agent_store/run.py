@@ -28,6 +28,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from agent_framework import AgentSession, InMemoryHistoryProvider, Message
+from sqlalchemy.exc import IntegrityError
 
 from . import codec, telemetry
 from . import statements as sql
@@ -83,7 +84,9 @@ class Snapshot:
     state_text: dict[str, str] = field(default_factory=dict)  # canonical JSON of each key as loaded
     state_version: dict[str, int] = field(default_factory=dict)  # stamp of the commit that wrote each key
     message_ids: set[str] = field(default_factory=set)
-    complete_history: bool = True  # False: older messages exist that this run has not seen
+    # A run for a session it did not load may carry messages stored already (a retried save): look their ids up.
+    # A windowed load needs no lookup: its new messages are new objects, and the unique index catches misuse.
+    verify_new_ids: bool = False
     ttl_seconds: int | None = None  # the session's own idle time-to-live, if it has one
 
 
@@ -123,7 +126,7 @@ class Run:
         Messages already stored (by id) are skipped, and keys that exist already are conflicts.
         """
         codec.check_id(session.session_id, "session_id", required=True)
-        return cls(store, session, Snapshot(complete_history=False), user_id=user_id, agent_id=agent_id)
+        return cls(store, session, Snapshot(verify_new_ids=True), user_id=user_id, agent_id=agent_id)
 
     @property
     def exists(self) -> bool:
@@ -286,13 +289,16 @@ class Run:
             await sql.write_state(db, scope, upserts, [k for k in delta.deletes if k in keys], stamp, now)
 
         records = delta.messages
-        if records and not snap.complete_history:
-            # Older messages were not loaded: skip any this run carries that are stored already (a retried save).
+        if records and snap.verify_new_ids:
+            # Skip any message this run carries that is stored already (a retried save of a session it did not load).
             stored_ids = await sql.already_stored(db, sid, [r.message_id for r in records])
             if stored_ids:
                 records = delta.messages = [r for r in records if r.message_id not in stored_ids]
                 await sql.give_back_seq(db, sid, len(stored_ids))
-        await sql.insert_messages(db, sid, records, first_seq, self._run_id, now)
+        try:
+            await sql.insert_messages(db, sid, records, first_seq, self._run_id, now)
+        except IntegrityError as exc:  # (session_id, message_id) is unique: an old message added to the history
+            raise InvalidValueError(f"session {sid!r}: a message of this run has an id that is already stored") from exc
         await sql.record_run(db, self._log_row(version, records, len(changed), "committed"))
         return version
 
@@ -371,7 +377,7 @@ async def _read(
     history_limit: int | None,
     held: AsyncConnection | None,
 ) -> Run:
-    snap = Snapshot(complete_history=history_limit is None)
+    snap = Snapshot()
     session = StoredSession(session_id=session_id)
     messages: list[Message] = []
     async with store._transaction(write=False, doing="loading a session", held=held) as db:

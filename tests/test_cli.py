@@ -65,7 +65,9 @@ async def test_show_prints_roles_authors_and_tool_calls(filled: Store, url: str,
     for command in (["show", "chat-1"], ["fork", "chat-1"], ["export", "--session", "chat-1"]):
         other = cli(*command, "--user", "wang", url=url, cwd=tmp_path)  # another user's session
         assert other.returncode == 1 and "SessionNotFoundError" in other.stderr and "Traceback" not in other.stderr
-    assert json.loads(ok(cli("sessions", "--user", "wang", "--json", url=url, cwd=tmp_path)))["items"][0]["id"] == "chat-3"
+    assert (
+        json.loads(ok(cli("sessions", "--user", "wang", "--json", url=url, cwd=tmp_path)))["items"][0]["id"] == "chat-3"
+    )
 
 
 async def test_export_then_import_into_another_database(filled: Store, url: str, tmp_path: Path) -> None:

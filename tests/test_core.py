@@ -335,3 +335,18 @@ async def test_message_content_can_be_encrypted_at_rest(url: str, agent: Agent) 
     async with Store.from_url(url) as without_key:
         with pytest.raises(InvalidValueError, match="message_cipher"):
             await without_key.load("s", user_id="u")
+
+
+async def test_an_old_message_re_added_to_a_windowed_history_is_refused_not_duplicated(
+    store: Store, agent: Agent
+) -> None:
+    async with store.session("s", user_id="u") as session:
+        await agent.run("first", session=session)
+        old = session.state["in_memory"]["messages"][0]
+        await agent.run("second", session=session)
+    with pytest.raises(InvalidValueError, match="already stored"):
+        async with store.session("s", user_id="u", history_limit=2) as session:
+            session.state["in_memory"]["messages"].append(old)  # outside the window, so not recognised as loaded
+    assert await rows(
+        store, "SELECT count(*), max(version) FROM agent_messages JOIN agent_sessions ON id = session_id"
+    ) == [(4, 1)]
