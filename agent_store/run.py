@@ -266,9 +266,8 @@ class Run:
                     "updated_at": now,
                 },
             )
-        extra: dict[str, Any] = {"updated_at": now, "last_run_at": now}
-        if ttl := snap.ttl_seconds or self.store.idle_ttl_seconds:
-            extra["expires_at"] = now + timedelta(seconds=ttl)
+        ttl = snap.ttl_seconds or self.store.idle_ttl_seconds
+        extra: dict[str, Any] = {"now": now, "expires_at": now + timedelta(seconds=ttl) if ttl else None}
         if delta.service_session_id_changed:
             extra["service_session_id"] = codec.dumps(self.session.service_session_id, where="service_session_id")
         version, next_seq = await sql.bump_session(db, sid, self.user_id, len(delta.messages), extra)
@@ -381,7 +380,7 @@ async def _read(
     session = StoredSession(session_id=session_id)
     messages: list[Message] = []
     async with store._transaction(write=False, doing="loading a session", held=held) as db:
-        row = (await db.execute(sql.read_session(session_id))).first()
+        row = (await db.execute(sql.READ_SESSION, {"sid": session_id})).first()
         if row is not None:
             if row.user_id != user_id or row.agent_id not in (None, agent_id):
                 # Same answer whether the id is unused or someone else's: ids do not leak across tenants.
@@ -391,7 +390,7 @@ async def _read(
             if row.expires_at is not None and row.expires_at <= datetime.now(UTC):
                 raise SessionExpiredError(f"session {session_id!r} expired at {row.expires_at.isoformat()}")
         scopes = sql.scopes(session_id, user_id, store.app_id)
-        for prefix, key, value, version in (await db.execute(sql.read_state(scopes))).all():
+        for prefix, key, value, version in (await db.execute(*sql.read_state(scopes))).all():
             full_key = prefix + key
             snap.state_text[full_key] = codec.dumps(value, where=f"state[{full_key!r}]", max_bytes=2**62)
             snap.state_version[full_key] = version
@@ -400,7 +399,7 @@ async def _read(
             snap.exists, snap.version, snap.ttl_seconds = True, row.version, row.ttl_seconds
             snap.service_session_id = session.service_session_id = row.service_session_id
             query = sql.read_messages(session_id, row.next_seq, history_limit)
-            for message_id, body in (await db.execute(query)).all():
+            for message_id, body in (await db.execute(*query)).all():
                 snap.message_ids.add(message_id)
                 messages.append(codec.message_from_row(body, store.message_cipher))
     history = session.state.get(HISTORY_KEY)

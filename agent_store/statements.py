@@ -5,13 +5,14 @@
 
 from __future__ import annotations
 
+import functools
 import secrets
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Table, bindparam, case, delete, func, insert, literal, select, update
+from sqlalchemy import Integer, Table, bindparam, case, delete, func, insert, literal, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql import Select
@@ -61,51 +62,63 @@ def _insert(db: AsyncConnection, table: Table) -> Any:
 
 
 # ---- load -----------------------------------------------------------------------------------------------
+# Statements are built once, with bound parameters, so each run pays only for executing them.
+
+_S, _M = sessions_t.c, messages_t.c
+READ_SESSION = select(
+    _S.user_id, _S.agent_id, _S.service_session_id, _S.version, _S.next_seq, _S.closed_at, _S.expires_at, _S.ttl_seconds
+).where(_S.id == bindparam("sid"))
 
 
-def read_session(session_id: str) -> Select[Any]:
-    c = sessions_t.c
-    columns = (
-        c.user_id,
-        c.agent_id,
-        c.service_session_id,
-        c.version,
-        c.next_seq,
-        c.closed_at,
-        c.expires_at,
-        c.ttl_seconds,
+def _state_rows(prefix: str, table: Table, owner_column: str, param: str) -> Select[Any]:
+    t = table.c
+    return select(literal(prefix).label("prefix"), t.key, t.value, t.version).where(t[owner_column] == bindparam(param))
+
+
+_SESSION_STATE = _state_rows("", state_t, "session_id", "sid")
+_APP_STATE = _state_rows(APP_PREFIX, app_state_t, "app_id", "app")
+# All state rows of every scope in one round trip: (prefix, key, value, version).
+READ_STATE = _SESSION_STATE.union_all(_APP_STATE)
+READ_STATE_WITH_USER = _SESSION_STATE.union_all(_APP_STATE, _state_rows(USER_PREFIX, user_state_t, "user_id", "uid"))
+
+
+def read_state(available: Sequence[Scope]) -> tuple[Any, dict[str, Any]]:
+    params = {s.owner_column.split("_")[0]: s.owner for s in available}  # session / app / user
+    named = {"sid": params["session"], "app": params["app"]}
+    if "user" in params:
+        return READ_STATE_WITH_USER, {**named, "uid": params["user"]}
+    return READ_STATE, named
+
+
+def _windowed() -> Select[Any]:
+    """The last messages from ``:start`` on, widened back to the call of any function result in the window."""
+    result, call = tool_calls_t.alias("result"), tool_calls_t.alias("call")
+    start: Any = bindparam("start", type_=Integer())
+    earliest_call = (
+        select(func.min(call.c.seq))
+        .select_from(
+            result.join(call, (call.c.session_id == result.c.session_id) & (call.c.call_id == result.c.call_id))
+        )
+        .where(result.c.session_id == bindparam("sid"), result.c.kind == "result", result.c.seq >= start)
+        .where(call.c.kind == "call")
+        .scalar_subquery()
     )
-    return select(*columns).where(c.id == session_id)
+    return (
+        select(_M.message_id, _M.body)
+        .where(_M.session_id == bindparam("sid"), _M.seq >= case((earliest_call < start, earliest_call), else_=start))
+        .order_by(_M.seq)
+    )
 
 
-def read_state(available: Sequence[Scope]) -> Any:
-    """All state rows of every scope in one round trip: (prefix, key, value, version)."""
-    parts = [
-        select(literal(s.prefix).label("prefix"), s.table.c.key, s.table.c.value, s.table.c.version).where(
-            s.table.c[s.owner_column] == s.owner
-        )
-        for s in available
-    ]
-    return parts[0].union_all(*parts[1:])
+READ_ALL_MESSAGES = select(_M.message_id, _M.body).where(_M.session_id == bindparam("sid")).order_by(_M.seq)
+READ_WINDOW = _windowed()
 
 
-def read_messages(session_id: str, next_seq: int, history_limit: int | None) -> Select[Any]:
+def read_messages(session_id: str, next_seq: int, history_limit: int | None) -> tuple[Any, dict[str, Any]]:
     """The history, or its last ``history_limit`` messages widened so no tool result loses its call."""
-    query = select(messages_t.c.message_id, messages_t.c.body).where(messages_t.c.session_id == session_id)
-    if history_limit is not None:
-        start = next_seq - history_limit
-        result, call = tool_calls_t.alias("result"), tool_calls_t.alias("call")
-        earliest_call = (
-            select(func.min(call.c.seq))
-            .select_from(
-                result.join(call, (call.c.session_id == result.c.session_id) & (call.c.call_id == result.c.call_id))
-            )
-            .where(result.c.session_id == session_id, result.c.kind == "result", result.c.seq >= start)
-            .where(call.c.kind == "call")
-            .scalar_subquery()
-        )
-        query = query.where(messages_t.c.seq >= case((earliest_call < start, earliest_call), else_=start))
-    return query.order_by(messages_t.c.seq)
+    if history_limit is None:
+        return READ_ALL_MESSAGES, {"sid": session_id}
+    return READ_WINDOW, {"sid": session_id, "start": next_seq - history_limit}
 
 
 # ---- commit ---------------------------------------------------------------------------------------------
@@ -115,22 +128,39 @@ async def create_session(db: AsyncConnection, row: dict[str, Any]) -> None:
     await db.execute(_insert(db, sessions_t).on_conflict_do_nothing(), row)
 
 
+@functools.cache
+def _bump(has_user: bool, service_session_id: bool) -> Any:
+    values: dict[str, Any] = {
+        "version": _S.version + 1,
+        "next_seq": _S.next_seq + bindparam("n"),
+        "updated_at": bindparam("now"),
+        "last_run_at": bindparam("now"),
+        "expires_at": bindparam("expires_at"),
+    }
+    if service_session_id:
+        values["service_session_id"] = bindparam("service_session_id", type_=_S.service_session_id.type)
+    owner = _S.user_id == bindparam("uid") if has_user else _S.user_id.is_(None)
+    return (
+        update(sessions_t)
+        .where(_S.id == bindparam("sid"), owner, _S.closed_at.is_(None))
+        .values(values)
+        .returning(_S.version, _S.next_seq)
+    )
+
+
 async def bump_session(
     db: AsyncConnection, session_id: str, user_id: str | None, n_messages: int, values: dict[str, Any]
 ) -> tuple[int, int]:
-    """Take the session row lock and advance it; returns (new version, next_seq after this run's messages)."""
-    c = sessions_t.c
-    owned = (c.id == session_id, owner_is(c.user_id, user_id))
-    bumped = (
-        await db.execute(
-            update(sessions_t)
-            .where(*owned, c.closed_at.is_(None))
-            .values(version=c.version + 1, next_seq=c.next_seq + n_messages, **values)
-            .returning(c.version, c.next_seq)
-        )
-    ).first()
+    """Take the session row lock and advance it; returns (new version, next_seq after this run's messages).
+
+    ``values`` has ``now`` and ``expires_at``, and ``service_session_id`` when it changed.
+    """
+    statement = _bump(user_id is not None, "service_session_id" in values)
+    params = {"sid": session_id, "uid": user_id, "n": n_messages, **values}
+    bumped = (await db.execute(statement, params)).first()
     if bumped is None:
-        if (await db.execute(select(c.closed_at).where(*owned))).first() is not None:
+        owned = (_S.id == session_id, owner_is(_S.user_id, user_id))
+        if (await db.execute(select(_S.closed_at).where(*owned))).first() is not None:
             raise SessionClosedError(f"session {session_id!r} was closed while this run was in progress")
         raise SessionNotFoundError(f"session {session_id!r} no longer exists for user {user_id!r}")
     return int(bumped[0]), int(bumped[1])
@@ -155,37 +185,53 @@ async def lock_shared_scope(db: AsyncConnection, scope: Scope) -> None:
         await db.execute(select(func.pg_advisory_xact_lock(lock_class, func.hashtext(scope.owner))))
 
 
-async def stored_versions(db: AsyncConnection, scope: Scope, keys: Iterable[str]) -> dict[str, int]:
-    t = scope.table
-    rows = await db.execute(
-        select(t.c.key, t.c.version).where(t.c[scope.owner_column] == scope.owner, t.c.key.in_(list(keys)))
+@functools.cache
+def _versions(table: Table, owner_column: str) -> Any:
+    t = table.c
+    return select(t.key, t.version).where(
+        t[owner_column] == bindparam("owner"), t.key.in_(bindparam("keys", expanding=True))
     )
+
+
+@functools.cache
+def _delete_keys(table: Table, owner_column: str) -> Any:
+    t = table.c
+    return delete(table).where(t[owner_column] == bindparam("owner"), t.key.in_(bindparam("keys", expanding=True)))
+
+
+@functools.cache
+def _upsert(dialect: str, table: Table, owner_column: str) -> Any:
+    stmt = (postgresql if dialect == "postgresql" else sqlite).insert(table)
+    excluded = stmt.excluded
+    return stmt.on_conflict_do_update(
+        index_elements=[table.c[owner_column], table.c.key],
+        set_={"value": excluded.value, "version": excluded.version, "updated_at": excluded.updated_at},
+    )
+
+
+async def stored_versions(db: AsyncConnection, scope: Scope, keys: Iterable[str]) -> dict[str, int]:
+    rows = await db.execute(_versions(scope.table, scope.owner_column), {"owner": scope.owner, "keys": list(keys)})
     return {scope.prefix + key: version for key, version in rows.all()}
 
 
 async def write_state(
     db: AsyncConnection, scope: Scope, upserts: dict[str, str], deletes: list[str], stamp: int, now: datetime
 ) -> None:
-    t = scope.table
-    t_owner = t.c[scope.owner_column]
     if deletes:
-        await db.execute(delete(t).where(t_owner == scope.owner, t.c.key.in_([scope.stored_key(k) for k in deletes])))
+        stored = [scope.stored_key(k) for k in deletes]
+        await db.execute(_delete_keys(scope.table, scope.owner_column), {"owner": scope.owner, "keys": stored})
     if upserts:
-        stmt = _insert(db, t)
-        set_ = {"value": stmt.excluded.value, "version": stmt.excluded.version, "updated_at": stmt.excluded.updated_at}
-        await db.execute(
-            stmt.on_conflict_do_update(index_elements=[t_owner, t.c.key], set_=set_),
-            [
-                {
-                    scope.owner_column: scope.owner,
-                    "key": scope.stored_key(k),
-                    "value": v,
-                    "version": stamp,
-                    "updated_at": now,
-                }
-                for k, v in upserts.items()
-            ],
-        )
+        rows = [
+            {
+                scope.owner_column: scope.owner,
+                "key": scope.stored_key(k),
+                "value": v,
+                "version": stamp,
+                "updated_at": now,
+            }
+            for k, v in upserts.items()
+        ]
+        await db.execute(_upsert(db.dialect.name, scope.table, scope.owner_column), rows)
 
 
 def new_stamp() -> int:

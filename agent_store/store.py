@@ -62,6 +62,13 @@ class Store:
             raise ConfigurationError(f"unsupported engine dialect {engine.dialect.name!r}: use aiosqlite or asyncpg")
         configure_sqlite(engine)
         self.engine = engine
+        # Two views of one pool: reads see one consistent snapshot; SQLite writes take the write lock up front.
+        if engine.dialect.name == "sqlite":
+            self._reader = engine.execution_options(agent_store_begin="deferred")
+            self._writer = engine.execution_options(agent_store_begin="immediate")
+        else:
+            self._reader = engine.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
+            self._writer = engine
         self.app_id = app_id
         self.message_cipher = message_cipher
         self.idle_ttl_seconds = int(idle_ttl.total_seconds()) if idle_ttl else None
@@ -285,22 +292,15 @@ class Store:
                     await _release(held, commit=True)
                 return
             await self._check_schema()
-            async with self.engine.connect() as conn:
-                if conn.dialect.name == "sqlite":
-                    conn = await conn.execution_options(agent_store_begin="immediate" if write else "deferred")
-                elif not write:
-                    conn = await conn.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
-                async with conn.begin():
-                    yield conn
+            async with (self._writer if write else self._reader).connect() as conn, conn.begin():
+                yield conn
 
     async def _hold(self, session_id: str) -> AsyncConnection:
         """Open a serialized run's transaction and take its session's lock (SQLite: the database write lock)."""
         with translated(self.url, "locking a session"):
             await self._check_schema()
-            conn = await self.engine.connect()
+            conn = await self._writer.connect()
             try:
-                if conn.dialect.name == "sqlite":
-                    conn = await conn.execution_options(agent_store_begin="immediate")
                 await conn.begin()
                 if conn.dialect.name == "postgresql":
                     await conn.execute(

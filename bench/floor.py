@@ -18,7 +18,8 @@ import asyncpg
 from agent_framework import Message
 
 DDL = [
-    "CREATE TABLE IF NOT EXISTS floor_sessions (id TEXT PRIMARY KEY, version INTEGER NOT NULL, next_seq INTEGER NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS floor_sessions "
+    "(id TEXT PRIMARY KEY, version INTEGER NOT NULL, next_seq INTEGER NOT NULL)",
     "CREATE TABLE IF NOT EXISTS floor_messages (session_id TEXT NOT NULL, seq INTEGER NOT NULL, role TEXT NOT NULL, "
     "body {json} NOT NULL, PRIMARY KEY (session_id, seq))",
     "CREATE TABLE IF NOT EXISTS floor_state (session_id TEXT NOT NULL, key TEXT NOT NULL, value {json} NOT NULL, "
@@ -113,9 +114,7 @@ class Floor:
             if self.postgres:
                 async with c.transaction():
                     if version == 0:
-                        await c.execute(
-                            "INSERT INTO floor_sessions VALUES ($1, 0, 0) ON CONFLICT DO NOTHING", sid
-                        )
+                        await c.execute("INSERT INTO floor_sessions VALUES ($1, 0, 0) ON CONFLICT DO NOTHING", sid)
                     next_seq = await c.fetchval(
                         "UPDATE floor_sessions SET version = version + 1, next_seq = next_seq + $3 "
                         "WHERE id = $1 AND version = $2 RETURNING next_seq", sid, version, len(bodies),
@@ -149,7 +148,8 @@ class Floor:
                     [(sid, first + i, role, body) for i, (role, body) in enumerate(bodies)],
                 )
                 await c.execute(
-                    "INSERT INTO floor_state VALUES (?, ?, ?) ON CONFLICT (session_id, key) DO UPDATE SET value = excluded.value",
+                    "INSERT INTO floor_state VALUES (?, ?, ?) "
+                    "ON CONFLICT (session_id, key) DO UPDATE SET value = excluded.value",
                     (sid, key, json.dumps(value)),
                 )
             except BaseException:
