@@ -8,6 +8,7 @@ recovers after a server restart) and a connect timeout (an unreachable host fail
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -58,6 +59,12 @@ def make_engine(url: str | URL | None = None, **engine_kwargs: Any) -> AsyncEngi
     parsed = resolve_url(url)
     if parsed.drivername == "postgresql+asyncpg":
         connect_args = {"timeout": CONNECT_TIMEOUT_S, **engine_kwargs.pop("connect_args", {})}
+        if parsed.query.get("pgbouncer") in ("true", "1", "yes"):
+            # PgBouncer in transaction pooling (before 1.21) cannot keep prepared statements between
+            # transactions: no statement caches, and a unique name for every statement asyncpg prepares.
+            parsed = parsed.difference_update_query(["pgbouncer"])
+            parsed = parsed.update_query_dict({"prepared_statement_cache_size": "0"})
+            connect_args.update(statement_cache_size=0, prepared_statement_name_func=_unique_statement_name)
         engine_kwargs.setdefault("pool_pre_ping", True)
         return create_async_engine(parsed, connect_args=connect_args, **engine_kwargs)
     database = parsed.database or ""
@@ -66,6 +73,10 @@ def make_engine(url: str | URL | None = None, **engine_kwargs: Any) -> AsyncEngi
     engine = create_async_engine(parsed, **engine_kwargs)
     configure_sqlite(engine)
     return engine
+
+
+def _unique_statement_name() -> str:
+    return f"__agent_store_{uuid.uuid4().hex}__"
 
 
 def configure_sqlite(engine: AsyncEngine) -> None:

@@ -38,7 +38,7 @@ def _pg_admin_url() -> str:
 
 
 def _plain_dsn(sa_url: str) -> str:
-    return make_url(sa_url).set(drivername="postgresql").render_as_string(hide_password=False)
+    return make_url(sa_url).set(drivername="postgresql", query={}).render_as_string(hide_password=False)
 
 
 @asynccontextmanager
@@ -104,3 +104,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         if reporter:
             reporter.write_line(f"CI=true: {skipped} test(s) skipped; a skip is a failure in CI", red=True)
         session.exitstatus = 1
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Give backend-specific tests their backend's name as a keyword, so `-k postgresql` selects them too."""
+    for item in items:
+        fixtures = getattr(item, "fixturenames", ())
+        if "pg_url" in fixtures:
+            item.add_marker(pytest.mark.postgresql)
+        if "sqlite_url" in fixtures:
+            item.add_marker(pytest.mark.sqlite)

@@ -161,10 +161,12 @@ async def test_the_connection_killed_during_a_commit(pg_url: str, agent: Agent, 
     async with Store.from_url(url) as store:
         await store.migrate()
         run = await prepared_run(store, agent)
-        admin = await asyncpg.connect(make_url(url).set(drivername="postgresql").render_as_string(hide_password=False))
+        admin = await asyncpg.connect(plain_dsn(url))
 
         def kill(conn: Any, *args: Any) -> None:
-            pid = conn.connection.dbapi_connection.driver_connection.get_server_pid()
+            # Ask the server which backend serves this transaction (behind PgBouncer the client-side pid is not it).
+            driver = conn.connection.dbapi_connection.driver_connection
+            pid = await_only(driver.fetchval("SELECT pg_backend_pid()"))
             await_only(admin.execute("SELECT pg_terminate_backend($1)", pid))
 
         sync_engine = store.engine.sync_engine
@@ -190,6 +192,22 @@ async def test_the_connection_killed_during_a_commit(pg_url: str, agent: Agent, 
         await assert_run_committed_exactly_once(store)
 
 
+def plain_dsn(url: str) -> str:
+    return make_url(url).set(drivername="postgresql", query={}).render_as_string(hide_password=False)
+
+
+async def reachable(url: str) -> None:
+    for _ in range(60):
+        try:
+            conn = await asyncpg.connect(plain_dsn(url), statement_cache_size=0)
+            await conn.fetchval("SELECT 1")
+            await conn.close()
+            return
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            await asyncio.sleep(0.5)
+    raise AssertionError("PostgreSQL did not come back")
+
+
 @contextmanager
 def postgres_stopped() -> Iterator[None]:
     cluster = os.listdir("/etc/postgresql")[0]
@@ -212,6 +230,7 @@ async def test_the_server_stops_between_load_and_commit_and_comes_back(pg_url: s
         with postgres_stopped():
             with pytest.raises(StorageUnavailableError, match="committing a run"):
                 await run.commit()
+        await reachable(pg_url)  # "comes back": through the configured endpoint (PgBouncer retries its logins)
         await run.commit()  # same Store, same pool: pre-ping replaces the dead connections
         await assert_run_committed_exactly_once(store)
 
