@@ -103,7 +103,7 @@ async def list_sessions(
     if type(limit) is not int or not 1 <= limit <= 1000:
         raise InvalidValueError(f"limit must be an int from 1 to 1000, not {limit!r}")
     codec.check_id(user_id, "user_id")
-    async with store._transaction(write=False, doing="listing sessions") as db:
+    async with store._transaction(write=False, replica=True, doing="listing sessions") as db:
         query = select(*_INFO_COLUMNS)
         if not all_users:
             query = query.where(owner_is(S.user_id, user_id))
@@ -122,7 +122,7 @@ async def list_sessions(
 
 
 async def get(store: Store, session_id: str, user_id: str | None) -> SessionInfo:
-    async with store._transaction(write=False, doing="reading a session") as db:
+    async with store._transaction(write=False, replica=True, doing="reading a session") as db:
         row = (await db.execute(select(*_INFO_COLUMNS).where(*owned(session_id, user_id)))).first()
     if row is None:
         raise SessionNotFoundError(f"no session {session_id!r} for user {user_id!r}")
@@ -135,7 +135,7 @@ async def messages(
     if type(limit) is not int or not 1 <= limit <= 10_000 or type(after_seq) is not int:
         raise InvalidValueError("after_seq must be an int and limit an int from 1 to 10000")
     M = messages_t.c
-    async with store._transaction(write=False, doing="reading messages") as db:
+    async with store._transaction(write=False, replica=True, doing="reading messages") as db:
         if (await db.execute(select(S.id).where(*owned(session_id, user_id)))).first() is None:
             raise SessionNotFoundError(f"no session {session_id!r} for user {user_id!r}")
         query = select(messages_t).where(M.session_id == session_id, M.seq > after_seq).order_by(M.seq).limit(limit)
@@ -297,7 +297,7 @@ async def _copy(db: AsyncConnection, table: Any, source_id: str, new_id: str, co
 
 async def stats(store: Store, top: int = 5) -> dict[str, Any]:
     """Row counts, the busiest sessions, and on-disk sizes where the backend reports them."""
-    async with store._transaction(write=False, doing="reading statistics") as db:
+    async with store._transaction(write=False, replica=True, doing="reading statistics") as db:
         counts = {
             t.name: (await db.execute(select(func.count()).select_from(t))).scalar_one()
             for t in (sessions_t, messages_t, state_t, user_state_t, runs_t)

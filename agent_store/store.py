@@ -70,6 +70,7 @@ class Store:
             self._reader = engine.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
             self._writer = engine
         self.app_id = app_id
+        self._replica: AsyncEngine | None = None
         self.message_cipher = message_cipher
         self.idle_ttl_seconds = int(idle_ttl.total_seconds()) if idle_ttl else None
         self.max_value_bytes = max_value_bytes
@@ -79,8 +80,10 @@ class Store:
     def from_url(cls, url: str | URL | None = None, **options: Any) -> Store:
         """Open a store on ``url``; without one, ``$AGENT_STORE_URL``, else ``sqlite+aiosqlite:///agent_store.db``.
 
-        Keyword options go to :class:`Store` (``max_value_bytes``, ``check_schema``) or, for any other
-        name, to ``create_async_engine`` (``pool_size``, ``echo``, ...). No connection is made here.
+        Keyword options go to :class:`Store` (``app_id``, ``idle_ttl``, ``max_value_bytes``, ``message_cipher``,
+        ``check_schema``) or, for any other name, to ``create_async_engine`` (``pool_size``, ``echo``, ...).
+        ``replica_url`` sends listings, transcript pages, exports and stats to a read replica (runs always
+        load and commit on the primary). No connection is made here.
 
         Raises:
             ConfigurationError: malformed URL, a sync driver (``postgresql://``, ``sqlite://``), or in-memory SQLite.
@@ -90,7 +93,15 @@ class Store:
             for k in ("app_id", "idle_ttl", "max_value_bytes", "message_cipher", "check_schema")
             if k in options
         }
-        return cls(make_engine(url, **options), **store_options)
+        replica_url = options.pop("replica_url", None)
+        store = cls(make_engine(url, **options), **store_options)
+        if replica_url is not None:
+            replica = make_engine(replica_url, **options)
+            if replica.dialect.name == "postgresql":
+                store._replica = replica.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
+            else:
+                store._replica = replica.execution_options(agent_store_begin="deferred")
+        return store
 
     @property
     def url(self) -> URL:
@@ -273,12 +284,19 @@ class Store:
 
     @asynccontextmanager
     async def _transaction(
-        self, *, write: bool, doing: str, held: AsyncConnection | None = None, finish: bool = False
+        self,
+        *,
+        write: bool,
+        doing: str,
+        held: AsyncConnection | None = None,
+        finish: bool = False,
+        replica: bool = False,
     ) -> AsyncIterator[AsyncConnection]:
         """A short transaction: a consistent snapshot for reads, the SQLite write lock up front for writes.
 
         ``held`` is a serialized run's connection, whose transaction spans load to commit: it is used as it
         is, and ended (committed, or rolled back on error, then closed) only when ``finish`` is set.
+        ``replica`` reads (listings, transcripts, exports) go to the replica engine when there is one.
         """
         with translated(self.url, doing):
             if held is not None:
@@ -292,7 +310,8 @@ class Store:
                     await _release(held, commit=True)
                 return
             await self._check_schema()
-            async with (self._writer if write else self._reader).connect() as conn, conn.begin():
+            source = self._writer if write else self._replica if replica and self._replica else self._reader
+            async with source.connect() as conn, conn.begin():
                 yield conn
 
     async def _hold(self, session_id: str) -> AsyncConnection:
@@ -320,6 +339,8 @@ class Store:
     async def close(self) -> None:
         """Close every pooled connection."""
         await self.engine.dispose()
+        if self._replica is not None:
+            await self._replica.dispose()
 
     async def __aenter__(self) -> Store:
         return self

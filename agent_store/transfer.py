@@ -73,7 +73,7 @@ async def export(store: Store, *, user_id: str | None, session_id: str | None = 
     """Yield the JSON Lines of one session, or of every session of ``user_id`` and that user's shared state."""
     codec.check_id(user_id, "user_id")
     S = sessions_t.c
-    async with store._transaction(write=False, doing="listing sessions to export") as db:
+    async with store._transaction(write=False, replica=True, doing="listing sessions to export") as db:
         query = select(S.id).where(owner_is(S.user_id, user_id)).order_by(S.created_at, S.id)
         if session_id is not None:
             query = query.where(S.id == session_id)
@@ -82,7 +82,7 @@ async def export(store: Store, *, user_id: str | None, session_id: str | None = 
         raise SessionNotFoundError(f"no session {session_id!r} for user {user_id!r}")
     yield json.dumps({"kind": "header", "format": FORMAT, "schema": SCHEMA_REVISION, "sessions": len(ids)})
     for sid in ids:  # one short, consistent read per session
-        async with store._transaction(write=False, doing="exporting a session") as db:
+        async with store._transaction(write=False, replica=True, doing="exporting a session") as db:
             yield _line(
                 "session", _to_json(sessions_t, (await db.execute(select(sessions_t).where(S.id == sid))).one())
             )
@@ -91,7 +91,7 @@ async def export(store: Store, *, user_id: str | None, session_id: str | None = 
                 for row in await db.execute(select(table).where(table.c.session_id == sid).order_by(*order)):
                     yield _line(kind, _to_json(table, row))
     if session_id is None and user_id is not None:
-        async with store._transaction(write=False, doing="exporting user state") as db:
+        async with store._transaction(write=False, replica=True, doing="exporting user state") as db:
             U = user_state_t.c
             for row in await db.execute(select(user_state_t).where(U.user_id == user_id).order_by(U.key)):
                 yield _line("user_state", _to_json(user_state_t, row))

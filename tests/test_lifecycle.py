@@ -265,3 +265,15 @@ async def test_the_transcript_view_names_users_and_tools(store: Store) -> None:
         ("li", 0, "user", None, None), ("li", 1, "assistant", "Bot", "weather"),
         ("li", 2, "tool", "Bot", "weather"), ("li", 3, "assistant", "Bot", None),
     ]  # fmt: skip
+
+
+async def test_listings_and_transcripts_can_read_from_a_replica(url: str, agent: Agent) -> None:
+    """This machine has no streaming replica: the "replica" is a second engine on the same database."""
+    async with Store.from_url(url, replica_url=url) as store:
+        await store.migrate()
+        replica_pool = store._replica.pool  # type: ignore[union-attr]
+        await chat(store, agent, "s", "hi")
+        assert replica_pool.checkedin() == 0  # runs load and commit on the primary only
+        assert [s.id for s in (await store.list_sessions(user_id="u")).items] == ["s"]
+        assert len(await store.messages("s", user_id="u")) == 2
+        assert replica_pool.checkedin() >= 1
