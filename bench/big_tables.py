@@ -70,3 +70,97 @@ async def full_scans(store: Store, statement: str, parameters: Any) -> list[str]
         # "SCAN t USING INDEX" walks an index in order (served by it); a bare "SCAN t" reads the whole table.
         tables = ("agent_sessions", "agent_messages", " m", " s")
         return [d for d in details if d.startswith("SCAN") and "USING" not in d and any(t in d for t in tables)]
+
+
+async def check_big(url: str, sessions: int, per_session: int, users: int) -> list[tuple[str, float, list[str]]]:
+    """Fill a fresh store, then time each hot read and report the tables it reads whole (none, hopefully)."""
+    import re
+    import statistics
+    import time
+    from pathlib import Path
+
+    from sqlalchemy import event
+
+    from agent_store import Store
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")  # noqa: ASYNC240
+    results: list[tuple[str, float, list[str]]] = []
+    async with Store.from_url(url) as store:
+        await store.migrate()
+        await fill(store, sessions=sessions, messages_per_session=per_session, users=users)
+        first = await store.list_sessions(user_id="user-7", limit=20)
+        calls = {
+            "list a user's sessions (page 1)": lambda: store.list_sessions(user_id="user-7", limit=20),
+            "list a user's sessions (page 2)": lambda: store.list_sessions(
+                user_id="user-7", limit=20, cursor=first.next_cursor
+            ),
+            "page a transcript": lambda: store.messages("session-7", user_id="user-7", after_seq=3, limit=5),
+            "load a session, last 20 messages": lambda: store.load("session-7", user_id="user-7", history_limit=20),
+        }  # fmt: skip
+        for name, call in calls.items():
+            statements: list[tuple[str, Any]] = []
+
+            def capture(
+                conn: Any, cursor: Any, statement: str, parameters: Any, *rest: Any, sink: list[Any] = statements
+            ) -> None:
+                if statement.lstrip().upper().startswith("SELECT") and "alembic_version" not in statement:
+                    sink.append((statement, parameters))
+
+            await call()
+            event.listen(store.engine.sync_engine, "before_cursor_execute", capture)
+            await call()
+            event.remove(store.engine.sync_engine, "before_cursor_execute", capture)
+            scans = [scan for s, p in statements for scan in await full_scans(store, s, p)]
+            timings = []
+            for _ in range(30):
+                started = time.perf_counter()
+                await call()
+                timings.append(time.perf_counter() - started)
+            results.append((name, statistics.median(timings) * 1e3, scans))
+        for sql in re.findall(r"```sql\n(.*?)```", readme, flags=re.S):
+            sql = sql.strip().rstrip(";").replace("'chat-42'", "'session-7'").replace("'u1'", "'user-7'")
+            timings = []
+            async with store.engine.connect() as conn:
+                for _ in range(10):
+                    started = time.perf_counter()
+                    await conn.execute(text(sql))
+                    timings.append(time.perf_counter() - started)
+            results.append(
+                ("README: " + sql[:60] + "...", statistics.median(timings) * 1e3, await full_scans(store, sql, None))
+            )
+    return results
+
+
+def main() -> None:
+    import argparse
+    import asyncio
+
+    import asyncpg
+
+    parser = argparse.ArgumentParser(description="Hot reads on a big store: index use (EXPLAIN) and timings.")
+    parser.add_argument("--pg-url", default="postgresql+asyncpg://postgres@127.0.0.1:5432/postgres")
+    parser.add_argument("--sessions", type=int, default=100_000)
+    parser.add_argument("--messages-per-session", type=int, default=10)
+    parser.add_argument("--users", type=int, default=5_000)
+    args = parser.parse_args()
+
+    async def run() -> list[tuple[str, float, list[str]]]:
+        admin = await asyncpg.connect(args.pg_url.replace("+asyncpg", ""))
+        await admin.execute("DROP DATABASE IF EXISTS agent_store_big WITH (FORCE)")
+        await admin.execute("CREATE DATABASE agent_store_big")
+        await admin.close()
+        url = args.pg_url.rsplit("/", 1)[0] + "/agent_store_big"
+        return await check_big(url, args.sessions, args.messages_per_session, args.users)
+
+    results = asyncio.run(run())
+    total = args.sessions * args.messages_per_session
+    print(f"{args.sessions} sessions, {total} messages, {args.users} users (PostgreSQL)\n")
+    print("| read | median ms | tables read whole |")
+    print("|---|---|---|")
+    for name, ms, scans in results:
+        print(f"| {name} | {ms:.2f} | {', '.join(scans) or 'none (index)'} |")
+    raise SystemExit(1 if any(scans for _, _, scans in results) else 0)
+
+
+if __name__ == "__main__":
+    main()
