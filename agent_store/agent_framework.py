@@ -6,7 +6,8 @@ and state in its one transaction. Outside one, the history provider and the sess
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,15 @@ if TYPE_CHECKING:
 # The session whose provider hooks are running: the framework passes the session to before_run/after_run but
 # only its id to get_messages/save_messages, and two sessions may share an id in one process (two tabs).
 _HOOKED_SESSION: ContextVar[AgentSession | None] = ContextVar("agent_store_hooked_session", default=None)
+
+
+@contextmanager
+def _hooked(session: AgentSession) -> Iterator[None]:
+    token = _HOOKED_SESSION.set(session)
+    try:
+        yield
+    finally:
+        _HOOKED_SESSION.reset(token)
 
 
 class StoreHistoryProvider(HistoryProvider):
@@ -57,20 +67,14 @@ class StoreHistoryProvider(HistoryProvider):
     async def before_run(
         self, *, agent: Any, session: AgentSession, context: SessionContext, state: dict[str, Any]
     ) -> None:
-        token = _HOOKED_SESSION.set(session)
-        try:
+        with _hooked(session):
             await super().before_run(agent=agent, session=session, context=context, state=state)
-        finally:
-            _HOOKED_SESSION.reset(token)
 
     async def after_run(
         self, *, agent: Any, session: AgentSession, context: SessionContext, state: dict[str, Any]
     ) -> None:
-        token = _HOOKED_SESSION.set(session)
-        try:
+        with _hooked(session):
             await super().after_run(agent=agent, session=session, context=context, state=state)
-        finally:
-            _HOOKED_SESSION.reset(token)
         record_usage(session, context)
 
     def _joined_run(self, session_id: str | None) -> Run | None:

@@ -19,16 +19,12 @@ from agent_framework import (
     tool,
 )
 from agent_framework._compaction import SlidingWindowStrategy
-from sqlalchemy import event, text
+from helpers import rows
+from sqlalchemy import event
 
 from agent_store import ConflictError, SessionNotFoundError, Store
 from agent_store.agent_framework import MemoryProvider, StoreHistoryProvider, StoreSessionStore
 from agent_store.offline import OfflineChatClient, answer
-
-
-async def rows(store: Store, sql: str, **params: object) -> list[tuple[Any, ...]]:
-    async with store.engine.connect() as conn:
-        return [tuple(r) for r in (await conn.execute(text(sql), params)).all()]
 
 
 async def transcript(store: Store, session_id: str) -> list[tuple[Any, ...]]:

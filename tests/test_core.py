@@ -7,15 +7,11 @@ from datetime import UTC, date, datetime
 
 import pytest
 from agent_framework import Agent, Message
-from sqlalchemy import func, select, text
+from helpers import rows
+from sqlalchemy import func, select
 
 from agent_store import ConflictError, InvalidValueError, SessionNotFoundError, StorageUnavailableError, Store
 from agent_store.tables import messages_t, runs_t, sessions_t, state_t
-
-
-async def rows(store: Store, sql: str, **params: object) -> list[tuple[object, ...]]:
-    async with store.engine.connect() as conn:
-        return [tuple(r) for r in (await conn.execute(text(sql), params)).all()]
 
 
 async def test_a_second_store_remembers_the_name_and_the_state(url: str, agent: Agent) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from agent_framework import Agent, Message, tool
+from helpers import rows
 from sqlalchemy import text
 
 from agent_store import (
@@ -18,11 +19,6 @@ from agent_store import (
     Store,
 )
 from agent_store.offline import OfflineChatClient
-
-
-async def rows(store: Store, sql: str, **params: object) -> list[tuple[Any, ...]]:
-    async with store.engine.connect() as conn:
-        return [tuple(r) for r in (await conn.execute(text(sql), params)).all()]
 
 
 async def chat(store: Store, agent: Agent, session_id: str, *words: str, user_id: str = "u") -> None:

@@ -14,7 +14,8 @@ from typing import Any
 import asyncpg
 import pytest
 from agent_framework import Agent, AgentSession, Message
-from sqlalchemy import event, text
+from helpers import rows
+from sqlalchemy import event
 from sqlalchemy.engine import make_url
 from sqlalchemy.util import await_only
 
@@ -26,11 +27,6 @@ from agent_store import (
     Store,
     retry_on_conflict,
 )
-
-
-async def rows(store: Store, sql: str, **params: object) -> list[tuple[Any, ...]]:
-    async with store.engine.connect() as conn:
-        return [tuple(r) for r in (await conn.execute(text(sql), params)).all()]
 
 
 async def assert_gap_free(store: Store, session_id: str, count: int) -> None:
