@@ -174,7 +174,3 @@ async def check_schema(conn: AsyncConnection, url: URL) -> None:
         f"{where} is at schema revision {current}, which this agent_store does not know "
         f"(its newest is {SCHEMA_REVISION}); upgrade the agent-store package"
     )
-
-
-async def ping(conn: AsyncConnection) -> None:
-    await conn.execute(text("SELECT 1"))
