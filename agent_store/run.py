@@ -392,8 +392,7 @@ async def _read(
                 raise SessionClosedError(f"session {session_id!r} was closed at {row.closed_at.isoformat()}")
             if row.expires_at is not None and row.expires_at <= datetime.now(UTC):
                 raise SessionExpiredError(f"session {session_id!r} expired at {row.expires_at.isoformat()}")
-        scopes = sql.scopes(session_id, user_id, store.app_id)
-        for prefix, key, value, version in (await db.execute(*sql.read_state(scopes))).all():
+        for prefix, key, value, version in (await db.execute(*sql.read_state(session_id, user_id, store.app_id))).all():
             full_key = prefix + key
             snap.state_text[full_key] = codec.dumps(value, where=f"state[{full_key!r}]", max_bytes=2**62)
             snap.state_version[full_key] = version

@@ -82,12 +82,10 @@ READ_STATE = _SESSION_STATE.union_all(_APP_STATE)
 READ_STATE_WITH_USER = _SESSION_STATE.union_all(_APP_STATE, _state_rows(USER_PREFIX, user_state_t, "user_id", "uid"))
 
 
-def read_state(available: Sequence[Scope]) -> tuple[Any, dict[str, Any]]:
-    params = {s.owner_column.split("_")[0]: s.owner for s in available}  # session / app / user
-    named = {"sid": params["session"], "app": params["app"]}
-    if "user" in params:
-        return READ_STATE_WITH_USER, {**named, "uid": params["user"]}
-    return READ_STATE, named
+def read_state(session_id: str, user_id: str | None, app_id: str) -> tuple[Any, dict[str, Any]]:
+    if user_id is None:
+        return READ_STATE, {"sid": session_id, "app": app_id}
+    return READ_STATE_WITH_USER, {"sid": session_id, "app": app_id, "uid": user_id}
 
 
 def _windowed() -> Select[Any]:
