@@ -44,7 +44,6 @@ async def test_listing_is_newest_first_with_an_opaque_keyset_cursor(store: Store
         seen += [s.id for s in page.items]
         if page.next_cursor is None:
             break
-        assert "s" not in page.next_cursor or True  # opaque, but must round-trip
         page = await store.list_sessions(user_id="u", limit=3, cursor=page.next_cursor)
     assert seen == ["s2", "s6", "s5", "s4", "s3", "s1", "s0"]
     first = (await store.list_sessions(user_id="u", limit=1)).items[0]
