@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from agent_framework import AgentSession, ContextProvider, HistoryProvider, Message, SessionContext, SessionStore, tool
 
-from .errors import InvalidValueError
+from . import run as runs
+from .errors import InvalidValueError, SessionNotFoundError
 from .run import Run, run_of
 
 if TYPE_CHECKING:
@@ -22,15 +23,21 @@ if TYPE_CHECKING:
 # The session whose provider hooks are running: the framework passes the session to before_run/after_run but
 # only its id to get_messages/save_messages, and two sessions may share an id in one process (two tabs).
 _HOOKED_SESSION: ContextVar[AgentSession | None] = ContextVar("agent_store_hooked_session", default=None)
+# Function-call ids whose results are in the request being prepared (a tool loop in progress).
+_ANSWERED: ContextVar[frozenset[str]] = ContextVar("agent_store_answered_calls", default=frozenset())
 
 
 @contextmanager
-def _hooked(session: AgentSession) -> Iterator[None]:
-    token = _HOOKED_SESSION.set(session)
+def _hooked(session: AgentSession, context: SessionContext) -> Iterator[None]:
+    answered = frozenset(
+        c.call_id for m in context.input_messages for c in m.contents if c.type == "function_result" and c.call_id
+    )
+    token, token2 = _HOOKED_SESSION.set(session), _ANSWERED.set(answered)
     try:
         yield
     finally:
         _HOOKED_SESSION.reset(token)
+        _ANSWERED.reset(token2)
 
 
 class StoreHistoryProvider(HistoryProvider):
@@ -67,13 +74,13 @@ class StoreHistoryProvider(HistoryProvider):
     async def before_run(
         self, *, agent: Any, session: AgentSession, context: SessionContext, state: dict[str, Any]
     ) -> None:
-        with _hooked(session):
+        with _hooked(session, context):
             await super().before_run(agent=agent, session=session, context=context, state=state)
 
     async def after_run(
         self, *, agent: Any, session: AgentSession, context: SessionContext, state: dict[str, Any]
     ) -> None:
-        with _hooked(session):
+        with _hooked(session, context):
             await super().after_run(agent=agent, session=session, context=context, state=state)
         record_usage(session, context)
 
@@ -90,7 +97,10 @@ class StoreHistoryProvider(HistoryProvider):
             return list(run.history)
         if session_id is None:
             return []
-        loaded = await self.store.load(session_id, user_id=self.user_id, history_limit=self.history_limit)
+        loaded = await runs.load(
+            self.store.db, session_id, user_id=self.user_id, agent_id=None, history_limit=self.history_limit,
+            answered=_ANSWERED.get(),
+        )  # fmt: skip
         return list(loaded.history)
 
     async def save_messages(
@@ -101,7 +111,7 @@ class StoreHistoryProvider(HistoryProvider):
         if (run := self._joined_run(session_id)) is not None:
             run.add_messages(messages)
             return
-        standalone = Run.unloaded(self.store, AgentSession(session_id=session_id), user_id=self.user_id)
+        standalone = Run.unloaded(self.store.db, AgentSession(session_id=session_id), user_id=self.user_id)
         standalone.add_messages(messages)
         await standalone.commit()
 
@@ -128,7 +138,10 @@ class StoreSessionStore(SessionStore):
 
     async def get(self, session_id: str) -> AgentSession | None:
         SessionStore.validate_session_id(session_id)
-        run = await self.store.load(session_id, user_id=self.user_id, history_limit=self.history_limit)
+        try:
+            run = await self.store.load(session_id, user_id=self.user_id, history_limit=self.history_limit)
+        except SessionNotFoundError:  # another user's id: the same answer as an unused one
+            return None
         return run.session if run.exists else None
 
     async def set(self, session_id: str, session: AgentSession) -> None:
@@ -138,8 +151,8 @@ class StoreSessionStore(SessionStore):
                 f"StoreSessionStore keeps a session under its own id: {session.session_id!r} != {session_id!r}"
             )
         run = run_of(session)
-        if run is None or run.store is not self.store:
-            run = Run.unloaded(self.store, session, user_id=self.user_id)
+        if run is None or run.db is not self.store.db:
+            run = Run.unloaded(self.store.db, session, user_id=self.user_id)
         await run.commit()
 
     async def delete(self, session_id: str) -> None:

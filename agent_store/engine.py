@@ -41,7 +41,7 @@ def resolve_url(url: str | URL | None) -> URL:
     raw = url if url is not None else os.environ.get(URL_ENV) or DEFAULT_URL
     try:
         parsed = make_url(raw)
-    except ArgumentError as exc:
+    except (ArgumentError, ValueError) as exc:  # ValueError: a port that is not a number
         # The raw text is not echoed: it may hold a password.
         raise ConfigurationError(
             "could not parse the database URL; expected e.g. sqlite+aiosqlite:///file.db "
@@ -66,13 +66,22 @@ def make_engine(url: str | URL | None = None, **engine_kwargs: Any) -> AsyncEngi
             parsed = parsed.update_query_dict({"prepared_statement_cache_size": "0"})
             connect_args.update(statement_cache_size=0, prepared_statement_name_func=_unique_statement_name)
         engine_kwargs.setdefault("pool_pre_ping", True)
-        return create_async_engine(parsed, connect_args=connect_args, **engine_kwargs)
+        engine_kwargs.setdefault("hide_parameters", True)  # parameters are message text: keep them out of errors
+        return _create(parsed, connect_args=connect_args, **engine_kwargs)
     database = parsed.database or ""
     if database in ("", ":memory:") or database.startswith("file::memory:"):
         raise ConfigurationError("an in-memory SQLite database cannot be shared by runs; give a file path")
-    engine = create_async_engine(parsed, **engine_kwargs)
+    engine_kwargs.setdefault("hide_parameters", True)
+    engine = _create(parsed, **engine_kwargs)
     configure_sqlite(engine)
     return engine
+
+
+def _create(url: URL, **engine_kwargs: Any) -> AsyncEngine:
+    try:
+        return create_async_engine(url, **engine_kwargs)
+    except (ArgumentError, TypeError, ValueError) as exc:  # an engine option of the wrong name or type
+        raise ConfigurationError(f"cannot create an engine for {redact(url)}: {exc}") from exc
 
 
 def _unique_statement_name() -> str:
@@ -80,21 +89,34 @@ def _unique_statement_name() -> str:
 
 
 def configure_sqlite(engine: AsyncEngine) -> None:
-    """Install the SQLite connection set-up; harmless on other dialects and if called twice."""
+    """Install the SQLite connection set-up; harmless on other dialects and if called twice.
+
+    The set-up runs at checkout, once per pooled connection (marked in its record), so an engine handed to
+    ``Store(engine)`` after it already opened connections gets the pragmas on those connections too.
+    """
     sync_engine = engine.sync_engine
-    if sync_engine.dialect.name != "sqlite" or event.contains(sync_engine, "connect", _sqlite_connect):
+    if sync_engine.dialect.name != "sqlite" or event.contains(sync_engine, "checkout", _sqlite_checkout):
         return
-    event.listen(sync_engine, "connect", _sqlite_connect)
+    event.listen(sync_engine, "checkout", _sqlite_checkout)
     event.listen(sync_engine, "begin", _sqlite_begin)
 
 
-def _sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
+def _sqlite_checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+    if not record.info.get("agent_store_configured"):
+        _sqlite_connect(dbapi_connection)
+        record.info["agent_store_configured"] = True
+
+
+def _sqlite_connect(dbapi_connection: Any) -> None:
     dbapi_connection.isolation_level = None  # we emit BEGIN ourselves, see _sqlite_begin
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA busy_timeout = 30000")  # ms; a writer waits this long for the lock
     cursor.execute("PRAGMA journal_mode = WAL")
     cursor.execute("PRAGMA synchronous = NORMAL")
     cursor.execute("PRAGMA foreign_keys = ON")
+    # Table rebuilds (Alembic batch mode) rename a copy over the original; without this, SQLite re-checks
+    # every view on rename and the agent_transcript view makes the rename fail.
+    cursor.execute("PRAGMA legacy_alter_table = ON")
     cursor.close()
 
 

@@ -1,19 +1,21 @@
-"""The exceptions agent_store raises, and the one place driver errors are translated.
+"""The exceptions agent_store raises, and the one place driver, pool and Alembic errors are translated.
 
-    AgentStoreError
-    ├── ConfigurationError        bad URL, sync driver, unusable option (also a ValueError)
+    AgentStoreError               .retryable: whether the same call may succeed if simply tried again
+    ├── ConfigurationError        bad URL or option, missing database or role, no permission (also a ValueError)
     ├── InvalidValueError         a value that cannot be stored; names the key or field (also a ValueError)
     ├── SessionNotFoundError      no such session for this user / agent (also a LookupError)
     ├── SessionClosedError        the session was closed: readable, no longer writable
     ├── SessionExpiredError       the session outlived its idle time-to-live
-    ├── ConflictError             a concurrent run changed the same state keys; nothing was written
-    ├── SchemaError               the database schema does not match this version of agent_store
+    ├── ConflictError             another run or incarnation got there first; nothing was written (retryable)
+    ├── SchemaError               the database schema does not match this agent_store, or a migration failed
     │   ├── SchemaOutOfDateError  database behind the code: run `agent-store upgrade`
     │   └── SchemaTooNewError     database ahead of the code: upgrade the agent-store package
-    └── StorageUnavailableError   cannot connect, connection lost, timed out, read-only database
+    ├── StorageUnavailableError   cannot connect, connection lost, pool timeout, deadlock, serialization
+    │                             failure, statement timeout (retryable); read-only database (not retryable)
+    └── DatabaseError             the database refused a statement for any other reason (not retryable)
 
-Driver and SQLAlchemy exceptions are mapped by type in :func:`translated`, always ``raise ... from exc``
-so the original stays in ``__cause__``; messages name the database with its password hidden.
+Every translation is ``raise ... from exc`` (the original stays in ``__cause__``); messages name the database
+with its password hidden and never carry SQL text or parameters.
 """
 
 from __future__ import annotations
@@ -27,7 +29,17 @@ from sqlalchemy.engine import URL
 
 
 class AgentStoreError(Exception):
-    """Base class of every error agent_store raises on purpose."""
+    """Base class of every error agent_store raises on purpose.
+
+    ``retryable`` says whether repeating the same call (a commit, a load) can succeed without any change.
+    """
+
+    retryable: bool = False
+
+    def __init__(self, *args: object, retryable: bool | None = None) -> None:
+        super().__init__(*args)
+        if retryable is not None:
+            self.retryable = retryable
 
 
 class ConfigurationError(AgentStoreError, ValueError):
@@ -51,19 +63,24 @@ class SessionExpiredError(AgentStoreError):
 
 
 class ConflictError(AgentStoreError):
-    """Another run committed a change to the same state keys first; this run wrote nothing.
+    """Another run committed first, or the session was replaced since this run loaded it; nothing was written.
+
+    Retryable by reloading (``agent_store.retry_on_conflict``), not by committing the same run again.
 
     Attributes:
         session_id: the conversation whose commit was refused.
-        keys: the state keys both runs changed.
+        keys: the state keys both runs changed (empty when the whole session was replaced).
     """
 
-    def __init__(self, session_id: str, keys: list[str]) -> None:
+    retryable = True
+
+    def __init__(self, session_id: str, keys: list[str], *, reason: str | None = None) -> None:
         self.session_id = session_id
         self.keys = keys
+        what = reason or f"state keys {keys} were changed by another run after this run loaded them"
         super().__init__(
-            f"session {session_id!r}: state keys {keys} were changed by another run after this run "
-            "loaded them; nothing was written (reload and retry, e.g. with agent_store.retry_on_conflict)"
+            f"session {session_id!r}: {what}; nothing was written "
+            "(reload and retry, e.g. with agent_store.retry_on_conflict)"
         )
 
 
@@ -80,7 +97,13 @@ class SchemaTooNewError(SchemaError):
 
 
 class StorageUnavailableError(AgentStoreError):
-    """The database could not be reached, went away, timed out or refused to write."""
+    """The database could not be reached, went away, timed out, rolled back a deadlock, or refused to write."""
+
+    retryable = True
+
+
+class DatabaseError(AgentStoreError):
+    """The database refused a statement for a reason that is neither an outage nor a value agent_store checks."""
 
 
 def redact(url: URL | str) -> str:
@@ -93,25 +116,77 @@ def redact(url: URL | str) -> str:
 def _first_line(exc: BaseException) -> str:
     orig = getattr(exc, "orig", None) or exc
     text = str(orig).strip().splitlines()
-    return f"{type(orig).__name__}: {text[0]}" if text else type(orig).__name__
+    name = type(orig).__name__
+    if text and text[0].startswith("<class '"):  # SQLAlchemy's asyncpg adapter: "<class 'asyncpg...Error'>: msg"
+        name, _, rest = text[0].partition(">: ")
+        name, text = name.rsplit(".", 1)[-1].rstrip("'"), [rest]
+    return f"{name}: {text[0]}" if text else name
+
+
+# PostgreSQL SQLSTATE classes and codes (https://www.postgresql.org/docs/current/errcodes-appendix.html).
+_PG_RETRYABLE_CLASSES = ("08", "53", "57", "58")  # connection, resources, operator intervention, system
+_PG_RETRYABLE = {"40001", "40P01", "55P03", "55006"}  # serialization, deadlock, lock not available, in use
+_PG_CONFIGURATION = {"3D000", "28000", "28P01", "42501", "3F000"}  # no database / role / password / permission
+_PG_READ_ONLY = {"25006"}
+_SQLITE_RETRYABLE = {"SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_IOERR", "SQLITE_FULL", "SQLITE_INTERRUPT"}
+_SQLITE_CONFIGURATION = {"SQLITE_CANTOPEN", "SQLITE_AUTH", "SQLITE_PERM", "SQLITE_NOTADB"}
+
+
+def classify(exc: BaseException, where: str) -> AgentStoreError | None:
+    """The documented error for a driver, pool or Alembic failure; None for what is not a storage failure."""
+    line = f"{where}: {_first_line(exc)}"
+    if isinstance(exc, sa_exc.TimeoutError):  # the pool: no connection free within pool_timeout
+        return StorageUnavailableError(f"{where}: no pooled connection became free in time ({exc.__class__.__name__})")
+    if isinstance(exc, sa_exc.DBAPIError):
+        orig = exc.orig
+        state = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+        if isinstance(state, str):
+            if state in _PG_CONFIGURATION:
+                return ConfigurationError(line)
+            if state in _PG_READ_ONLY:
+                return StorageUnavailableError(line + " (the server is read-only: a standby?)", retryable=False)
+            if state in _PG_RETRYABLE or state[:2] in _PG_RETRYABLE_CLASSES:
+                return StorageUnavailableError(line)
+            if exc.connection_invalidated:
+                return StorageUnavailableError(line)
+            return DatabaseError(line)
+        if isinstance(orig, sqlite3.Error):
+            name = getattr(orig, "sqlite_errorname", "") or ""
+            if name in _SQLITE_CONFIGURATION or "unable to open" in str(orig):
+                return ConfigurationError(line)
+            if name.startswith("SQLITE_READONLY") or "readonly" in str(orig):
+                return StorageUnavailableError(line + " (the database file is read-only)", retryable=False)
+            if any(name.startswith(n) for n in _SQLITE_RETRYABLE) or isinstance(orig, sqlite3.OperationalError):
+                return StorageUnavailableError(line)
+            return DatabaseError(line)
+        if isinstance(exc, (sa_exc.OperationalError, sa_exc.InterfaceError)) or exc.connection_invalidated:
+            return StorageUnavailableError(line)
+        return DatabaseError(line)
+    if isinstance(exc, (sa_exc.DisconnectionError, OSError, TimeoutError, ConnectionError)):
+        return StorageUnavailableError(line)
+    if type(exc).__module__.startswith("asyncpg"):  # raised outside SQLAlchemy's wrapping (connect, close)
+        state = getattr(exc, "sqlstate", None)
+        if state in _PG_CONFIGURATION:
+            return ConfigurationError(line)
+        return StorageUnavailableError(line)
+    if type(exc).__name__ == "CommandError" and type(exc).__module__.startswith("alembic"):
+        return SchemaError(line)
+    return None
 
 
 @contextmanager
 def translated(url: URL, doing: str) -> Iterator[None]:
-    """Turn driver failures inside the block into :class:`StorageUnavailableError`.
+    """The error boundary: every storage failure inside the block leaves it as an :class:`AgentStoreError`.
 
     Errors of our own tree pass through untouched; so does anything that is not a storage failure
-    (a bug should surface as itself, not be disguised).
+    (a bug in the caller's code surfaces as itself, not disguised).
     """
     try:
         yield
     except AgentStoreError:
         raise
-    except (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.DisconnectionError) as exc:
-        raise StorageUnavailableError(f"{doing} failed on {redact(url)}: {_first_line(exc)}") from exc
-    except sa_exc.DBAPIError as exc:
-        if exc.connection_invalidated or isinstance(exc.orig, sqlite3.OperationalError):
-            raise StorageUnavailableError(f"{doing} failed on {redact(url)}: {_first_line(exc)}") from exc
-        raise
-    except (OSError, TimeoutError) as exc:
-        raise StorageUnavailableError(f"{doing} failed on {redact(url)}: {_first_line(exc)}") from exc
+    except Exception as exc:
+        mapped = classify(exc, f"{doing} failed on {redact(url)}")
+        if mapped is None:
+            raise
+        raise mapped from exc

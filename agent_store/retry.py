@@ -9,12 +9,16 @@ from typing import TYPE_CHECKING, TypeVar
 
 from agent_framework import AgentSession
 
-from .errors import ConflictError
+from .errors import ConflictError, InvalidValueError
 
 if TYPE_CHECKING:
     from .store import Store
 
 T = TypeVar("T")
+
+
+DEFAULT_ATTEMPTS = 50
+MAX_DELAY = 0.25  # seconds: no single wait grows past this, however many attempts
 
 
 async def retry_on_conflict(
@@ -25,16 +29,20 @@ async def retry_on_conflict(
     user_id: str | None = None,
     agent_id: str | None = None,
     history_limit: int | None = None,
-    attempts: int = 10,
+    attempts: int = DEFAULT_ATTEMPTS,
     base_delay: float = 0.005,
+    max_delay: float = MAX_DELAY,
 ) -> T:
     """Run ``work(session)`` on a freshly loaded session and commit; on :class:`ConflictError`, start over.
 
     Each attempt loads the session again, so ``work`` sees the state the winning run committed (a counter it
     increments is never lost). ``work`` runs again on every attempt: if it calls a model, the model is called
-    again. Between attempts it waits ``base_delay * 2**attempt`` seconds, with jitter. The last attempt's
-    ``ConflictError`` propagates. Returns what the successful ``work`` returned.
+    again. Between attempts it waits a random time up to ``min(max_delay, base_delay * 2**attempt)`` ("full
+    jitter": contenders spread out instead of colliding again in step). The last attempt's ``ConflictError``
+    propagates. Returns what the successful ``work`` returned.
     """
+    if type(attempts) is not int or attempts < 1:
+        raise InvalidValueError(f"attempts must be a positive int, not {attempts!r}")
     for attempt in range(attempts):
         run = await store.load(session_id, user_id=user_id, agent_id=agent_id, history_limit=history_limit)
         try:
@@ -48,5 +56,5 @@ async def retry_on_conflict(
         except ConflictError:
             if attempt == attempts - 1:
                 raise
-        await asyncio.sleep(base_delay * 2**attempt * random.uniform(0.5, 1.5))
+        await asyncio.sleep(random.uniform(0, min(max_delay, base_delay * 2**attempt)))
     raise AssertionError("unreachable")

@@ -4,34 +4,36 @@
     await agent.run("...", session=run.session)       # 2. the model thinks; no connection is held
     await run.commit()                                # 3. one write transaction with only the delta
 
-``store.session(...)`` is these three steps as an ``async with`` block. The SQL itself is in statements.py.
+``store.session(...)`` is these three steps as an ``async with`` block. The SQL is in statements.py, the pure
+diff in delta.py, connections and errors in database.py.
 
 Concurrency is settled by the database, not by locks in this process:
-- the commit's first statement updates the session row (``version + 1``, ``next_seq + n``); that row lock
-  orders concurrent commits, so ``seq`` is gap-free and in commit order;
-- each state row records the stamp of the commit that wrote it; a key this run changed whose stored stamp is
-  no longer the one it loaded was changed by someone else: :class:`ConflictError`, nothing written;
-- the ``agent_runs`` primary key makes a retried commit of the same run a no-op.
-
-State keys prefixed ``user:`` / ``app:`` live in rows shared by all of a user's / an app's sessions (same
-rules, same transaction); ``temp:`` keys are never stored.
+- the commit's ordering statement updates the session row (``version + 1``, ``next_seq + n``) only if it is
+  still the incarnation this run loaded, this user's and agent's, and open; that row lock orders concurrent
+  commits, so ``seq`` is gap-free and in commit order;
+- each state row carries the random stamp of the commit that wrote it; a key this run changed whose stored
+  stamp is no longer the one it loaded was changed by someone else: :class:`ConflictError`, nothing written;
+- a commit's delta is frozen at its first attempt, and the run id (or the caller's idempotency key) is looked
+  up under the row lock, so a retry after a lost reply writes exactly the first attempt's delta, or nothing.
 """
 
 from __future__ import annotations
 
-import copy
 import logging
 import uuid
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agent_framework import AgentSession, InMemoryHistoryProvider, Message
+from sqlalchemy.engine import Row
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from . import codec, telemetry
 from . import statements as sql
+from .database import Database, quietly
+from .delta import Delta, IdentifiedHistory, Snapshot, assign_id, close_tool_pairs, diff, new_stamp
 from .errors import (
     AgentStoreError,
     ConflictError,
@@ -41,14 +43,11 @@ from .errors import (
     SessionNotFoundError,
 )
 from .models import CommitResult
-
-if TYPE_CHECKING:
-    from sqlalchemy.ext.asyncio import AsyncConnection
-
-    from .store import Store
+from .scopes import APP_PREFIX, USER_PREFIX, scope_of, scopes
 
 # Where a plain Agent's auto-added InMemoryHistoryProvider keeps its messages: state["in_memory"]["messages"].
 HISTORY_KEY = InMemoryHistoryProvider.DEFAULT_SOURCE_ID
+KEY_MAX = 240  # a caller's idempotency key; later commits of the same run append "#2", "#3", ...
 logger = logging.getLogger("agent_store")
 
 
@@ -62,6 +61,8 @@ class StoredSession(AgentSession):
     _run: Run | None = None
 
     def __deepcopy__(self, memo: dict[int, Any]) -> AgentSession:
+        import copy
+
         clone = AgentSession(
             session_id=self.session_id, service_session_id=copy.deepcopy(self.service_session_id, memo)
         )
@@ -74,59 +75,39 @@ def run_of(session: AgentSession) -> Run | None:
     return session._run if isinstance(session, StoredSession) else None
 
 
-@dataclass
-class Snapshot:
-    """What the run loaded; the commit writes the difference between this and the session."""
+class _Landed(Exception):
+    """Raised inside a retried commit that finds its first attempt committed: roll back, report that one."""
 
-    exists: bool = False
-    version: int = 0
-    service_session_id: Any = None
-    state_text: dict[str, str] = field(default_factory=dict)  # canonical JSON of each key as loaded
-    state_version: dict[str, int] = field(default_factory=dict)  # stamp of the commit that wrote each key
-    message_ids: set[str] = field(default_factory=set)
-    # A run for a session it did not load may carry messages stored already (a retried save): look their ids up.
-    # A windowed load needs no lookup: its new messages are new objects, and the unique index catches misuse.
-    verify_new_ids: bool = False
-    ttl_seconds: int | None = None  # the session's own idle time-to-live, if it has one
-
-
-@dataclass
-class Delta:
-    upserts: dict[str, str]  # state key -> canonical JSON
-    deletes: list[str]
-    messages: list[codec.EncodedMessage]
-    service_session_id_changed: bool
-
-    @property
-    def empty(self) -> bool:
-        return not (self.upserts or self.deletes or self.messages or self.service_session_id_changed)
+    def __init__(self, row: Row[Any], incarnation: int) -> None:
+        self.row, self.incarnation = row, incarnation
 
 
 class Run:
     """A loaded session, and what is needed to commit what the agent changed in it."""
 
     def __init__(
-        self, store: Store, session: AgentSession, snapshot: Snapshot, *, user_id: str | None, agent_id: str | None
-    ) -> None:
-        self.store, self.session, self.user_id, self.agent_id = store, session, user_id, agent_id
+        self, db: Database, session: AgentSession, snapshot: Snapshot, *, user_id: str | None,
+        agent_id: str | None, run_id: str | None = None,
+    ) -> None:  # fmt: skip
+        self.db, self.session, self.user_id, self.agent_id = db, session, user_id, agent_id
         self._snapshot = snapshot
-        self._scopes = sql.scopes(session.session_id, user_id, store.app_id)
-        self._run_id, self._stamp = uuid.uuid4().hex, sql.new_stamp()  # both kept for a retry of the same commit
+        self._scopes = scopes(session.session_id, user_id, db.settings.app_id)
+        self._key, self._commits = run_id, 0
+        self._pending: Delta | None = None  # sent, outcome unknown: the next commit() retries exactly this
         self._started_at = datetime.now(UTC)
-        self._attempted = False  # a commit was sent whose outcome we may not know
         self.usage: dict[str, int] = {}  # token usage reported by the agent's responses (see add_usage)
         self._held: AsyncConnection | None = None  # serialized mode: the transaction that holds the lock
         if isinstance(session, StoredSession):
             session._run = self  # a cycle the garbage collector frees with the session
 
     @classmethod
-    def unloaded(cls, store: Store, session: AgentSession, *, user_id: str | None, agent_id: str | None = None) -> Run:
+    def unloaded(cls, db: Database, session: AgentSession, *, user_id: str | None, agent_id: str | None = None) -> Run:
         """A run for a session the store did not load: every message and key it holds is news to commit.
 
         Messages already stored (by id) are skipped, and keys that exist already are conflicts.
         """
         codec.check_id(session.session_id, "session_id", required=True)
-        return cls(store, session, Snapshot(verify_new_ids=True), user_id=user_id, agent_id=agent_id)
+        return cls(db, session, Snapshot(verify_new_ids=True), user_id=user_id, agent_id=agent_id)
 
     @property
     def exists(self) -> bool:
@@ -136,7 +117,7 @@ class Run:
     @property
     def history(self) -> list[Message]:
         """The run's message list (what a plain Agent's in-memory provider reads and appends to)."""
-        slot = self.session.state.setdefault(HISTORY_KEY, {})
+        slot = self.session.state.setdefault(HISTORY_KEY, IdentifiedHistory())
         messages: list[Message] = slot.setdefault("messages", [])
         return messages
 
@@ -144,14 +125,17 @@ class Run:
         """Append messages to the run's history (for history providers); the same object is never added twice."""
         history = self.history
         present = {id(m) for m in history}
-        history.extend(m for m in messages if id(m) not in present)
+        for message in messages:
+            if id(message) not in present:
+                assign_id(message)
+                history.append(message)
+                present.add(id(message))
 
     async def discard(self) -> None:
-        """Give up the run without writing (releases a serialized run's lock); ``store.session`` does this on errors."""
+        """Give up the run without writing (releases a serialized run's lock). Never raises: nothing to undo."""
         held, self._held = self._held, None
         if held is not None:
-            await held.rollback()
-            await held.close()
+            await self.db.release(held, commit=False)
 
     def add_usage(self, usage: Mapping[str, Any] | None) -> None:
         """Add a response's token usage to the run log (the store's context providers call this)."""
@@ -159,42 +143,50 @@ class Run:
             if usage and isinstance(usage.get(key), int):
                 self.usage[key] = self.usage.get(key, 0) + usage[key]
 
+    def _next_run_id(self) -> str:
+        if self._key is None:
+            return uuid.uuid4().hex
+        return self._key if self._commits == 0 else f"{self._key}#{self._commits + 1}"
+
     async def commit(self) -> CommitResult:
         """Write the run's new messages and changed state keys in one transaction.
 
-        Safe to call again after a :class:`StorageUnavailableError`: if the first attempt did commit, the
-        retry finds its run row and writes nothing twice. After a successful commit the run can go on and
-        commit again later; each commit writes only what changed since the previous one.
+        Safe to call again after a :class:`StorageUnavailableError`: the retry writes exactly what the first
+        attempt tried to (changes made since go into the next commit), or nothing if that attempt did commit.
+        After a successful commit the run can go on and commit again; each commit writes only what is new.
 
         Raises:
             InvalidValueError: a state value or message cannot be stored (checked before any SQL).
-            ConflictError: another run changed one of the same state keys since this run loaded.
-            SessionNotFoundError: the session was deleted, or created by another user, meanwhile.
+            ConflictError: another run changed one of the same state keys, or the session was deleted and
+                created again, since this run loaded.
+            SessionNotFoundError / SessionClosedError: the session was deleted / closed meanwhile.
             StorageUnavailableError: the database failed; the session in memory is intact, retry.
         """
+        retry = self._pending is not None
         try:
-            delta = self._delta()
+            delta = self._pending or self._delta()
         except BaseException:
             await self.discard()
             raise
         snap = self._snapshot
-        if delta.empty and snap.exists:
+        if delta.empty and snap.exists and not retry:
             await self.discard()
-            return CommitResult(session_id=self.session.session_id, run_id=self._run_id, version=snap.version)
+            return CommitResult(session_id=self.session.session_id, run_id=delta.run_id, version=snap.version)
+        self._pending = delta
+        held, self._held = self._held, None  # a serialized run's lock ends with this commit, either way
         with telemetry.operation("commit", session_id=self.session.session_id) as span:
             try:
-                held, self._held = self._held, None  # a serialized run's lock ends with this commit, either way
-                async with self.store._transaction(write=True, doing="committing a run", held=held, finish=True) as db:
-                    sid = self.session.session_id
-                    if self._attempted and (landed := await sql.run_recorded(db, sid, self._run_id)):
-                        return self._committed(delta, landed)
-                    self._attempted = True
-                    version = await self._write(db, delta)
-            except ConflictError:
-                telemetry.conflicts.add(1)
-                await self._log_conflict()
+                async with self.db.transaction(write=True, doing="committing a run", held=held, finish=True) as db:
+                    incarnation, version = await self._write(db, delta, check_landed=retry or self._key is not None)
+            except _Landed as landed:
+                return self._committed(delta, landed.incarnation, landed.row)
+            except (ConflictError, SessionNotFoundError, SessionClosedError, InvalidValueError) as exc:
+                self._pending = None  # refused before COMMIT: certainly not written
+                if isinstance(exc, ConflictError):
+                    telemetry.conflicts.add(1)
+                    await self._log_conflict()
                 raise
-            result = self._committed(delta, version)
+            result = self._committed(delta, incarnation, (version, len(delta.messages), len(delta.changed_keys)))
             span.set_attributes({"messages": result.messages_written, "state_keys": result.state_keys_written})
             telemetry.messages_written.add(result.messages_written)
             telemetry.state_keys_written.add(result.state_keys_written)
@@ -202,210 +194,188 @@ class Run:
 
     async def _log_conflict(self) -> None:
         """Record the refused run in the run log (its own transaction), so operators can see conflicts."""
-        row = self._log_row(self._snapshot.version, [], 0, "conflict")
-        self._run_id, self._attempted = uuid.uuid4().hex, False  # the refused attempt was rolled back
         if not self._snapshot.exists:
             return
+        row = sql.run_log_row(self._log_ids(uuid.uuid4().hex), self._snapshot.version, [], 0, self.usage, "conflict")
         try:
-            async with self.store._transaction(write=True, doing="logging a conflict") as db:
+            async with self.db.transaction(write=True, doing="logging a conflict") as db:
                 await sql.record_run(db, row)
         except AgentStoreError:  # the conflict itself is what the caller must see
             logger.warning("could not log the conflict of run %s", row["run_id"], exc_info=True)
 
-    def _log_row(self, version: int, records: list[codec.EncodedMessage], keys: int, outcome: str) -> dict[str, Any]:
-        ids = {"session_id": self.session.session_id, "run_id": self._run_id, "started_at": self._started_at}
-        return sql.run_log_row(ids, version, records, keys, self.usage, outcome)
+    def _log_ids(self, run_id: str) -> dict[str, Any]:
+        return {"session_id": self.session.session_id, "run_id": run_id, "started_at": self._started_at}
 
     def _delta(self) -> Delta:
-        """Encode and diff in memory; a value that cannot be stored fails here, before any SQL."""
-        snap, limit = self._snapshot, self.store.max_value_bytes
-        state = {k: v for k, v in self.session.state.items() if not k.startswith(sql.TEMP_PREFIX)}
-        history = state.pop(HISTORY_KEY, None)
-        new_messages: list[Message] = []
-        if isinstance(history, dict):
-            if rest := {k: v for k, v in history.items() if k != "messages"}:
-                state[HISTORY_KEY] = rest
-            seen: set[str | None] = set(snap.message_ids)
-            for message in history.get("messages", []):
-                message_id = getattr(message, "message_id", None)
-                if message_id is None or message_id not in seen:
-                    new_messages.append(message)
-                    seen.add(message_id)
-        elif history is not None:
-            state[HISTORY_KEY] = history
-        upserts: dict[str, str] = {}
-        for key, value in state.items():
-            codec.check_id(key, "a state key")
-            sql.scope_of(key, self._scopes)  # a user: key without a user fails here, not in SQL
-            encoded = codec.dumps(codec.encode_state(value, key=key), where=f"state[{key!r}]", max_bytes=limit)
-            if snap.state_text.get(key) != encoded:
-                upserts[key] = encoded
-        names: dict[str, str] = {}
-        return Delta(
-            upserts=upserts,
-            deletes=[key for key in snap.state_text if key not in state],
-            messages=[
-                codec.message_record(m, max_bytes=limit, tool_names=names, cipher=self.store.message_cipher)
-                for m in new_messages
-            ],
-            service_session_id_changed=self.session.service_session_id != snap.service_session_id,
-        )
+        settings = self.db.settings
+        return diff(
+            self._snapshot, self.session.state, self.history, self._scopes,
+            max_bytes=settings.max_value_bytes, cipher=settings.message_cipher, run_id=self._next_run_id(),
+            history_key=HISTORY_KEY, service_session_id=self.session.service_session_id, usage=dict(self.usage),
+        )  # fmt: skip
 
-    async def _write(self, db: AsyncConnection, delta: Delta) -> int:
-        sid, now, snap = self.session.session_id, datetime.now(UTC), self._snapshot
+    async def _write(self, db: AsyncConnection, delta: Delta, *, check_landed: bool) -> tuple[int, int]:
+        sid, now, snap, settings = self.session.session_id, datetime.now(UTC), self._snapshot, self.db.settings
+        writes_user_keys = any(k.startswith(USER_PREFIX) for k in delta.changed_keys)
+        if self.user_id is not None and (writes_user_keys or not snap.exists):
+            await sql.lock_user(db, self.user_id, exclusive=writes_user_keys)  # before the row lock, always
         if not snap.exists:
-            await sql.create_session(
-                db,
-                {
-                    "id": sid,
-                    "user_id": self.user_id,
-                    "agent_id": self.agent_id,
-                    "version": 0,
-                    "next_seq": 0,
-                    "created_at": now,
-                    "updated_at": now,
-                },
-            )
-        ttl = snap.ttl_seconds or self.store.idle_ttl_seconds
-        extra: dict[str, Any] = {"now": now, "expires_at": now + timedelta(seconds=ttl) if ttl else None}
-        if delta.service_session_id_changed:
-            extra["service_session_id"] = codec.dumps(self.session.service_session_id, where="service_session_id")
-        version, next_seq = await sql.bump_session(db, sid, self.user_id, len(delta.messages), extra)
-        first_seq = next_seq - len(delta.messages)
-
-        changed = [*delta.upserts, *delta.deletes]
+            row = {"id": sid, "user_id": self.user_id, "agent_id": self.agent_id, "incarnation": new_stamp(),
+                   "version": 0, "next_seq": 0, "created_at": now, "updated_at": now}  # fmt: skip
+            await sql.create_session(db, row)
+        ttl = settings.idle_ttl_seconds
+        incarnation, version, next_seq = await sql.bump_session(
+            db, session_id=sid, user_id=self.user_id, agent_id=self.agent_id,
+            incarnation=snap.incarnation if snap.exists else None, n_messages=len(delta.messages), now=now,
+            default_expires=now + timedelta(seconds=ttl) if ttl else None,
+            service_session_id=codec.dumps(delta.service_session_id, where="service_session_id")
+            if delta.service_session_id_changed else None,
+        )  # fmt: skip
+        if check_landed and (landed := await sql.run_recorded(db, sid, delta.run_id)) is not None:
+            raise _Landed(landed, incarnation)  # under the row lock: an attempt still in flight has finished by now
         for scope in self._scopes:
-            keys = [k for k in changed if sql.scope_of(k, self._scopes) is scope]
+            keys = [k for k in delta.changed_keys if scope_of(k, self._scopes) is scope]
             if not keys:
                 continue
-            if scope.prefix:
-                await sql.lock_shared_scope(db, scope)
-            # Every commit to this session bumps its version under the row lock: if ours is the only bump since
-            # the load, nobody else can have written the session's own keys, and the stamp check is skipped.
+            if scope.prefix == APP_PREFIX:
+                await sql.lock_app_scope(db, scope.owner)
+            # Every write of a session's own keys bumps its version in this incarnation: if ours is the only
+            # bump since the load, nobody else wrote them, and the stamp check is skipped.
             if scope.prefix or not snap.exists or version != snap.version + 1:
-                stored = await sql.stored_versions(db, scope, [scope.stored_key(k) for k in keys])
-                if lost := sorted(k for k in keys if stored.get(k) != snap.state_version.get(k)):
+                stored = await sql.stored_stamps(db, scope, [scope.stored_key(k) for k in keys])
+                if lost := sorted(k for k in keys if stored.get(k) != snap.state_stamp.get(k)):
                     raise ConflictError(sid, lost)
             upserts = {k: v for k, v in delta.upserts.items() if k in keys}
-            stamp = self._stamp if scope.prefix else version
-            await sql.write_state(db, scope, upserts, [k for k in delta.deletes if k in keys], stamp, now)
-
-        records = delta.messages
+            await sql.write_state(db, scope, upserts, [k for k in delta.deletes if k in keys], delta.stamp, now)
+        records, first_seq = delta.messages, next_seq - len(delta.messages)
         if records and snap.verify_new_ids:
             # Skip any message this run carries that is stored already (a retried save of a session it did not load).
-            stored_ids = await sql.already_stored(db, sid, [r.message_id for r in records])
-            if stored_ids:
-                records = delta.messages = [r for r in records if r.message_id not in stored_ids]
+            if stored_ids := await sql.already_stored(db, sid, [r.message_id for r in records]):
+                records = [r for r in records if r.message_id not in stored_ids]
                 await sql.give_back_seq(db, sid, len(stored_ids))
         try:
-            await sql.insert_messages(db, sid, records, first_seq, self._run_id, now)
+            await sql.insert_messages(db, sid, records, first_seq, delta.run_id, now)
         except IntegrityError as exc:  # (session_id, message_id) is unique: an old message added to the history
             raise InvalidValueError(f"session {sid!r}: a message of this run has an id that is already stored") from exc
-        await sql.record_run(db, self._log_row(version, records, len(changed), "committed"))
-        return version
-
-    def _committed(self, delta: Delta, version: int) -> CommitResult:
-        """Make the snapshot describe the database as this run left it, so a later commit writes only news."""
-        snap = self._snapshot
-        result = CommitResult(
-            session_id=self.session.session_id,
-            run_id=self._run_id,
-            version=version,
-            messages_written=len(delta.messages),
-            state_keys_written=len(delta.upserts) + len(delta.deletes),
+        log = sql.run_log_row(
+            self._log_ids(delta.run_id), version, records, len(delta.changed_keys), delta.usage, "committed"
         )
-        snap.exists, snap.version = True, version
-        snap.service_session_id = self.session.service_session_id
+        await sql.record_run(db, log)
+        return incarnation, version
+
+    def _committed(self, delta: Delta, incarnation: int, written: Any) -> CommitResult:
+        """Make the snapshot describe the database as this run left it, so a later commit writes only news."""
+        version, messages, keys = written
+        snap = self._snapshot
+        snap.exists, snap.incarnation, snap.version = True, incarnation, int(version)
+        snap.service_session_id = delta.service_session_id
         for key in delta.deletes:
             snap.state_text.pop(key, None)
-            snap.state_version.pop(key, None)
+            snap.state_stamp.pop(key, None)
         for key, text in delta.upserts.items():
-            snap.state_text[key] = text
-            shared = key.startswith((sql.USER_PREFIX, sql.APP_PREFIX))
-            snap.state_version[key] = self._stamp if shared else version
+            snap.state_text[key], snap.state_stamp[key] = text, delta.stamp
         snap.message_ids.update(r.message_id for r in delta.messages)
-        self._run_id, self._stamp, self._attempted = uuid.uuid4().hex, sql.new_stamp(), False
-        self.usage = {}
-        return result
+        self._pending, self._commits = None, self._commits + 1
+        for key, value in delta.usage.items():  # what was logged is not logged again
+            self.usage[key] = self.usage.get(key, 0) - value
+        return CommitResult(
+            session_id=self.session.session_id, run_id=delta.run_id, version=int(version),
+            messages_written=int(messages), state_keys_written=int(keys),
+        )  # fmt: skip
 
 
 async def load(
-    store: Store,
-    session_id: str,
-    *,
-    user_id: str | None,
-    agent_id: str | None,
-    history_limit: int | None,
-    if_expired: str = "error",
-    serialized: bool = False,
-) -> Run:
+    db: Database, session_id: str, *, user_id: str | None, agent_id: str | None, history_limit: int | None,
+    if_expired: str = "error", serialized: bool = False, run_id: str | None = None,
+    answered: frozenset[str] = frozenset(),
+) -> Run:  # fmt: skip
     """Read one session in a short read-only transaction and rebuild its ``AgentSession``.
 
     An expired session raises :class:`SessionExpiredError`, or with ``if_expired="restart"`` is deleted and
     replaced by a fresh one; a closed session raises :class:`SessionClosedError`. A ``serialized`` run holds its
     session's lock (PostgreSQL advisory lock; SQLite write lock) and a connection from load to commit, so
-    concurrent serialized runs on a session queue instead of conflicting.
+    concurrent serialized runs on a session queue instead of conflicting. ``answered``: call ids whose results
+    are in the request about to be made (a tool loop in progress), so their calls are not closed as interrupted.
     """
     codec.check_id(session_id, "session_id", required=True)
     codec.check_id(user_id, "user_id")
     codec.check_id(agent_id, "agent_id")
+    codec.check_id(run_id, "run_id")
+    if run_id is not None and len(run_id) > KEY_MAX:
+        raise InvalidValueError(f"run_id must be at most {KEY_MAX} characters")
     if history_limit is not None and (type(history_limit) is not int or history_limit < 0):
         raise InvalidValueError(f"history_limit must be a non-negative int or None, not {history_limit!r}")
     if if_expired not in ("error", "restart"):
         raise InvalidValueError(f'if_expired must be "error" or "restart", not {if_expired!r}')
     with telemetry.operation("load", session_id=session_id):
-        held = await store._hold(session_id) if serialized else None
+        held = await db.hold(session_id) if serialized else None
         try:
             try:
-                return await _read(store, session_id, user_id, agent_id, history_limit, held)
+                run = await _read(db, session_id, user_id, agent_id, history_limit, held, answered)
             except SessionExpiredError:
                 if if_expired == "error":
                     raise
-            async with store._transaction(write=True, doing="restarting an expired session", held=held) as db:
-                await sql.delete_if_expired(db, session_id, user_id, datetime.now(UTC))
-            return await _read(store, session_id, user_id, agent_id, history_limit, held)
+                async with db.transaction(write=True, doing="restarting an expired session", held=held) as conn:
+                    await sql.delete_if_expired(conn, session_id, user_id, datetime.now(UTC))
+                run = await _read(db, session_id, user_id, agent_id, history_limit, held, answered)
         except BaseException:
             if held is not None:
-                await held.rollback()
-                await held.close()
+                await quietly(lambda: db.release(held, commit=False), "releasing a serialized run")
             raise
+    run._held, run._key = held, run_id
+    return run
 
 
 async def _read(
-    store: Store,
-    session_id: str,
-    user_id: str | None,
-    agent_id: str | None,
-    history_limit: int | None,
-    held: AsyncConnection | None,
-) -> Run:
+    db: Database, session_id: str, user_id: str | None, agent_id: str | None, history_limit: int | None,
+    held: AsyncConnection | None, answered: frozenset[str],
+) -> Run:  # fmt: skip
     snap = Snapshot()
     session = StoredSession(session_id=session_id)
+    cipher = db.settings.message_cipher
     messages: list[Message] = []
-    async with store._transaction(write=False, doing="loading a session", held=held) as db:
-        row = (await db.execute(sql.READ_SESSION, {"sid": session_id})).first()
+    async with db.transaction(write=False, doing="loading a session", held=held) as conn:
+        row = (await conn.execute(sql.READ_SESSION, {"sid": session_id})).first()
         if row is not None:
             if row.user_id != user_id or row.agent_id not in (None, agent_id):
-                # Same answer whether the id is unused or someone else's: ids do not leak across tenants.
-                raise SessionNotFoundError(f"no session {session_id!r} for user {user_id!r}")
+                raise sql.not_found(session_id, user_id)  # the same answer as for an unused id
             if row.closed_at is not None:
                 raise SessionClosedError(f"session {session_id!r} was closed at {row.closed_at.isoformat()}")
             if row.expires_at is not None and row.expires_at <= datetime.now(UTC):
                 raise SessionExpiredError(f"session {session_id!r} expired at {row.expires_at.isoformat()}")
-        for prefix, key, value, version in (await db.execute(*sql.read_state(session_id, user_id, store.app_id))).all():
+        for prefix, key, value, stamp in (
+            await conn.execute(*sql.read_state(session_id, user_id, db.settings.app_id))
+        ).all():
             full_key = prefix + key
             snap.state_text[full_key] = codec.dumps(value, where=f"state[{full_key!r}]", max_bytes=2**62)
-            snap.state_version[full_key] = version
+            snap.state_stamp[full_key] = stamp
             session.state[full_key] = codec.decode_state(value, key=full_key)
         if row is not None:
-            snap.exists, snap.version, snap.ttl_seconds = True, row.version, row.ttl_seconds
+            snap.exists, snap.incarnation, snap.version = True, row.incarnation, row.version
             snap.service_session_id = session.service_session_id = row.service_session_id
-            query = sql.read_messages(session_id, row.next_seq, history_limit)
-            for message_id, body in (await db.execute(*query)).all():
+            start = None if history_limit is None else max(row.next_seq - history_limit, 0)
+            rows = (await conn.execute(*sql.read_messages(session_id, start))).all()
+            # Widen until no function result in the window lacks its call (each pass can uncover another).
+            while start is not None and rows and rows[0].seq < start and _orphan_results(rows, cipher):
+                start = rows[0].seq
+                rows = (await conn.execute(*sql.read_messages(session_id, start))).all()
+            for _seq, message_id, body in rows:
                 snap.message_ids.add(message_id)
-                messages.append(codec.message_from_row(body, store.message_cipher))
+                messages.append(codec.message_from_row(body, cipher))
+    messages, synthetic = close_tool_pairs(messages, answered)
+    snap.message_ids |= synthetic  # handed to the model, never stored
     history = session.state.get(HISTORY_KEY)
-    session.state[HISTORY_KEY] = {**(history if isinstance(history, dict) else {}), "messages": messages}
-    run = Run(store, session, snap, user_id=user_id, agent_id=agent_id)
-    run._held = held
-    return run
+    session.state[HISTORY_KEY] = IdentifiedHistory({**(history if isinstance(history, dict) else {})})
+    session.state[HISTORY_KEY]["messages"] = messages
+    return Run(db, session, snap, user_id=user_id, agent_id=agent_id)
+
+
+def _orphan_results(rows: Sequence[Row[Any]], cipher: codec.MessageCipher | None) -> bool:
+    calls: set[str] = set()
+    for row in rows:
+        for content in codec.message_from_row(row.body, cipher).contents:
+            if content.type == "function_call":
+                calls.add(content.call_id or "")
+            elif content.type == "function_result" and content.call_id not in calls:
+                return True
+    return False

@@ -6,59 +6,29 @@
 from __future__ import annotations
 
 import functools
-import secrets
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Integer, Table, bindparam, case, delete, func, insert, literal, select, update
+from sqlalchemy import Integer, Table, bindparam, case, cast, delete, func, insert, literal, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql import Select
 
 from .codec import EncodedMessage
-from .errors import InvalidValueError, SessionClosedError, SessionNotFoundError
-from .tables import app_state_t, messages_t, runs_t, sessions_t, state_t, tool_calls_t, user_state_t
-
-USER_PREFIX, APP_PREFIX, TEMP_PREFIX = "user:", "app:", "temp:"
-
-
-@dataclass(frozen=True)
-class Scope:
-    """Where a state key lives: the session's own rows, or rows shared by a user's or an app's sessions."""
-
-    prefix: str
-    table: Table
-    owner_column: str
-    owner: str
-
-    def stored_key(self, key: str) -> str:
-        return key[len(self.prefix) :]
-
-
-def owner_is(column: Any, value: str | None) -> Any:
-    """``column = value``, or ``IS NULL`` for no owner (``IS NOT DISTINCT FROM`` cannot use an index)."""
-    return column.is_(None) if value is None else column == value
-
-
-def scopes(session_id: str, user_id: str | None, app_id: str) -> list[Scope]:
-    found = [Scope("", state_t, "session_id", session_id), Scope(APP_PREFIX, app_state_t, "app_id", app_id)]
-    if user_id is not None:
-        found.append(Scope(USER_PREFIX, user_state_t, "user_id", user_id))
-    return found
-
-
-def scope_of(key: str, available: Sequence[Scope]) -> Scope:
-    prefix = USER_PREFIX if key.startswith(USER_PREFIX) else APP_PREFIX if key.startswith(APP_PREFIX) else ""
-    for scope in available:
-        if scope.prefix == prefix:
-            return scope
-    raise InvalidValueError(f"state[{key!r}]: user-scoped keys need a session opened with a user_id")
+from .database import APP_LOCK, USER_LOCK
+from .errors import ConflictError, SessionClosedError, SessionNotFoundError
+from .scopes import APP_PREFIX, USER_PREFIX, Scope, owner_is
+from .tables import UTCDateTime, app_state_t, messages_t, runs_t, sessions_t, state_t, tool_calls_t, user_state_t
 
 
 def _insert(db: AsyncConnection, table: Table) -> Any:
     return (postgresql if db.dialect.name == "postgresql" else sqlite).insert(table)
+
+
+def not_found(session_id: str, user_id: str | None) -> SessionNotFoundError:
+    """The one refusal for an id that is unknown, deleted, or another user's / agent's: ids do not leak."""
+    return SessionNotFoundError(f"no session {session_id!r} for user {user_id!r}")
 
 
 # ---- load -----------------------------------------------------------------------------------------------
@@ -66,8 +36,9 @@ def _insert(db: AsyncConnection, table: Table) -> Any:
 
 _S, _M = sessions_t.c, messages_t.c
 READ_SESSION = select(
-    _S.user_id, _S.agent_id, _S.service_session_id, _S.version, _S.next_seq, _S.closed_at, _S.expires_at, _S.ttl_seconds
-).where(_S.id == bindparam("sid"))
+    _S.user_id, _S.agent_id, _S.incarnation, _S.service_session_id, _S.version, _S.next_seq, _S.closed_at,
+    _S.expires_at,
+).where(_S.id == bindparam("sid"))  # fmt: skip
 
 
 def _state_rows(prefix: str, table: Table, owner_column: str, param: str) -> Select[Any]:
@@ -102,21 +73,25 @@ def _windowed() -> Select[Any]:
         .scalar_subquery()
     )
     return (
-        select(_M.message_id, _M.body)
+        select(_M.seq, _M.message_id, _M.body)
         .where(_M.session_id == bindparam("sid"), _M.seq >= case((earliest_call < start, earliest_call), else_=start))
         .order_by(_M.seq)
     )
 
 
-READ_ALL_MESSAGES = select(_M.message_id, _M.body).where(_M.session_id == bindparam("sid")).order_by(_M.seq)
+READ_ALL_MESSAGES = select(_M.seq, _M.message_id, _M.body).where(_M.session_id == bindparam("sid")).order_by(_M.seq)
 READ_WINDOW = _windowed()
 
 
-def read_messages(session_id: str, next_seq: int, history_limit: int | None) -> tuple[Any, dict[str, Any]]:
-    """The history, or its last ``history_limit`` messages widened so no tool result loses its call."""
-    if history_limit is None:
+def read_messages(session_id: str, start: int | None) -> tuple[Any, dict[str, Any]]:
+    """The history, or the messages from ``start`` on, widened back to the call of any result in them.
+
+    One widening pass can uncover another result whose call lies further back; run.py repeats the read from
+    the widened start until the window holds every call it needs (rarely more than once).
+    """
+    if start is None:
         return READ_ALL_MESSAGES, {"sid": session_id}
-    return READ_WINDOW, {"sid": session_id, "start": next_seq - history_limit}
+    return READ_WINDOW, {"sid": session_id, "start": start}
 
 
 # ---- commit ---------------------------------------------------------------------------------------------
@@ -126,42 +101,66 @@ async def create_session(db: AsyncConnection, row: dict[str, Any]) -> None:
     await db.execute(_insert(db, sessions_t).on_conflict_do_nothing(), row)
 
 
+def _expires(dialect: str) -> Any:
+    """``expires_at`` computed from the row's own TTL at commit time (a TTL set mid-run is not undone)."""
+    own: Any
+    if dialect == "postgresql":
+        own = cast(bindparam("now", type_=UTCDateTime()), UTCDateTime()) + func.make_interval(
+            0, 0, 0, 0, 0, 0, _S.ttl_seconds
+        )
+    else:  # the text form SQLAlchemy stores SQLite datetimes in: 'YYYY-MM-DD HH:MM:SS.ffffff' (UTC)
+        own = func.datetime(bindparam("now_epoch") + _S.ttl_seconds, "unixepoch").concat(bindparam("now_frac"))
+    return case((_S.ttl_seconds.is_(None), bindparam("default_expires", type_=UTCDateTime())), else_=own)
+
+
 @functools.cache
-def _bump(has_user: bool, service_session_id: bool) -> Any:
+def _bump(dialect: str, has_user: bool, check_incarnation: bool, service_session_id: bool) -> Any:
     values: dict[str, Any] = {
         "version": _S.version + 1,
         "next_seq": _S.next_seq + bindparam("n"),
         "updated_at": bindparam("now"),
         "last_run_at": bindparam("now"),
-        "expires_at": bindparam("expires_at"),
+        "expires_at": _expires(dialect),
     }
     if service_session_id:
         values["service_session_id"] = bindparam("service_session_id", type_=_S.service_session_id.type)
-    owner = _S.user_id == bindparam("uid") if has_user else _S.user_id.is_(None)
-    return (
-        update(sessions_t)
-        .where(_S.id == bindparam("sid"), owner, _S.closed_at.is_(None))
-        .values(values)
-        .returning(_S.version, _S.next_seq)
-    )
+    where = [
+        _S.id == bindparam("sid"),
+        _S.user_id == bindparam("uid") if has_user else _S.user_id.is_(None),
+        _S.agent_id.is_(None) | (_S.agent_id == bindparam("agent")),  # the agent binding, in the ordering statement
+        _S.closed_at.is_(None),
+    ]
+    if check_incarnation:
+        where.append(_S.incarnation == bindparam("loaded_incarnation"))
+    return update(sessions_t).where(*where).values(values).returning(_S.incarnation, _S.version, _S.next_seq)
 
 
 async def bump_session(
-    db: AsyncConnection, session_id: str, user_id: str | None, n_messages: int, values: dict[str, Any]
-) -> tuple[int, int]:
-    """Take the session row lock and advance it; returns (new version, next_seq after this run's messages).
+    db: AsyncConnection, *, session_id: str, user_id: str | None, agent_id: str | None, incarnation: int | None,
+    n_messages: int, now: datetime, default_expires: datetime | None, service_session_id: str | None,
+) -> tuple[int, int, int]:  # fmt: skip
+    """Take the session row lock and advance it: (incarnation, new version, next_seq after this run's messages).
 
-    ``values`` has ``now`` and ``expires_at``, and ``service_session_id`` when it changed.
+    The row must still be this user's and agent's, open, and (``incarnation`` given) the same life of the id.
     """
-    statement = _bump(user_id is not None, "service_session_id" in values)
-    params = {"sid": session_id, "uid": user_id, "n": n_messages, **values}
+    ssid = service_session_id is not None
+    statement = _bump(db.dialect.name, user_id is not None, incarnation is not None, ssid)
+    params: dict[str, Any] = {
+        "sid": session_id, "uid": user_id, "agent": agent_id, "loaded_incarnation": incarnation, "n": n_messages,
+        "now": now, "now_epoch": int(now.timestamp()), "now_frac": f".{now.microsecond:06d}",
+        "default_expires": default_expires,
+    }  # fmt: skip
+    if ssid:
+        params["service_session_id"] = service_session_id
     bumped = (await db.execute(statement, params)).first()
-    if bumped is None:
-        owned = (_S.id == session_id, owner_is(_S.user_id, user_id))
-        if (await db.execute(select(_S.closed_at).where(*owned))).first() is not None:
-            raise SessionClosedError(f"session {session_id!r} was closed while this run was in progress")
-        raise SessionNotFoundError(f"session {session_id!r} no longer exists for user {user_id!r}")
-    return int(bumped[0]), int(bumped[1])
+    if bumped is not None:
+        return int(bumped[0]), int(bumped[1]), int(bumped[2])
+    row = (await db.execute(READ_SESSION, {"sid": session_id})).first()
+    if row is None or row.user_id != user_id or row.agent_id not in (None, agent_id):
+        raise not_found(session_id, user_id)
+    if row.closed_at is not None:
+        raise SessionClosedError(f"session {session_id!r} was closed while this run was in progress")
+    raise ConflictError(session_id, [], reason="the session was deleted and created again since this run loaded it")
 
 
 async def delete_if_expired(db: AsyncConnection, session_id: str, user_id: str | None, now: datetime) -> None:
@@ -176,11 +175,22 @@ async def give_back_seq(db: AsyncConnection, session_id: str, unused: int) -> No
     )
 
 
-async def lock_shared_scope(db: AsyncConnection, scope: Scope) -> None:
-    """Serialize writers of one user's / app's shared keys (SQLite's write lock already does)."""
-    if db.dialect.name == "postgresql":  # lock classes: 1 serialized sessions, 2 users, 3 apps
-        lock_class = 2 if scope.prefix == USER_PREFIX else 3
-        await db.execute(select(func.pg_advisory_xact_lock(lock_class, func.hashtext(scope.owner))))
+async def lock_user(db: AsyncConnection, user_id: str, *, exclusive: bool) -> None:
+    """Order this transaction against ``erase_user`` and other writers of the user's keys (PostgreSQL).
+
+    Taken before any session row lock, always: the one lock order that cannot deadlock. Exclusive to write
+    ``user:`` keys or erase the user; shared to create one of the user's sessions. SQLite's write lock
+    already serializes all of this.
+    """
+    if db.dialect.name == "postgresql":
+        lock = func.pg_advisory_xact_lock if exclusive else func.pg_advisory_xact_lock_shared
+        await db.execute(select(lock(USER_LOCK, func.hashtext(user_id))))
+
+
+async def lock_app_scope(db: AsyncConnection, app_id: str) -> None:
+    """Serialize writers of one app's shared keys (PostgreSQL; SQLite's write lock already does)."""
+    if db.dialect.name == "postgresql":
+        await db.execute(select(func.pg_advisory_xact_lock(APP_LOCK, func.hashtext(app_id))))
 
 
 @functools.cache
@@ -207,7 +217,7 @@ def _upsert(dialect: str, table: Table, owner_column: str) -> Any:
     )
 
 
-async def stored_versions(db: AsyncConnection, scope: Scope, keys: Iterable[str]) -> dict[str, int]:
+async def stored_stamps(db: AsyncConnection, scope: Scope, keys: Iterable[str]) -> dict[str, int]:
     rows = await db.execute(_versions(scope.table, scope.owner_column), {"owner": scope.owner, "keys": list(keys)})
     return {scope.prefix + key: version for key, version in rows.all()}
 
@@ -230,11 +240,6 @@ async def write_state(
             for k, v in upserts.items()
         ]
         await db.execute(_upsert(db.dialect.name, scope.table, scope.owner_column), rows)
-
-
-def new_stamp() -> int:
-    """A write stamp for shared-scope rows: random, so a deleted-then-recreated key never looks unchanged."""
-    return secrets.randbits(62)
 
 
 async def already_stored(db: AsyncConnection, session_id: str, message_ids: list[str]) -> set[str]:
@@ -280,14 +285,15 @@ async def record_run(db: AsyncConnection, row: dict[str, Any]) -> None:
     await db.execute(insert(runs_t), row)
 
 
-async def run_recorded(db: AsyncConnection, session_id: str, run_id: str) -> int | None:
-    """The session version a run produced, if that run is already committed."""
+async def run_recorded(db: AsyncConnection, session_id: str, run_id: str) -> Any:
+    """The log row of a committed run (version, messages_written, state_keys_written), or None."""
     c = runs_t.c
     found = await db.execute(
-        select(c.version).where(c.session_id == session_id, c.run_id == run_id, c.outcome == "committed")
+        select(c.version, c.messages_written, c.state_keys_written).where(
+            c.session_id == session_id, c.run_id == run_id, c.outcome == "committed"
+        )
     )
-    version = found.scalar()
-    return int(version) if version is not None else None
+    return found.first()
 
 
 def run_log_row(

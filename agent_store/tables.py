@@ -29,7 +29,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeEngine
 
 # The Alembic revision this code expects; tests/test_migrations.py pins it to the scripts' head.
-SCHEMA_REVISION = "0003"
+SCHEMA_REVISION = "0004"
 ID_MAX = 255  # ids are bounded: longer ones are refused before any SQL runs
 
 NAMING_CONVENTION = {
@@ -98,11 +98,16 @@ class Base(DeclarativeBase):
 
 
 class SessionRow(Base):
-    """One conversation. ``version`` goes up by one with every committed run."""
+    """One conversation. ``version`` goes up by one with every committed run.
+
+    ``incarnation`` is a random number drawn when the row is created: an id deleted (or expired, purged,
+    erased) and used again is a new incarnation, and a run loaded from the old one cannot commit into it.
+    """
 
     __tablename__ = "agent_sessions"
 
     id: Mapped[str] = mapped_column(String(ID_MAX), primary_key=True)
+    incarnation: Mapped[int] = mapped_column(BigInteger, server_default="0")
     user_id: Mapped[str | None] = mapped_column(String(ID_MAX))
     agent_id: Mapped[str | None] = mapped_column(String(ID_MAX))
     service_session_id: Mapped[Any | None] = mapped_column(JsonText())
@@ -135,7 +140,7 @@ class MessageRow(Base):
     )
     seq: Mapped[int] = mapped_column(Integer, primary_key=True)
     message_id: Mapped[str] = mapped_column(String(ID_MAX))
-    run_id: Mapped[str] = mapped_column(String(36))
+    run_id: Mapped[str] = mapped_column(String(ID_MAX))
     role: Mapped[str] = mapped_column(String(32))
     author_name: Mapped[str | None] = mapped_column(String(ID_MAX))
     text: Mapped[str] = mapped_column(Text)
@@ -146,7 +151,7 @@ class MessageRow(Base):
 
 
 class StateRow(Base):
-    """One top-level key of ``AgentSession.state``; ``version`` is the session version that wrote it."""
+    """One top-level key of ``AgentSession.state``; ``version`` is the random stamp of the commit that wrote it."""
 
     __tablename__ = "agent_state"
 
@@ -155,7 +160,7 @@ class StateRow(Base):
     )
     key: Mapped[str] = mapped_column(String(ID_MAX), primary_key=True)
     value: Mapped[Any] = mapped_column(JsonText())
-    version: Mapped[int] = mapped_column(Integer)
+    version: Mapped[int] = mapped_column(BigInteger)  # a write stamp: equal means "not written since"
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
@@ -167,7 +172,7 @@ class RunRow(Base):
     session_id: Mapped[str] = mapped_column(
         String(ID_MAX), ForeignKey("agent_sessions.id", ondelete="CASCADE"), primary_key=True
     )
-    run_id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    run_id: Mapped[str] = mapped_column(String(ID_MAX), primary_key=True)  # ours, or the caller's idempotency key
     version: Mapped[int] = mapped_column(Integer)
     messages_written: Mapped[int] = mapped_column(Integer)
     state_keys_written: Mapped[int] = mapped_column(Integer)

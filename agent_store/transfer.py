@@ -1,9 +1,16 @@
 """Export sessions to JSON Lines and import them back, row for row.
 
 The file is one JSON object per line: a header, then for each session its ``session`` row followed by its
-``message``, ``tool_call``, ``state`` and ``run`` rows, then (for a whole-user export) the user's
-``user_state`` rows. Every column is kept: ids, seq, timestamps (ISO 8601, UTC), JSON values as JSON.
-Importing recreates exactly those rows; a session that already exists is skipped, never duplicated.
+``state``, ``run``, ``message`` and ``tool_call`` rows, then (for a whole-user export) the user's
+``user_state`` rows, and last a ``trailer`` with the counts. Every column is kept: ids, seq, timestamps
+(ISO 8601, UTC), JSON values as JSON.
+
+- Export reads in short transactions and yields only between them: a consumer that pauses holds no
+  connection. Each session is read as of one moment (its row, state and run log together; its messages
+  paged below the ``next_seq`` of that moment); a session truncated or cleared mid-export raises.
+- Import is all-or-nothing per file: one transaction, committed only after the trailer matched. A
+  truncated file writes nothing. Existing sessions are skipped, never duplicated; imported sessions and
+  state rows get fresh incarnations and stamps (a runner of the old database cannot commit into them).
 """
 
 from __future__ import annotations
@@ -11,15 +18,19 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Callable, Iterable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import Table, insert, select
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from . import codec
-from .errors import InvalidValueError, SessionNotFoundError
+from .database import Database
+from .delta import new_stamp
+from .errors import ConflictError, InvalidValueError
 from .models import TransferReport
-from .statements import owner_is
+from .scopes import owner_is
+from .statements import lock_user, not_found
 from .tables import (
     SCHEMA_REVISION,
     JsonText,
@@ -32,11 +43,10 @@ from .tables import (
     user_state_t,
 )
 
-if TYPE_CHECKING:
-    from .store import Store
-
 FORMAT = "agent_store.jsonl"
-_SESSION_TABLES: dict[str, Table] = {"message": messages_t, "tool_call": tool_calls_t, "state": state_t, "run": runs_t}
+# Insertion order: messages before the tool calls that reference them.
+_SESSION_TABLES: dict[str, Table] = {"state": state_t, "run": runs_t, "message": messages_t, "tool_call": tool_calls_t}
+PAGE = 1000  # messages per short read transaction
 _TABLES: dict[str, Table] = {"session": sessions_t, **_SESSION_TABLES, "user_state": user_state_t}
 
 
@@ -69,97 +79,148 @@ def _line(kind: str, row: dict[str, Any]) -> str:
     return json.dumps({"kind": kind, "row": row}, ensure_ascii=False, allow_nan=False, sort_keys=True)
 
 
-async def export(store: Store, *, user_id: str | None, session_id: str | None = None) -> AsyncIterator[str]:
+async def export(db: Database, *, user_id: str | None, session_id: str | None = None) -> AsyncIterator[str]:
     """Yield the JSON Lines of one session, or of every session of ``user_id`` and that user's shared state."""
     codec.check_id(user_id, "user_id")
     S = sessions_t.c
-    async with store._transaction(write=False, replica=True, doing="listing sessions to export") as db:
+    async with db.transaction(write=False, replica=True, doing="listing sessions to export") as conn:
         query = select(S.id).where(owner_is(S.user_id, user_id)).order_by(S.created_at, S.id)
         if session_id is not None:
             query = query.where(S.id == session_id)
-        ids = list((await db.execute(query)).scalars())
+        ids = list((await conn.execute(query)).scalars())
     if session_id is not None and not ids:
-        raise SessionNotFoundError(f"no session {session_id!r} for user {user_id!r}")
+        raise not_found(session_id, user_id)
     yield json.dumps({"kind": "header", "format": FORMAT, "schema": SCHEMA_REVISION, "sessions": len(ids)})
-    for sid in ids:  # one short, consistent read per session
-        async with store._transaction(write=False, replica=True, doing="exporting a session") as db:
-            yield _line(
-                "session", _to_json(sessions_t, (await db.execute(select(sessions_t).where(S.id == sid))).one())
-            )
-            for kind, table in _SESSION_TABLES.items():
-                order = [c for c in table.primary_key.columns]
-                for row in await db.execute(select(table).where(table.c.session_id == sid).order_by(*order)):
-                    yield _line(kind, _to_json(table, row))
+    written, sessions = 1, 0
+    for sid in ids:
+        async for line in _export_session(db, sid):
+            written += 1
+            sessions += line.startswith('{"kind": "session"')
+            yield line
     if session_id is None and user_id is not None:
-        async with store._transaction(write=False, replica=True, doing="exporting user state") as db:
+        async with db.transaction(write=False, replica=True, doing="exporting user state") as conn:
             U = user_state_t.c
-            for row in await db.execute(select(user_state_t).where(U.user_id == user_id).order_by(U.key)):
-                yield _line("user_state", _to_json(user_state_t, row))
+            rows = (await conn.execute(select(user_state_t).where(U.user_id == user_id).order_by(U.key))).all()
+        for row in rows:
+            written += 1
+            yield _line("user_state", _to_json(user_state_t, row))
+    yield json.dumps({"kind": "trailer", "sessions": sessions, "lines": written + 1})
+
+
+async def _export_session(db: Database, sid: str) -> AsyncIterator[str]:
+    S, M, T = sessions_t.c, messages_t.c, tool_calls_t.c
+    async with db.transaction(write=False, replica=True, doing="exporting a session") as conn:
+        row = (await conn.execute(select(sessions_t).where(S.id == sid))).first()
+        if row is None:  # deleted since the listing: not part of this export
+            return
+        lines = [_line("session", _to_json(sessions_t, row))]
+        for kind in ("state", "run"):
+            table = _SESSION_TABLES[kind]
+            order = list(table.primary_key.columns)
+            for r in await conn.execute(select(table).where(table.c.session_id == sid).order_by(*order)):
+                lines.append(_line(kind, _to_json(table, r)))
+    for line in lines:
+        yield line
+    end, after, seen = row.next_seq, -1, 0
+    while after < end - 1:
+        async with db.transaction(write=False, replica=True, doing="exporting messages") as conn:
+            window = (M.session_id == sid, M.seq > after, M.seq < min(after + 1 + PAGE, end))
+            page = (await conn.execute(select(messages_t).where(*window).order_by(M.seq))).all()
+            tool_rows = (
+                await conn.execute(
+                    select(tool_calls_t)
+                    .where(T.session_id == sid, T.seq > after, T.seq < min(after + 1 + PAGE, end))
+                    .order_by(T.seq, T.call_id)
+                )
+            ).all()
+        expected = min(after + 1 + PAGE, end) - after - 1
+        if len(page) != expected:
+            raise ConflictError(sid, [], reason="the session was truncated or cleared while it was being exported")
+        seen += len(page)
+        after = page[-1].seq
+        for r in page:
+            yield _line("message", _to_json(messages_t, r))
+        for r in tool_rows:
+            yield _line("tool_call", _to_json(tool_calls_t, r))
 
 
 async def import_lines(
-    store: Store, lines: Iterable[str], progress: Callable[[int], None] | None = None
+    db: Database, lines: Iterable[str], progress: Callable[[int], None] | None = None
 ) -> TransferReport:
-    """Insert the sessions in ``lines`` (as written by :func:`export`); existing sessions are skipped."""
+    """Insert the sessions in ``lines`` (as written by :func:`export`), all or nothing; existing ones are skipped."""
     imported = skipped = 0
     pending: list[tuple[str, dict[str, Any]]] = []
+    async with db.transaction(write=True, doing="importing sessions") as conn:
 
-    async def flush() -> None:
-        nonlocal imported, skipped
-        if not pending:
-            return
-        async with store._transaction(write=True, doing="importing a session") as db:
-            if await _insert_session(db, pending):
-                imported += 1
-            else:
-                skipped += 1
-        if progress is not None:
-            progress(1)
-        pending.clear()
+        async def flush() -> None:
+            nonlocal imported, skipped
+            if pending:
+                if await _insert_session(conn, pending):
+                    imported += 1
+                else:
+                    skipped += 1
+                if progress is not None:
+                    progress(1)
+                pending.clear()
 
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-            kind, row = record["kind"], record.get("row")
-        except (ValueError, KeyError, TypeError) as exc:
-            raise InvalidValueError(f"import: line {number} is not an agent_store export record") from exc
-        if kind == "header":
-            if record.get("format") != FORMAT:
-                raise InvalidValueError(f"import: line {number}: not an {FORMAT} file")
-            continue
-        if kind not in _TABLES or not isinstance(row, dict):
-            raise InvalidValueError(f"import: line {number}: unknown record kind {kind!r}")
-        if kind == "session":
-            await flush()
-        elif kind == "user_state":
-            await flush()
-            async with store._transaction(write=True, doing="importing user state") as db:
-                await db.execute(_insert_ignoring_existing(db, user_state_t), _from_json(user_state_t, row))
-            continue
-        elif not pending:
-            raise InvalidValueError(f"import: line {number}: a {kind} row before any session row")
-        pending.append((kind, row))
-    await flush()
+        header = trailer = None
+        number = 0
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            if trailer is not None:
+                raise InvalidValueError(f"import: line {number}: data after the trailer; nothing was imported")
+            try:
+                record = json.loads(line)
+                kind, row = record["kind"], record.get("row")
+            except (ValueError, KeyError, TypeError) as exc:
+                raise InvalidValueError(f"import: line {number} is not an agent_store export record") from exc
+            if header is None:
+                if kind != "header" or record.get("format") != FORMAT:
+                    raise InvalidValueError(f"import: line {number}: not an {FORMAT} file (no header)")
+                header = record
+                continue
+            if kind == "trailer":
+                await flush()
+                trailer = record
+                if record.get("lines") != number or record.get("sessions") != imported + skipped:
+                    raise InvalidValueError("import: the trailer's counts do not match the file; nothing was imported")
+                continue
+            if kind not in _TABLES or not isinstance(row, dict):
+                raise InvalidValueError(f"import: line {number}: unknown record kind {kind!r}")
+            if kind in ("session", "user_state"):
+                await flush()
+            if kind == "user_state":
+                values = {**_from_json(user_state_t, row), "version": new_stamp()}
+                await conn.execute(_insert_ignoring_existing(conn, user_state_t), values)
+                continue
+            if kind != "session" and not pending:
+                raise InvalidValueError(f"import: line {number}: a {kind} row before any session row")
+            pending.append((kind, row))
+        if trailer is None:
+            raise InvalidValueError(
+                f"import: the file ends at line {number} without its trailer (truncated?); nothing was imported"
+            )
     return TransferReport(imported=imported, skipped=skipped)
 
 
-def _insert_ignoring_existing(db: AsyncConnection, table: Table) -> Any:
-    from sqlalchemy.dialects import postgresql, sqlite
-
-    return (postgresql if db.dialect.name == "postgresql" else sqlite).insert(table).on_conflict_do_nothing()
+def _insert_ignoring_existing(conn: AsyncConnection, table: Table) -> Any:
+    return (postgresql if conn.dialect.name == "postgresql" else sqlite).insert(table).on_conflict_do_nothing()
 
 
-async def _insert_session(db: AsyncConnection, records: list[tuple[str, dict[str, Any]]]) -> bool:
+async def _insert_session(conn: AsyncConnection, records: list[tuple[str, dict[str, Any]]]) -> bool:
     (_, session_row), rest = records[0], records[1:]
-    session = _from_json(sessions_t, session_row)
+    session = {**_from_json(sessions_t, session_row), "incarnation": new_stamp()}
     codec.check_id(session.get("id"), "session id", required=True)
-    if (await db.execute(select(sessions_t.c.id).where(sessions_t.c.id == session["id"]))).first() is not None:
+    if session.get("user_id") is not None:
+        await lock_user(conn, session["user_id"], exclusive=False)  # creates one of the user's sessions
+    if not (await conn.execute(_insert_ignoring_existing(conn, sessions_t), session)).rowcount:
         return False
-    await db.execute(insert(sessions_t), session)
-    for kind, table in _SESSION_TABLES.items():  # messages before the tool calls that reference them
+    stamp = new_stamp()
+    for kind, table in _SESSION_TABLES.items():
         rows = [{**_from_json(table, row), "session_id": session["id"]} for k, row in rest if k == kind]
+        if kind == "state":
+            rows = [{**r, "version": stamp} for r in rows]
         if rows:
-            await db.execute(insert(table), rows)
+            await conn.execute(insert(table), rows)
     return True

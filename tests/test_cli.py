@@ -80,11 +80,31 @@ async def test_export_then_import_into_another_database(filled: Store, url: str,
     assert ok(cli("import", str(dump), url=target, cwd=tmp_path)).strip() == "imported 2, skipped 0"
     assert ok(cli("import", str(dump), url=target, cwd=tmp_path)).strip() == "imported 0, skipped 2"
     single = ok(cli("export", "--user", "li", "--session", "chat-1", url=target, cwd=tmp_path))
-    assert single.splitlines()[1:] == [
+    original = [
         line
         for line in dump.read_text(encoding="utf-8").splitlines()[1:]
         if '"session_id": "chat-1"' in line or ('"kind": "session"' in line and '"id": "chat-1"' in line)
     ]
+    # Row for row, except the conflict tokens: an import gets a fresh incarnation and fresh state stamps.
+    assert _tokens(single.splitlines()[1:-1]) != _tokens(original)
+    assert _without_tokens(single.splitlines()[1:-1]) == _without_tokens(original)
+    assert json.loads(single.splitlines()[-1])["kind"] == "trailer"
+
+
+def _tokens(lines: list[str]) -> list[object]:
+    records = [json.loads(line) for line in lines]
+    return [r["row"].get("incarnation") if r["kind"] == "session" else r["row"]["version"]
+            for r in records if r["kind"] in ("session", "state")]  # fmt: skip
+
+
+def _without_tokens(lines: list[str]) -> list[dict[str, object]]:
+    records = [json.loads(line) for line in lines]
+    for r in records:
+        if r["kind"] == "session":
+            del r["row"]["incarnation"]
+        elif r["kind"] == "state":
+            del r["row"]["version"]
+    return records
 
 
 async def test_fork_purge_erase_and_stats(filled: Store, url: str, tmp_path: Path) -> None:

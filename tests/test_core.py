@@ -99,12 +99,14 @@ async def test_an_unstorable_value_is_refused_by_key_and_nothing_is_written(
 ) -> None:
     async with store.session("s", user_id="u") as session:
         session.state["kept"] = "before"
+    before = await rows(store, "SELECT key, version FROM agent_state")
     with pytest.raises(InvalidValueError, match=rf"state\['bad'\].*{reason}"):
         async with store.session("s", user_id="u") as session:
             await agent.run("hello", session=session)
             session.state["kept"] = "after"
             session.state["bad"] = value
-    assert await rows(store, "SELECT key, version FROM agent_state") == [("kept", 1)]
+    assert await rows(store, "SELECT key, version FROM agent_state") == before
+    assert await rows(store, "SELECT version FROM agent_sessions") == [(1,)]
     assert await rows(store, "SELECT count(*) FROM agent_messages") == [(0,)]
 
 
@@ -119,15 +121,15 @@ async def test_a_cycle_is_refused(store: Store) -> None:
 async def test_only_changed_keys_are_written_and_a_deleted_key_leaves_no_row(store: Store) -> None:
     async with store.session("s", user_id="u") as session:
         session.state.update(same="x", nested={"a": {"b": [1]}}, gone=1)
+    first = dict(await rows(store, "SELECT key, version FROM agent_state"))
     async with store.session("s", user_id="u") as session:
         session.state["nested"]["a"]["b"].append(2)  # an in-place edit, no reassignment
         del session.state["gone"]
         session.state["new"] = True
-    assert await rows(store, "SELECT key, version FROM agent_state ORDER BY key") == [
-        ("nested", 2),
-        ("new", 2),
-        ("same", 1),
-    ]
+    second = dict(await rows(store, "SELECT key, version FROM agent_state"))
+    assert sorted(second) == ["nested", "new", "same"]
+    assert second["same"] == first["same"]  # not rewritten: same stamp
+    assert second["nested"] == second["new"] != first["nested"]  # both written by the second commit's stamp
     async with store.session("s", user_id="u") as session:
         assert session.state["nested"] == {"a": {"b": [1, 2]}}
         assert "gone" not in session.state

@@ -1,5 +1,10 @@
-"""A Hypothesis state machine: random runs, failures, concurrent pairs, deletes, closes, forks and truncations,
-checked against a plain in-memory model after every step, on SQLite and PostgreSQL."""
+"""A Hypothesis state machine against a plain in-memory model, checked after every step, on SQLite and PostgreSQL.
+
+Steps: runs (some failing), concurrent pairs, stale runs loaded now and committed many steps later (across
+deletes, re-creations, expiry restarts, forks, truncations, closes and user erasure), and a commit whose reply
+is lost after COMMIT reached the database, retried with more changes made in between. The model says what
+must happen: which commit lands, which conflicts (same key, or another incarnation), which finds nothing.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import itertools
 import uuid
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import pytest
@@ -17,15 +23,26 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 from sqlalchemy import text
 
-from agent_store import ConflictError, SessionClosedError, SessionNotFoundError, Store
+from agent_store import (
+    ConflictError,
+    InvalidValueError,
+    Run,
+    SessionClosedError,
+    SessionNotFoundError,
+    StorageUnavailableError,
+    Store,
+)
 
 T = TypeVar("T")
 NAMES = st.sampled_from(["a", "b", "c"])
-KEYS = st.sets(st.sampled_from(["k1", "k2", "k3", "k4"]), max_size=3)
+KEYS = st.sets(st.sampled_from(["k1", "k2", "k3", "k4", "later", "restarted"]), max_size=3)
 
 
 class Boom(Exception):
     pass
+
+
+INCARNATIONS = itertools.count(1)
 
 
 @dataclass
@@ -33,6 +50,20 @@ class Model:
     messages: list[str] = field(default_factory=list)
     state: dict[str, int] = field(default_factory=dict)
     closed: bool = False
+    incarnation: int = field(default_factory=lambda: next(INCARNATIONS), compare=False)
+    stamps: dict[str, int] = field(default_factory=dict, compare=False)  # which write each key holds
+
+
+@dataclass
+class Stale:
+    """A run loaded at some step, with its changes made, committed at a later step."""
+
+    name: str
+    run: Run
+    incarnation: int | None  # None: the session did not exist at load
+    stamps: dict[str, int]
+    message: str
+    values: dict[str, int]
 
 
 class StoreMachine(RuleBasedStateMachine):
@@ -45,11 +76,13 @@ class StoreMachine(RuleBasedStateMachine):
         self.prefix = uuid.uuid4().hex[:8] + "-"  # each example gets its own sessions: no cleanup between examples
         self.model: dict[str, Model] = {}
         self.counter = itertools.count()
+        self.stale: list[Stale] = []
 
     def do(self, coro: Coroutine[Any, Any, T]) -> T:
         return self.loop.run_until_complete(coro)
 
     def teardown(self) -> None:
+        self.teardown_stale()
         self.do(self.store.close())
         self.loop.close()
 
@@ -85,9 +118,14 @@ class StoreMachine(RuleBasedStateMachine):
         self.do(go())
         model = self.model.setdefault(name, Model())
         model.messages += [m.text for m in new]
+        self.write(model, values, deletes - sets)
+
+    def write(self, model: Model, values: dict[str, int], deletes: set[str] = frozenset()) -> None:  # type: ignore[assignment]
         model.state.update(values)
-        for key in deletes - sets:
+        model.stamps.update({k: next(self.counter) for k in values})
+        for key in deletes:
             model.state.pop(key, None)
+            model.stamps.pop(key, None)
 
     @rule(name=NAMES, first=KEYS, second=KEYS)
     def concurrent_pair(self, name: str, first: set[str], second: set[str]) -> None:
@@ -108,14 +146,18 @@ class StoreMachine(RuleBasedStateMachine):
         self.do(a.commit())
         model = self.model.setdefault(name, Model())
         model.messages.append(writes[0][0])
-        model.state.update(writes[0][1])
+        self.write(model, writes[0][1])
         if first & second:
             with pytest.raises(ConflictError):
                 self.do(b.commit())
         else:
             self.do(b.commit())
             model.messages.append(writes[1][0])
-            model.state.update(writes[1][1])
+            self.write(model, writes[1][1])
+
+    def teardown_stale(self) -> None:
+        for late in self.stale:
+            self.do(late.run.discard())
 
     @rule(name=NAMES)
     def delete(self, name: str) -> None:
@@ -139,18 +181,124 @@ class StoreMachine(RuleBasedStateMachine):
             with pytest.raises(SessionNotFoundError):
                 self.do(self.store.fork(self.sid(name), user_id="u", new_id=self.sid(new_name)))
             return
+        if at is not None and at >= len(source.messages):
+            with pytest.raises(InvalidValueError, match="past the session's last message"):
+                self.do(self.store.fork(self.sid(name), user_id="u", at_seq=at, new_id=self.sid(new_name)))
+            return
         self.do(self.store.fork(self.sid(name), user_id="u", at_seq=at, new_id=self.sid(new_name)))
         kept = source.messages if at is None else source.messages[: at + 1]
-        self.model[new_name] = Model(messages=list(kept), state=dict(source.state))
+        fork = self.model[new_name] = Model(messages=list(kept))
+        self.write(fork, dict(source.state))  # copied rows get fresh stamps
 
     @rule(name=NAMES, after=st.integers(-1, 6))
     def truncate(self, name: str, after: int) -> None:
         if name not in self.model:
             return
-        removed = self.do(self.store.truncate(self.sid(name), after, user_id="u"))
         model = self.model[name]
-        assert removed == max(0, len(model.messages) - (after + 1))
+        if not 0 <= after < len(model.messages):
+            with pytest.raises(InvalidValueError):
+                self.do(self.store.truncate(self.sid(name), after, user_id="u"))
+            return
+        removed = self.do(self.store.truncate(self.sid(name), after, user_id="u"))
+        assert removed == len(model.messages) - (after + 1)
         model.messages = model.messages[: after + 1]
+
+    @rule()
+    def erase_user(self) -> None:
+        report = self.do(self.store.erase_user("u"))
+        assert report.sessions >= len(self.model)  # other examples' sessions of "u" may remain from before
+        self.model.clear()
+
+    @rule(name=NAMES)
+    def expire_and_restart(self, name: str) -> None:
+        """The session outlives its TTL; the next load starts a new incarnation in its place."""
+        if name not in self.model or self.model[name].closed:
+            return
+
+        async def go() -> None:
+            async with self.store.engine.begin() as conn:
+                past = datetime.now(UTC) - timedelta(seconds=1)
+                await conn.execute(
+                    text("UPDATE agent_sessions SET expires_at = :t WHERE id = :s"),
+                    {"t": past.replace(tzinfo=None) if conn.dialect.name == "sqlite" else past, "s": self.sid(name)},
+                )
+            async with self.store.session(self.sid(name), user_id="u", if_expired="restart") as session:
+                session.state["restarted"] = 1
+
+        self.do(go())
+        self.model[name] = Model()
+        self.write(self.model[name], {"restarted": 1})
+
+    @rule(name=NAMES, keys=KEYS)
+    def load_stale(self, name: str, keys: set[str]) -> None:
+        model = self.model.get(name)
+        if (model is not None and model.closed) or len(self.stale) >= 3:
+            return
+        run = self.do(self.store.load(self.sid(name), user_id="u"))
+        message, values = self.message(), {k: next(self.counter) for k in keys}
+        run.history.append(message)
+        run.session.state.update(values)
+        incarnation = None if model is None else model.incarnation
+        stamps = {} if model is None else dict(model.stamps)
+        self.stale.append(Stale(name, run, incarnation, stamps, message.text or "", values))
+
+    @rule(data=st.data())
+    def commit_stale(self, data: st.DataObject) -> None:
+        if not self.stale:
+            return
+        late = self.stale.pop(data.draw(st.integers(0, len(self.stale) - 1)))
+        model = self.model.get(late.name)
+        if late.incarnation is not None and model is None:
+            expected: type[Exception] | None = SessionNotFoundError
+        elif model is not None and late.incarnation is not None and model.incarnation != late.incarnation:
+            expected = ConflictError  # the id names another conversation now
+        elif model is not None and model.closed:
+            expected = SessionClosedError
+        elif model is not None and any(model.stamps.get(k) != late.stamps.get(k) for k in late.values):
+            expected = ConflictError  # a key it writes was written (or created) since its load
+        else:
+            expected = None
+        if expected is not None:
+            with pytest.raises(expected):
+                self.do(late.run.commit())
+            return
+        self.do(late.run.commit())
+        model = self.model.setdefault(late.name, Model())
+        model.messages.append(late.message)
+        self.write(model, late.values)
+
+    @rule(name=NAMES, keys=KEYS)
+    def lost_reply_then_retry(self, name: str, keys: set[str]) -> None:
+        """COMMIT reaches the database, the reply is lost; the retry writes the first delta once, not the news."""
+        model = self.model.get(name)
+        if model is not None and model.closed:
+            return
+        run = self.do(self.store.load(self.sid(name), user_id="u"))
+        first, values = self.message(), {k: next(self.counter) for k in keys}
+        run.history.append(first)
+        run.session.state.update(values)
+        dialect = self.store.engine.sync_engine.dialect
+        real_commit = dialect.do_commit
+
+        def commit_then_lose(dbapi_connection: object) -> None:
+            real_commit(dbapi_connection)
+            dialect.do_commit = real_commit  # type: ignore[method-assign]
+            raise dialect.loaded_dbapi.OperationalError("connection lost")
+
+        dialect.do_commit = commit_then_lose  # type: ignore[method-assign]
+        with pytest.raises(StorageUnavailableError):
+            self.do(run.commit())
+        later = self.message()
+        run.history.append(later)  # made after the first attempt: belongs to the next commit
+        run.session.state["later"] = next(self.counter)
+        retried = self.do(run.commit())
+        assert (retried.messages_written, retried.state_keys_written) == (1, len(values))
+        model = self.model.setdefault(name, Model())
+        model.messages.append(first.text or "")
+        self.write(model, values)
+        self.do(run.commit())
+        model.messages.append(later.text or "")
+        self.write(model, {"later": run.session.state["later"]})
 
     @invariant()
     def database_equals_model(self) -> None:
@@ -189,6 +337,6 @@ def test_the_store_behaves_like_the_model(url: str) -> None:
     run_state_machine_as_test(
         StoreMachine,
         settings=settings(
-            max_examples=60, stateful_step_count=25, deadline=None, suppress_health_check=list(HealthCheck)
+            max_examples=60, stateful_step_count=40, deadline=None, suppress_health_check=list(HealthCheck)
         ),
     )

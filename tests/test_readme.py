@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -86,7 +87,11 @@ async def test_the_readme_sql_runs_on_the_quick_starts_data(url: str, tmp_path: 
             ("chat-42", 1, "assistant"),
             ("chat-42", 3, "assistant"),
         ]
-        assert [(r[0], r[2]) for r in await conn.run_sync(lambda _: run(state))] == [("turns", 2)]
+        values = [
+            (r[0], json.loads(r[1]) if isinstance(r[1], str) else r[1])
+            for r in await conn.run_sync(lambda _: run(state))
+        ]
+        assert values == [("turns", 2)]
 
 
 def test_the_demo_runs_offline_and_remembers_across_processes(url: str, tmp_path: Path) -> None:

@@ -1,0 +1,198 @@
+"""The Database: connections, transactions, the serialized-run hold, the replica, migrations, the error boundary.
+
+Everything that touches a connection goes through one of its methods, so every failure of the driver, the
+pool or Alembic leaves as a documented :class:`~agent_store.errors.AgentStoreError` (see errors.py), and
+cleanup after a failure never replaces the caller's exception with its own.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.engine import URL
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from . import codec
+from .engine import check_schema, configure_sqlite, migration_connection, migrations_dir
+from .errors import ConfigurationError, InvalidValueError, SchemaTooNewError, redact, translated
+
+logger = logging.getLogger("agent_store")
+# pg_advisory_xact_lock(class, key) namespaces: 1 serialized sessions, 2 users, 3 apps.
+SESSION_LOCK, USER_LOCK, APP_LOCK = 1, 2, 3
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What a run needs to know besides the connection: the store's options."""
+
+    app_id: str = "default"
+    idle_ttl_seconds: int | None = None
+    max_value_bytes: int = codec.DEFAULT_MAX_VALUE_BYTES
+    message_cipher: codec.MessageCipher | None = None
+
+
+async def quietly(action: Any, what: str) -> None:
+    """Run a cleanup step whose failure must not replace an exception already on its way to the caller."""
+    try:
+        await action()
+    except Exception:
+        logger.warning("agent_store: %s failed during cleanup", what, exc_info=True)
+
+
+class Database:
+    """One engine (its pool), an optional read replica, and the only ways agent_store uses them."""
+
+    def __init__(self, engine: AsyncEngine, settings: Settings, *, check_schema: bool = True) -> None:
+        if engine.dialect.name not in ("sqlite", "postgresql") or not engine.dialect.is_async:
+            raise ConfigurationError(f"unsupported engine dialect {engine.dialect.name!r}: use aiosqlite or asyncpg")
+        configure_sqlite(engine)
+        engine.sync_engine.hide_parameters = True  # a failed statement's parameters are message text
+        self.engine, self.settings = engine, settings
+        self.dialect: str = engine.dialect.name
+        # Two views of one pool: reads see one consistent snapshot; SQLite writes take the write lock up front.
+        if self.dialect == "sqlite":
+            self._reader = engine.execution_options(agent_store_begin="deferred")
+            self._writer = engine.execution_options(agent_store_begin="immediate")
+        else:
+            self._reader = engine.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
+            self._writer = engine
+        self._replica: AsyncEngine | None = None
+        self._schema_ok = not check_schema
+
+    def use_replica(self, replica: AsyncEngine) -> None:
+        configure_sqlite(replica)
+        replica.sync_engine.hide_parameters = True
+        if replica.dialect.name == "postgresql":
+            self._replica = replica.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
+        else:
+            self._replica = replica.execution_options(agent_store_begin="deferred")
+
+    @property
+    def url(self) -> URL:
+        return self.engine.url
+
+    @asynccontextmanager
+    async def transaction(
+        self, *, write: bool, doing: str, held: AsyncConnection | None = None, finish: bool = False,
+        replica: bool = False,
+    ) -> AsyncIterator[AsyncConnection]:  # fmt: skip
+        """A short transaction: a consistent snapshot for reads, the SQLite write lock up front for writes.
+
+        ``held`` is a serialized run's connection, whose transaction spans load to commit: it is used as it
+        is, and ended (committed, or rolled back on error, then closed) only when ``finish`` is set.
+        ``replica`` reads (listings, transcripts, exports, stats) go to the replica when there is one.
+        """
+        with translated(self.url, doing):
+            if held is not None:
+                try:
+                    yield held
+                except BaseException:
+                    if finish:
+                        await self.release(held, commit=False)
+                    raise
+                if finish:
+                    await self.release(held, commit=True)
+                return
+            await self.check_schema()
+            source = self._writer if write else self._replica if replica and self._replica else self._reader
+            conn = await source.connect()
+            try:
+                await conn.begin()
+                yield conn
+                await conn.commit()
+            except BaseException:
+                await quietly(conn.rollback, "rollback")
+                raise
+            finally:
+                await quietly(conn.close, "returning a connection")
+
+    async def release(self, conn: AsyncConnection, *, commit: bool) -> None:
+        """End a held transaction. A commit's failure propagates; a rollback's is only logged."""
+        if commit:
+            try:
+                await conn.commit()
+            finally:
+                await quietly(conn.close, "returning a connection")
+            return
+        await quietly(conn.rollback, "rollback")
+        await quietly(conn.close, "returning a connection")
+
+    async def hold(self, session_id: str) -> AsyncConnection:
+        """Open a serialized run's transaction and take its session's lock (SQLite: the database write lock)."""
+        with translated(self.url, "locking a session"):
+            await self.check_schema()
+            conn = await self._writer.connect()
+            try:
+                await conn.begin()
+                if self.dialect == "postgresql":
+                    await conn.execute(select(func.pg_advisory_xact_lock(SESSION_LOCK, func.hashtext(session_id))))
+            except BaseException:
+                await quietly(conn.close, "returning a connection")
+                raise
+            return conn
+
+    async def check_schema(self) -> None:
+        if not self._schema_ok:
+            with translated(self.url, "checking the schema"):
+                async with self.engine.connect() as conn:
+                    await check_schema(conn, self.url)
+            self._schema_ok = True
+
+    async def alembic(self, verb: str, revision: str) -> None:
+        """``upgrade`` / ``downgrade`` with the shipped migrations; never a silent no-op in the wrong direction."""
+        from alembic import command
+        from alembic.config import Config
+        from alembic.script import ScriptDirectory
+
+        config = Config()
+        config.set_main_option("script_location", str(migrations_dir()))
+        script = ScriptDirectory.from_config(config)
+        with translated(self.url, f"schema {verb}"):
+            if revision not in ("head", "base"):
+                try:
+                    script.get_revision(revision)
+                except Exception as exc:  # alembic's own error for an unknown or ambiguous id
+                    raise InvalidValueError(f"unknown schema revision {revision!r}") from exc
+            async with migration_connection(self.engine) as conn:
+                current = await conn.run_sync(_current_revision)
+                if current is not None and current not in {r.revision for r in script.walk_revisions()}:
+                    raise SchemaTooNewError(
+                        f"{redact(self.url)} is at schema revision {current}, which this agent_store does not "
+                        "know; upgrade the agent-store package"
+                    )
+                if verb == "upgrade" and current is not None and revision != "head":
+                    below = {r.revision for r in script.iterate_revisions(current, "base")}
+                    if revision != current and script.get_revision(revision).revision in below:
+                        raise InvalidValueError(
+                            f"the database is at {current}, ahead of {revision}: use downgrade to go back"
+                        )
+
+                def run(sync_conn: Any) -> None:
+                    config.attributes["connection"] = sync_conn
+                    getattr(command, verb)(config, revision)
+
+                await conn.run_sync(run)
+        self._schema_ok = False
+
+    async def revision(self) -> str | None:
+        with translated(self.url, "reading the schema revision"):
+            async with self.engine.connect() as conn:
+                return await conn.run_sync(_current_revision)
+
+    async def close(self) -> None:
+        """Close every pooled connection (primary and replica)."""
+        with translated(self.url, "closing the pool"):
+            await self.engine.dispose()
+            if self._replica is not None:
+                await self._replica.dispose()
+
+
+def _current_revision(sync_conn: Any) -> str | None:
+    from alembic.migration import MigrationContext
+
+    return MigrationContext.configure(sync_conn).get_current_revision()

@@ -1,0 +1,167 @@
+"""The pure half of a run: what was loaded (Snapshot), what changed since (Delta), and tool-history repair.
+
+Nothing here touches a connection. run.py loads into a Snapshot, computes a Delta with :func:`diff`, and
+writes it; keeping the diff pure is what lets a retried commit write exactly the delta of its first attempt.
+"""
+
+from __future__ import annotations
+
+import copy
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent_framework import Content, Message
+
+from . import codec
+from .scopes import TEMP_PREFIX, Scope, scope_of
+
+
+@dataclass
+class Snapshot:
+    """What the run loaded; the commit writes the difference between this and the session."""
+
+    exists: bool = False
+    incarnation: int | None = None  # which life of the session id was loaded (a re-created id gets a new one)
+    version: int = 0
+    service_session_id: Any = None
+    state_text: dict[str, str] = field(default_factory=dict)  # canonical JSON of each key as loaded
+    state_stamp: dict[str, int] = field(default_factory=dict)  # the stamp of the commit that wrote each key
+    message_ids: set[str] = field(default_factory=set)
+    # A run for a session it did not load may carry messages stored already (a retried save): look their ids up.
+    verify_new_ids: bool = False
+
+
+@dataclass(frozen=True)
+class Delta:
+    """One commit's writes, frozen at its first attempt: a retry writes exactly these or nothing."""
+
+    upserts: dict[str, str]  # state key -> canonical JSON
+    deletes: list[str]
+    messages: list[codec.EncodedMessage]
+    service_session_id: Any
+    service_session_id_changed: bool
+    stamp: int  # the write stamp every state row of this commit gets
+    run_id: str
+    usage: dict[str, int]  # token usage for the run log
+
+    @property
+    def empty(self) -> bool:
+        return not (self.upserts or self.deletes or self.messages or self.service_session_id_changed)
+
+    @property
+    def changed_keys(self) -> list[str]:
+        return [*self.upserts, *self.deletes]
+
+
+def new_stamp() -> int:
+    """A write stamp: random 62 bits, so no later write (fork, import, re-creation) ever repeats one (no ABA)."""
+    return uuid.uuid4().int >> 66
+
+
+def diff(
+    snap: Snapshot,
+    state: dict[str, Any],
+    history: Sequence[Message],
+    scopes: Sequence[Scope],
+    *,
+    max_bytes: int,
+    cipher: codec.MessageCipher | None,
+    run_id: str,
+    history_key: str,
+    service_session_id: Any,
+    usage: dict[str, int],
+) -> Delta:
+    """Encode and compare in memory; a value that cannot be stored fails here, before any SQL."""
+    kept = {k: v for k, v in state.items() if not k.startswith(TEMP_PREFIX) and k != history_key}
+    slot = state.get(history_key)
+    if isinstance(slot, dict):
+        if rest := {k: v for k, v in slot.items() if k != "messages"}:
+            kept[history_key] = rest
+    elif slot is not None:
+        kept[history_key] = slot
+    upserts: dict[str, str] = {}
+    for key, value in kept.items():
+        codec.check_id(key, "a state key")
+        scope_of(key, scopes)  # a user: key without a user fails here, not in SQL
+        encoded = codec.dumps(codec.encode_state(value, key=key), where=f"state[{key!r}]", max_bytes=max_bytes)
+        if snap.state_text.get(key) != encoded:
+            upserts[key] = encoded
+    seen = set(snap.message_ids)
+    new_messages = []
+    for message in history:
+        assign_id(message)
+        if message.message_id not in seen:
+            new_messages.append(message)
+            seen.add(message.message_id)  # type: ignore[arg-type]
+    names: dict[str, str] = {}
+    return Delta(
+        upserts=upserts,
+        deletes=[key for key in snap.state_text if key not in kept],
+        messages=[codec.message_record(m, max_bytes=max_bytes, tool_names=names, cipher=cipher) for m in new_messages],
+        service_session_id=service_session_id,
+        service_session_id_changed=service_session_id != snap.service_session_id,
+        stamp=new_stamp(),
+        run_id=run_id,
+        usage=usage,
+    )
+
+
+def assign_id(message: Any) -> None:
+    """Give a message its store identity the first time agent_store sees it (never a provider's guess)."""
+    if isinstance(message, Message) and message.message_id is None:
+        message.message_id = uuid.uuid4().hex
+
+
+class IdentifiedHistory(dict[str, Any]):
+    """The in-memory provider's state slot: every message list stored in it gets ids on the way in.
+
+    The framework de-duplicates saves by content when messages have no id, so two identical turns in one
+    block would be stored as one; an id from the first append makes each turn its own message.
+    """
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if key == "messages" and isinstance(value, list):
+            for message in value:
+                assign_id(message)
+        super().__setitem__(key, value)
+
+
+INTERRUPTED = "error: this tool call was interrupted before it returned; no result was recorded"
+
+
+def close_tool_pairs(messages: list[Message], answered: Iterable[str] = ()) -> tuple[list[Message], set[str]]:
+    """Make a loaded history valid for a model: every function result has its call, every call a result.
+
+    Results whose call is not in ``messages`` are dropped from the list handed over; a call with no result
+    (an interrupted tool loop) gets a synthetic error result right after its message, unless its call id is in
+    ``answered`` (the result is in the request being made). Returns the list and the ids of the synthetic
+    messages (which the caller must not store). The stored transcript is never changed.
+    """
+    calls: set[str] = set()
+    results: set[str] = set(answered)
+    for m in messages:
+        results.update(c.call_id for c in m.contents if c.type == "function_result" and c.call_id)
+    out: list[Message] = []
+    synthetic: set[str] = set()
+    for m in messages:
+        open_calls = [c.call_id for c in m.contents if c.type == "function_call" and c.call_id]
+        calls.update(open_calls)
+        kept = [c for c in m.contents if c.type != "function_result" or c.call_id in calls]
+        if len(kept) != len(m.contents):
+            if not kept:
+                continue
+            m = copy.copy(m)  # the loaded object only; the stored row keeps what was stored
+            m.contents = kept
+        out.append(m)
+        missing = [call_id for call_id in open_calls if call_id not in results]
+        if missing:
+            filler = Message(
+                role="tool",
+                contents=[Content.from_function_result(call_id=call_id, result=INTERRUPTED) for call_id in missing],
+                message_id=f"interrupted-{missing[0]}",
+            )
+            synthetic.add(filler.message_id)  # type: ignore[arg-type]
+            out.append(filler)
+    return out, synthetic

@@ -1,0 +1,72 @@
+"""Retention: purge expired sessions in batches, erase everything of one user.
+
+Both take locks in the one order commits use (the user's lock, then session rows), so neither deadlocks with
+a run committing at the same moment, and a racing commit lands wholly before the erasure or not at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from sqlalchemy import delete, func, select
+
+from . import codec, telemetry
+from .database import Database
+from .errors import InvalidValueError
+from .models import ErasureReport
+from .statements import lock_user
+from .tables import messages_t, sessions_t, state_t, user_state_t
+
+S = sessions_t.c
+
+
+async def purge_expired(db: Database, batch_size: int, progress: Callable[[int], None] | None) -> int:
+    """Delete expired sessions, ``batch_size`` per short transaction; returns how many were deleted."""
+    if type(batch_size) is not int or batch_size < 1:
+        raise InvalidValueError(f"batch_size must be a positive int, not {batch_size!r}")
+    total = 0
+    with telemetry.operation("purge") as span:
+        while True:
+            async with db.transaction(write=True, doing="purging expired sessions") as conn:
+                # SKIP LOCKED (PostgreSQL): a session a live run is committing to is left for the next purge.
+                batch = (
+                    select(S.id)
+                    .where(S.expires_at <= datetime.now(UTC))
+                    .order_by(S.expires_at)
+                    .limit(batch_size)
+                    .with_for_update(skip_locked=True)
+                )
+                deleted = (await conn.execute(delete(sessions_t).where(S.id.in_(batch.scalar_subquery())))).rowcount
+            total += deleted
+            if progress is not None:
+                progress(deleted)
+            if deleted < batch_size:
+                break
+        span.set_attribute("sessions", total)
+    telemetry.sessions_purged.add(total)
+    return total
+
+
+async def erase_user(db: Database, user_id: str) -> ErasureReport:
+    """Delete every session, message, state row and user-scoped key of ``user_id``, in one transaction."""
+    codec.check_id(user_id, "user_id", required=True)
+    mine = select(S.id).where(S.user_id == user_id)
+    count = func.count()
+    async with db.transaction(write=True, doing="erasing a user") as conn:
+        # The user's lock first (commits writing user: keys or creating a session of the user take it first
+        # too), then the session rows: a commit in flight on one of them finishes before the counts below.
+        await lock_user(conn, user_id, exclusive=True)
+        sessions = len((await conn.execute(mine.with_for_update())).all())
+        ids = mine.scalar_subquery()
+        n_messages = (
+            await conn.execute(select(count).select_from(messages_t).where(messages_t.c.session_id.in_(ids)))
+        ).scalar_one()
+        n_state = (
+            await conn.execute(select(count).select_from(state_t).where(state_t.c.session_id.in_(ids)))
+        ).scalar_one()
+        n_user = (await conn.execute(delete(user_state_t).where(user_state_t.c.user_id == user_id))).rowcount
+        await conn.execute(delete(sessions_t).where(S.user_id == user_id))  # messages, state, runs cascade
+    return ErasureReport(
+        user_id=user_id, sessions=sessions, messages=n_messages, state_rows=n_state, user_state_rows=n_user
+    )
