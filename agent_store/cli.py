@@ -84,42 +84,51 @@ def main() -> None:
 @url_option
 @click.option("--step", type=click.Choice(["all", "turn-two"]), default="all", hidden=True)
 @click.option("--chat-id", default=None, hidden=True)
+@json_option
 @runs_async
-async def demo(url: str | None, step: str, chat_id: str | None) -> None:
+async def demo(url: str | None, step: str, chat_id: str | None, as_json: bool) -> None:
     """Run the sessions scenario offline: remember a name across processes, state, shared agents, SQL."""
     from .demo import run_demo, turn_two
 
+    lines: list[str] = []
+    say = lines.append if as_json else click.echo
     if step == "turn-two" and chat_id:
-        await turn_two(url, chat_id, click.echo)
-        return
-    await run_demo(url, click.echo)
+        await turn_two(url, chat_id, say)
+    else:
+        await run_demo(url, say)
+    if as_json:
+        print_json({"ok": True, "output": lines})
 
 
 @main.command()
 @url_option
 @click.argument("revision", default="head")
+@json_option
 @runs_async
-async def upgrade(url: str | None, revision: str) -> None:
+async def upgrade(url: str | None, revision: str, as_json: bool) -> None:
     """Migrate the database schema to REVISION (default: head)."""
     async with Store.from_url(url, check_schema=False) as store:
         await store.migrate(revision)
-        click.echo(f"{store.url.render_as_string(hide_password=True)}: schema at {revision}")
+        reached = await store.db.revision()
+        where = store.url.render_as_string(hide_password=True)
+    print_json({"url": where, "revision": reached}) if as_json else click.echo(f"{where}: schema at {reached}")
 
 
 @main.command()
 @url_option
+@json_option
 @runs_async
-async def check(url: str | None) -> None:
+async def check(url: str | None, as_json: bool) -> None:
     """Connect and verify the schema is at this agent_store's head revision."""
-    from .engine import check_schema
-    from .errors import translated
     from .tables import SCHEMA_REVISION
 
-    async with Store.from_url(url, check_schema=False) as store:
-        with translated(store.url, "connecting"):
-            async with store.engine.connect() as conn:
-                await check_schema(conn, store.url)
-        click.echo(f"ok: {store.url.render_as_string(hide_password=True)} is at schema {SCHEMA_REVISION}")
+    async with Store.from_url(url) as store:
+        await store.db.check_schema()
+        where = store.url.render_as_string(hide_password=True)
+    if as_json:
+        print_json({"ok": True, "url": where, "revision": SCHEMA_REVISION})
+    else:
+        click.echo(f"ok: {where} is at schema {SCHEMA_REVISION}")
 
 
 @main.command()
@@ -203,17 +212,27 @@ async def show(url: str | None, user_id: str | None, session_id: str, as_json: b
 @user_option
 @click.option("--session", "session_id", default=None, help="Only this session (default: all of the user's).")
 @click.option("-o", "--output", type=click.File("w", encoding="utf-8"), default="-", help="File (default: stdout).")
+@json_option
 @runs_async
-async def export(url: str | None, user_id: str | None, session_id: str | None, output: Any) -> None:
-    """Write sessions as JSON Lines (lossless; `agent-store import` reads them back)."""
+async def export(url: str | None, user_id: str | None, session_id: str | None, output: Any, as_json: bool) -> None:
+    """Write sessions as JSON Lines (lossless; `agent-store import` reads them back).
+
+    With --json and -o FILE, a summary ({"sessions", "lines", "file"}) is printed; on stdout the export itself
+    is the JSON output.
+    """
     async with Store.from_url(url) as store:
         lines = store.export(user_id=user_id, session_id=session_id)
         header = await anext(lines)
         output.write(header + "\n")
+        written = 1
         with progress("exporting", json.loads(header)["sessions"]) as advance:
             async for line in lines:
                 output.write(line + "\n")
+                written += 1
                 advance(line.startswith('{"kind": "session"'))
+    if as_json and output is not sys.stdout and getattr(output, "name", "-") != "<stdout>":
+        trailer = json.loads(line)
+        print_json({"sessions": trailer["sessions"], "lines": written, "file": output.name})
 
 
 @main.command(name="import")
@@ -234,12 +253,14 @@ async def import_(url: str | None, source: Any, as_json: bool) -> None:
 @main.command()
 @url_option
 @click.option("--batch-size", default=500, show_default=True)
+@json_option
 @runs_async
-async def purge(url: str | None, batch_size: int) -> None:
+async def purge(url: str | None, batch_size: int, as_json: bool) -> None:
     """Delete expired sessions in small batches."""
     async with Store.from_url(url) as store:
-        removed = await store.purge_expired(batch_size=batch_size, progress=lambda n: None)
-    click.echo(f"purged {removed} expired sessions")
+        with progress("purging", await store.count_expired()) as advance:
+            removed = await store.purge_expired(batch_size=batch_size, progress=advance)
+    print_json({"purged": removed}) if as_json else click.echo(f"purged {removed} expired sessions")
 
 
 @main.command(name="erase-user")
@@ -269,11 +290,14 @@ async def erase_user(url: str | None, user_id: str, yes: bool, as_json: bool) ->
 @click.argument("session_id")
 @click.option("--at-seq", type=int, default=None, help="Copy messages up to this seq (default: all).")
 @click.option("--new-id", default=None, help="Id of the new session (default: a random one).")
+@json_option
 @runs_async
-async def fork(url: str | None, user_id: str | None, session_id: str, at_seq: int | None, new_id: str | None) -> None:
+async def fork(url: str | None, user_id: str | None, session_id: str, at_seq: int | None, new_id: str | None,
+               as_json: bool) -> None:  # fmt: skip
     """Copy a session (up to a message) into a new session: a new branch of the conversation."""
     async with Store.from_url(url) as store:
-        click.echo(await store.fork(session_id, user_id=user_id, at_seq=at_seq, new_id=new_id))
+        forked = await store.fork(session_id, user_id=user_id, at_seq=at_seq, new_id=new_id)
+    print_json({"id": forked, "from": session_id}) if as_json else click.echo(forked)
 
 
 @main.command()

@@ -10,6 +10,9 @@ given, which is what makes it a test of persistence: it can name the user only i
 - a user message "call <tool>" with that tool offered -> a function call, then a reply with its result
 - a name told while a ``remember`` tool is offered -> remember(key="name", value=<name>), then the greeting
 - asked the name with none in the history -> the name from remembered facts in the instructions ("- name: X")
+
+Like a hosted model API, it refuses a request whose tool history is invalid (a function result without its
+call, or a call without its result): that is what makes a stored, interrupted tool loop a visible failure.
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ class OfflineChatClient(
     def _inner_get_response(
         self, *, messages: Sequence[Message], stream: bool, options: Mapping[str, Any], **kwargs: Any
     ) -> Awaitable[ChatResponse] | ResponseStream[ChatResponseUpdate, ChatResponse]:
+        check_request(messages)
         reply = self._reply(messages, options)
         if stream:
             return self._build_response_stream(self._stream(reply))
@@ -102,6 +106,25 @@ class OfflineChatClient(
                 yield ChatResponseUpdate(role="assistant", contents=[Content.from_text(piece)])
         else:
             yield ChatResponseUpdate(role="assistant", contents=list(reply.contents))
+
+
+class InvalidRequestError(ValueError):
+    """What a hosted API answers with HTTP 400: the request's tool history is not valid."""
+
+
+def check_request(messages: Sequence[Message]) -> None:
+    """Every function result follows its call, and every call is answered before the request ends."""
+    open_calls: set[str] = set()
+    for message in messages:
+        for content in message.contents:
+            if content.type == "function_call" and content.call_id:
+                open_calls.add(content.call_id)
+            elif content.type == "function_result" and content.call_id:
+                if content.call_id not in open_calls:
+                    raise InvalidRequestError(f"a function result for {content.call_id!r} without its call")
+                open_calls.discard(content.call_id)
+    if open_calls:
+        raise InvalidRequestError(f"function calls {sorted(open_calls)} have no result")
 
 
 def _call(name: str, arguments: dict[str, Any]) -> Message:

@@ -48,6 +48,11 @@ async def purge_expired(db: Database, batch_size: int, progress: Callable[[int],
     return total
 
 
+async def count_expired(db: Database) -> int:
+    async with db.transaction(write=False, replica=True, doing="counting expired sessions") as conn:
+        return int((await conn.execute(select(func.count()).where(S.expires_at <= datetime.now(UTC)))).scalar_one())
+
+
 async def erase_user(db: Database, user_id: str) -> ErasureReport:
     """Delete every session, message, state row and user-scoped key of ``user_id``, in one transaction."""
     codec.check_id(user_id, "user_id", required=True)

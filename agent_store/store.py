@@ -220,6 +220,10 @@ class Store:
         """Delete every expired session, in batches of short transactions; returns how many were deleted."""
         return await retention.purge_expired(self.db, batch_size, progress)
 
+    async def count_expired(self) -> int:
+        """How many sessions ``purge_expired`` would delete now."""
+        return await retention.count_expired(self.db)
+
     async def erase_user(self, user_id: str) -> ErasureReport:
         """Delete every session, message and state row of a user, user-scoped memory included."""
         return await retention.erase_user(self.db, user_id)

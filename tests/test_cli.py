@@ -129,3 +129,25 @@ def test_failures_exit_non_zero_with_one_line(tmp_path: Path) -> None:
         done = cli(*args, url=url, cwd=tmp_path)
         assert done.returncode == 1, args
         assert done.stderr.strip().count("\n") == 0 and "SchemaOutOfDateError" in done.stderr, args
+
+
+async def test_every_command_answers_in_json(filled: Store, url: str, tmp_path: Path) -> None:
+    dump = tmp_path / "all.jsonl"
+    commands = [
+        ["check"], ["upgrade"], ["sessions", "--user", "li"], ["show", "chat-1", "--user", "li"],
+        ["export", "--user", "li", "-o", str(dump)], ["fork", "chat-1", "--user", "li", "--new-id", "b"],
+        ["stats"], ["purge"], ["erase-user", "nobody", "--yes"],
+    ]  # fmt: skip
+    for command in commands:
+        assert isinstance(json.loads(ok(cli(*command, "--json", url=url, cwd=tmp_path))), dict), command
+    assert json.loads(ok(cli("import", str(dump), "--json", url=url, cwd=tmp_path))) == {"imported": 0, "skipped": 2}
+    demo = json.loads(ok(cli("demo", "--json", url=f"sqlite+aiosqlite:///{tmp_path}/demo.db", cwd=tmp_path)))
+    assert demo["ok"] is True and any("李明" in line for line in demo["output"])
+
+
+def test_an_upgrade_below_the_current_revision_is_refused_in_one_line(tmp_path: Path) -> None:
+    url = f"sqlite+aiosqlite:///{tmp_path}/at-head.db"
+    ok(cli("upgrade", url=url, cwd=tmp_path))
+    done = cli("upgrade", "0002", url=url, cwd=tmp_path)
+    assert done.returncode == 1 and done.stderr.count("\n") == 1 and done.stderr.startswith("Error: ")
+    assert "downgrade" in done.stderr and "schema at" not in done.stdout

@@ -1,0 +1,299 @@
+"""Issue 9: the edges. Each test is one sequence of deletes, restarts, retries or races that broke a guarantee."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from agent_framework import Agent, AgentSession, Content, Message
+from helpers import rows
+from sqlalchemy import text
+
+from agent_store import (
+    AgentStoreError,
+    ConflictError,
+    InvalidValueError,
+    SessionNotFoundError,
+    StorageUnavailableError,
+    Store,
+)
+from agent_store.agent_framework import StoreHistoryProvider, StoreSessionStore
+from agent_store.offline import OfflineChatClient, check_request
+
+
+async def expire_now(store: Store, session_id: str) -> None:
+    async with store.engine.begin() as conn:
+        past = datetime.now(UTC) - timedelta(seconds=1)
+        value = past.replace(tzinfo=None) if conn.dialect.name == "sqlite" else past
+        await conn.execute(
+            text("UPDATE agent_sessions SET expires_at = :t WHERE id = :s"), {"t": value, "s": session_id}
+        )
+
+
+async def replace_by_import(store: Store, session_id: str) -> None:
+    lines = [line async for line in store.export(user_id="u", session_id=session_id)]
+    await store.delete(session_id, user_id="u")
+    assert (await store.import_lines(lines)).imported == 1
+
+
+@pytest.mark.parametrize("how", ["delete-and-recreate", "expire-and-restart", "purge-and-recreate", "import"])
+async def test_a_run_from_an_old_incarnation_never_commits_into_the_new_one(store: Store, how: str) -> None:
+    async with store.session("s", user_id="u") as session:
+        session.state["k"] = "old"
+    stale = await store.load("s", user_id="u")
+    stale.history.append(Message(role="user", contents=["written to the old conversation"]))
+    stale.session.state["other"] = 1  # a key the new conversation never set: no key conflict to hide behind
+    if how == "delete-and-recreate":
+        await store.delete("s", user_id="u")
+        async with store.session("s", user_id="u") as session:
+            session.state["k"] = "new"
+    elif how in ("expire-and-restart", "purge-and-recreate"):
+        await expire_now(store, "s")
+        if how == "purge-and-recreate":
+            assert await store.purge_expired() == 1
+        async with store.session("s", user_id="u", if_expired="restart") as session:
+            session.state["k"] = "new"
+    else:
+        await replace_by_import(store, "s")
+    with pytest.raises(ConflictError, match="deleted and created again"):
+        await stale.commit()
+    assert await rows(store, "SELECT count(*) FROM agent_messages") == [(0,)]
+    assert await rows(store, "SELECT key FROM agent_state ORDER BY key") == [("k",)]
+
+
+async def test_a_run_whose_session_is_gone_finds_nothing_and_writes_nothing(store: Store) -> None:
+    async with store.session("s", user_id="u") as session:
+        session.state["k"] = 1
+    stale = await store.load("s", user_id="u")
+    stale.session.state["k"] = 2
+    await store.erase_user("u")
+    with pytest.raises(SessionNotFoundError, match="no session 's' for user 'u'"):
+        await stale.commit()
+    assert await rows(store, "SELECT count(*) FROM agent_sessions") == [(0,)]
+
+
+async def test_a_fork_gives_copied_keys_fresh_stamps_so_a_later_write_is_a_conflict(store: Store) -> None:
+    async with store.session("s", user_id="u") as session:
+        session.state["k"] = 0
+    await store.fork("s", user_id="u", new_id="f")
+    mine, theirs = await store.load("f", user_id="u"), await store.load("f", user_id="u")
+    theirs.session.state["k"] = "theirs"
+    await theirs.commit()  # the fork's first commit: its stamp must differ from the copied one
+    mine.session.state["k"] = "mine"
+    with pytest.raises(ConflictError, match=r"\['k'\]"):
+        await mine.commit()
+    copied = await rows(store, "SELECT session_id, version FROM agent_state ORDER BY session_id")
+    assert copied[0][1] != copied[1][1]
+
+
+async def test_a_retry_after_a_lost_reply_writes_exactly_the_first_delta(store: Store) -> None:
+    run = await store.load("s", user_id="u")
+    run.history.append(Message(role="user", contents=["first"]))
+    run.session.state["a"] = 1
+    dialect = store.engine.sync_engine.dialect
+    real_commit = dialect.do_commit
+
+    def commit_then_lose_the_reply(dbapi_connection: object) -> None:
+        real_commit(dbapi_connection)
+        dialect.do_commit = real_commit  # type: ignore[method-assign]
+        raise dialect.loaded_dbapi.OperationalError("connection lost")
+
+    dialect.do_commit = commit_then_lose_the_reply  # type: ignore[method-assign]
+    with pytest.raises(StorageUnavailableError) as lost:
+        await run.commit()
+    assert lost.value.retryable is True
+    run.history.append(Message(role="user", contents=["second"]))  # after the first attempt
+    run.session.state["b"] = 2
+    retried = await run.commit()
+    assert (retried.messages_written, retried.state_keys_written, retried.version) == (1, 1, 1)
+    assert await rows(store, "SELECT text FROM agent_messages ORDER BY seq") == [("first",)]
+    later = await run.commit()  # the changes made after the first attempt
+    assert (later.messages_written, later.state_keys_written, later.version) == (1, 1, 2)
+    assert await rows(store, "SELECT text FROM agent_messages ORDER BY seq") == [("first",), ("second",)]
+
+
+async def test_an_idempotency_key_committed_twice_concurrently_writes_once(store: Store) -> None:
+    async def attempt(words: str) -> Any:
+        run = await store.load("s", user_id="u", run_id="request-42")
+        run.history.append(Message(role="user", contents=[words]))
+        run.session.state["answer"] = words
+        return await run.commit()
+
+    results = await asyncio.gather(*(attempt(f"attempt {i}") for i in range(4)), return_exceptions=True)
+    landed = [r for r in results if not isinstance(r, BaseException)]
+    refused = [r for r in results if isinstance(r, BaseException)]
+    # The first to take the row lock writes; every later one finds the key and reports that first result,
+    # except one that loaded before the session existed and collides on a key: a conflict, never a 2nd write.
+    assert all(isinstance(r, ConflictError) for r in refused) and landed
+    assert {(r.run_id, r.version, r.messages_written) for r in landed} == {("request-42", 1, 1)}
+    assert await rows(store, "SELECT count(*) FROM agent_messages") == [(1,)]
+    assert await rows(store, "SELECT run_id, outcome FROM agent_runs WHERE outcome = 'committed'") == [
+        ("request-42", "committed")
+    ]
+    again = await store.load("s", user_id="u", run_id="request-42")  # a retry from another process, later
+    again.history.append(Message(role="user", contents=["retried"]))
+    assert (await again.commit()).version == 1
+    assert await rows(store, "SELECT count(*) FROM agent_messages") == [(1,)]
+
+
+async def test_a_ttl_set_while_a_run_is_in_flight_survives_its_commit(store: Store) -> None:
+    async with store.session("s", user_id="u") as session:
+        session.state["k"] = 1
+    run = await store.load("s", user_id="u")
+    await store.update("s", user_id="u", ttl=timedelta(hours=1))
+    run.session.state["k"] = 2
+    before = datetime.now(UTC)
+    await run.commit()
+    info = await store.get("s", user_id="u")
+    assert info.expires_at is not None
+    assert before + timedelta(minutes=59) < info.expires_at <= datetime.now(UTC) + timedelta(hours=1)
+
+
+async def test_erase_user_racing_commits_leaves_no_row_of_the_user(store: Store) -> None:
+    for n in range(6):
+        async with store.session(f"s{n}", user_id="u") as session:
+            session.state["user:fact.name"] = "李明"
+    for _ in range(3):
+        runs = [await store.load(f"s{n}", user_id="u") for n in range(6)]
+        for i, run in enumerate(runs):
+            run.session.state["user:fact.city"] = f"city {i}"
+            run.history.append(Message(role="user", contents=["hi"]))
+
+        async def commit(run: Any) -> Any:
+            try:
+                return await run.commit()
+            except AgentStoreError as exc:
+                return exc
+
+        outcomes = await asyncio.gather(store.erase_user("u"), *(commit(r) for r in runs))
+        for outcome in outcomes[1:]:  # landed before the erasure, or refused after it: never a raw error
+            assert not isinstance(outcome, AgentStoreError) or isinstance(
+                outcome, (SessionNotFoundError, ConflictError)
+            )
+        for table, owner in (("agent_sessions", "user_id"), ("agent_user_state", "user_id")):
+            assert await rows(store, f"SELECT count(*) FROM {table} WHERE {owner} = 'u'") == [(0,)]  # noqa: S608
+        assert await rows(store, "SELECT count(*) FROM agent_messages") == [(0,)]
+        for n in range(6):
+            async with store.session(f"s{n}", user_id="u") as session:
+                session.state["user:fact.name"] = "李明"
+
+
+async def test_two_creators_with_different_agents_cannot_share_a_new_id(store: Store) -> None:
+    a = await store.load("s", user_id="u", agent_id="agent-a")
+    b = await store.load("s", user_id="u", agent_id="agent-b")
+    a.history.append(Message(role="user", contents=["for a"]))
+    b.history.append(Message(role="user", contents=["for b"]))
+    await a.commit()
+    with pytest.raises(SessionNotFoundError, match="no session 's' for user 'u'"):
+        await b.commit()
+    assert await rows(store, "SELECT agent_id, next_seq FROM agent_sessions") == [("agent-a", 1)]
+
+
+def call(call_id: str) -> Message:
+    return Message(role="assistant", contents=[Content.from_function_call(call_id=call_id, name="f", arguments={})])
+
+
+def result(call_id: str) -> Message:
+    return Message(role="tool", contents=[Content.from_function_result(call_id=call_id, result="ok")])
+
+
+@pytest.mark.parametrize("limit", [None, 1, 2, 3, 4, 5, 6])
+async def test_no_window_hands_the_model_a_result_without_its_call(store: Store, limit: int | None) -> None:
+    async with store.session("s", user_id="u") as session:
+        session.state["in_memory"]["messages"].extend(
+            [
+                Message(role="user", contents=["go"]),
+                call("A"),
+                call("B"),
+                result("A"),
+                result("B"),
+                Message(role="assistant", contents=["done"]),
+            ]
+        )
+    run = await store.load("s", user_id="u", history_limit=limit)
+    check_request(run.history)  # raises on an orphan result or an unanswered call
+    assert len(run.history) >= min(limit or 6, 6)
+
+
+async def test_an_interrupted_tool_loop_leaves_the_session_usable(store: Store) -> None:
+    agent = Agent(client=OfflineChatClient(), name="Bot")
+    async with store.session("s", user_id="u") as session:
+        await agent.run("hello", session=session)
+        session.state["in_memory"]["messages"].append(call("lost"))  # the call was saved, its result never came
+    assert await rows(store, "SELECT role FROM agent_messages ORDER BY seq") == [
+        ("user",),
+        ("assistant",),
+        ("assistant",),
+    ]
+    async with store.session("s", user_id="u") as session:
+        reply = await agent.run("still there?", session=session)  # the offline client refuses invalid history
+    assert "still there?" in reply.text
+    stored = await rows(store, "SELECT role, text FROM agent_messages ORDER BY seq")
+    assert [r[0] for r in stored] == ["user", "assistant", "assistant", "user", "assistant"]  # no synthetic row
+
+
+async def test_identical_turns_in_one_block_are_stored_as_separate_turns(store: Store) -> None:
+    plain = Agent(client=OfflineChatClient(), name="Bot")
+    provided = Agent(client=OfflineChatClient(), name="Bot", context_providers=[StoreHistoryProvider(store)])
+    for sid, agent in (("plain", plain), ("provided", provided)):
+        async with store.session(sid, user_id="u") as session:
+            for _ in range(3):
+                await agent.run("same words", session=session)
+        async with store.session(sid, user_id="u") as session:
+            await agent.run("same words", session=session)
+        count = await rows(store, "SELECT count(*) FROM agent_messages WHERE session_id = :s", s=sid)
+        assert count == [(8,)], sid
+
+
+async def test_another_users_id_answers_like_an_unknown_id(store: Store) -> None:
+    async with store.session("mine", user_id="u1") as session:
+        session.state["k"] = 1
+    intruder = StoreSessionStore(store, user_id="u2")
+    assert await intruder.get("mine") is None
+    assert await intruder.get("never-used") is None
+    errors = []
+    for missing in ("mine", "never-used"):
+        with pytest.raises(SessionNotFoundError) as raised:
+            await store.get(missing, user_id="u2")
+        errors.append(str(raised.value).replace(missing, "ID"))
+    assert errors[0] == errors[1]
+    async with store.session("other", user_id="u2") as session:
+        session.state["k"] = 1
+    with pytest.raises(InvalidValueError, match="already in use") as taken:
+        await store.fork("other", user_id="u2", new_id="mine")
+    assert "INSERT" not in str(taken.value) and "u1" not in str(taken.value)
+
+
+@pytest.mark.parametrize(
+    ("call_name", "kwargs", "message"),
+    [
+        ("fork", {"at_seq": -5}, "non-negative"),
+        ("fork", {"at_seq": 2}, "past the session's last message"),
+        ("fork", {"new_id": ""}, "non-empty"),
+        ("truncate", {"after_seq": -5}, "non-negative"),
+        ("truncate", {"after_seq": 9}, "past the session's last message"),
+    ],
+)
+async def test_fork_and_truncate_refuse_seqs_outside_the_session(
+    store: Store, call_name: str, kwargs: dict[str, Any], message: str
+) -> None:
+    async with store.session("s", user_id="u") as session:
+        session.state["in_memory"]["messages"].extend(
+            [Message(role="user", contents=["a"]), Message(role="user", contents=["b"])]
+        )
+    with pytest.raises(InvalidValueError, match=message):
+        await getattr(store, call_name)("s", user_id="u", **kwargs)
+    assert await rows(store, "SELECT count(*), max(next_seq) FROM agent_sessions") == [(1, 2)]
+    async with store.session("s", user_id="u") as session:
+        assert [m.text for m in session.state["in_memory"]["messages"]] == ["a", "b"]
+
+
+async def test_a_session_store_session_is_a_plain_agent_session(store: Store) -> None:
+    sessions = StoreSessionStore(store, user_id="u")
+    fresh = AgentSession(session_id="s")
+    fresh.state["k"] = 1
+    await sessions.set("s", fresh)
+    loaded = await sessions.get("s")
+    assert loaded is not None and loaded.state["k"] == 1
