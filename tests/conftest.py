@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -18,6 +18,7 @@ import asyncpg
 import pytest
 from agent_framework import Agent
 from sqlalchemy.engine import make_url
+from throwaway_pg import ThrowawayCluster
 
 from agent_store import Store
 from agent_store.offline import OfflineChatClient
@@ -86,6 +87,24 @@ async def pg_url(tmp_path: Path) -> AsyncIterator[str]:
 
 
 @pytest.fixture
+def own_postgres() -> Iterator[ThrowawayCluster]:
+    """A private PostgreSQL server (initdb in a temp dir, a free port) for tests that stop or break a server.
+
+    The machine's server is shared with others: no test stops it. Fails (never skips) without initdb in CI.
+    """
+    try:
+        cluster = ThrowawayCluster().start()
+    except (FileNotFoundError, RuntimeError) as exc:
+        if IN_CI:
+            pytest.fail(f"cannot start a throwaway PostgreSQL: {exc}")
+        pytest.skip(f"cannot start a throwaway PostgreSQL: {exc}")
+    try:
+        yield cluster
+    finally:
+        cluster.destroy()
+
+
+@pytest.fixture
 def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite+aiosqlite:///{tmp_path}/store.db"
 
@@ -116,7 +135,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Give backend-specific tests their backend's name as a keyword, so `-k postgresql` selects them too."""
     for item in items:
         fixtures = getattr(item, "fixturenames", ())
-        if "pg_url" in fixtures:
+        if "pg_url" in fixtures or "own_postgres" in fixtures:
             item.add_marker(pytest.mark.postgresql)
         if "sqlite_url" in fixtures:
             item.add_marker(pytest.mark.sqlite)

@@ -1,0 +1,138 @@
+"""Issue 9: operations that cannot half-happen, and a schema that stays evolvable."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agent_framework import Agent, Message
+from alembic import command
+from alembic.config import Config
+from helpers import rows
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from agent_store import InvalidValueError, Store
+from agent_store.engine import migration_connection, migrations_dir
+from agent_store.tables import SCHEMA_REVISION
+
+
+async def filled(store: Store, agent: Agent, n: int = 3) -> None:
+    for i in range(n):
+        async with store.session(f"s{i}", user_id="u") as session:
+            session.state["k"] = i
+            await agent.run(f"hello {i}", session=session)
+
+
+async def test_a_paused_export_holds_no_connection(store: Store, agent: Agent) -> None:
+    await filled(store, agent)
+    lines = store.export(user_id="u")
+    seen = []
+    async for line in lines:
+        seen.append(json.loads(line)["kind"])
+        assert store.engine.pool.checkedout() == 0  # type: ignore[attr-defined]  # the consumer is paused here
+    assert seen[0] == "header" and seen[-1] == "trailer" and seen.count("session") == 3
+
+
+async def test_an_export_consistent_to_its_start_refuses_a_truncation_midway(store: Store, agent: Agent) -> None:
+    await filled(store, agent, 1)
+    lines = store.export(user_id="u")
+    async for line in lines:
+        if json.loads(line)["kind"] == "run":  # the session's row is read; its messages are not yet
+            await store.clear("s0", user_id="u")
+            break
+    with pytest.raises(Exception, match="truncated or cleared while it was being exported"):
+        async for _ in lines:
+            pass
+
+
+@pytest.mark.parametrize("damage", ["truncated", "bad-line-33", "wrong-trailer"])
+async def test_a_damaged_file_imports_nothing(store: Store, agent: Agent, tmp_path: Path, damage: str) -> None:
+    await filled(store, agent, 8)
+    lines = [line async for line in store.export(user_id="u")]
+    assert len(lines) > 40
+    if damage == "truncated":
+        lines = lines[: len(lines) // 2]
+    elif damage == "bad-line-33":
+        lines[32] = '{"kind": "message", "row": {"seq": "not a number"'
+    else:
+        trailer = json.loads(lines[-1])
+        lines[-1] = json.dumps({**trailer, "sessions": trailer["sessions"] + 1})
+    async with Store.from_url(f"sqlite+aiosqlite:///{tmp_path}/target.db") as target:
+        await target.migrate()
+        with pytest.raises(InvalidValueError, match="nothing was imported|line 33"):
+            await target.import_lines(lines)
+        assert await rows(target, "SELECT count(*) FROM agent_sessions") == [(0,)]
+        assert await rows(target, "SELECT count(*) FROM agent_messages") == [(0,)]
+
+
+async def test_store_on_an_engine_that_already_has_connections_configures_them(sqlite_url: str) -> None:
+    engine = create_async_engine(sqlite_url)
+    async with engine.connect() as conn:  # pooled before the Store existed: no agent_store pragmas
+        await conn.execute(text("SELECT 1"))
+    store = Store(engine)
+    try:
+        await store.migrate()
+        async with store.db.transaction(write=False, doing="checking pragmas") as conn:
+            assert (await conn.execute(text("PRAGMA foreign_keys"))).scalar() == 1
+            assert (await conn.execute(text("PRAGMA busy_timeout"))).scalar() == 30000
+    finally:
+        await store.close()
+
+
+DUMMY = '''"""A later migration that rebuilds agent_messages and agent_sessions with Alembic's plain batch mode."""
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0099"
+down_revision = "{head}"
+branch_labels = None
+depends_on = None
+
+
+def rebuild() -> str:
+    # SQLite: copy, drop, rename (what batch mode must survive with the view in place); PostgreSQL: ALTER.
+    return "always" if op.get_bind().dialect.name == "sqlite" else "auto"
+
+
+def upgrade() -> None:
+    for table in ("agent_messages", "agent_sessions"):
+        with op.batch_alter_table(table, recreate=rebuild()) as batch:
+            batch.add_column(sa.Column("extra", sa.Integer(), nullable=True))
+
+
+def downgrade() -> None:
+    for table in ("agent_sessions", "agent_messages"):
+        with op.batch_alter_table(table, recreate=rebuild()) as batch:
+            batch.drop_column("extra")
+'''
+
+
+async def test_a_later_batch_migration_rebuilds_the_viewed_tables_and_back(url: str, tmp_path: Path) -> None:
+    scripts = tmp_path / "migrations"
+    shutil.copytree(migrations_dir(), scripts)
+    (scripts / "versions" / "0099_dummy.py").write_text(DUMMY.replace("{head}", SCHEMA_REVISION))
+    config = Config()
+    config.set_main_option("script_location", str(scripts))
+    async with Store.from_url(url) as store:
+        await store.migrate()
+        async with store.session("s", user_id="u") as session:
+            session.state["in_memory"]["messages"].append(Message(role="user", contents=["kept"]))
+
+        async def alembic(verb: str, revision: str) -> None:
+            def run(sync_conn: Any) -> None:
+                config.attributes["connection"] = sync_conn
+                getattr(command, verb)(config, revision)
+
+            async with migration_connection(store.engine) as conn:
+                await conn.run_sync(run)
+
+        await alembic("upgrade", "0099")
+        assert await rows(store, "SELECT user_id, text FROM agent_transcript") == [("u", "kept")]
+        await alembic("downgrade", SCHEMA_REVISION)
+        assert await rows(store, "SELECT user_id, text FROM agent_transcript") == [("u", "kept")]
+        async with store.session("s", user_id="u") as session:  # the schema is at head again
+            assert [m.text for m in session.state["in_memory"]["messages"]] == ["kept"]
