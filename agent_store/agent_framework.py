@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent_framework import AgentSession, ContextProvider, HistoryProvider, Message, SessionContext, SessionStore, tool
 
-from . import run as runs
+from . import loading
 from .errors import InvalidValueError, SessionNotFoundError
 from .run import Run, run_of
 
@@ -97,7 +97,7 @@ class StoreHistoryProvider(HistoryProvider):
             return list(run.history)
         if session_id is None:
             return []
-        loaded = await runs.load(
+        loaded = await loading.load(
             self.store.db, session_id, user_id=self.user_id, agent_id=None, history_limit=self.history_limit,
             answered=_ANSWERED.get(),
         )  # fmt: skip

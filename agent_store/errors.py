@@ -116,7 +116,8 @@ def redact(url: URL | str) -> str:
 def _first_line(exc: BaseException) -> str:
     orig = getattr(exc, "orig", None) or exc
     text = str(orig).strip().splitlines()
-    name = type(orig).__name__
+    # SQLAlchemy's asyncpg adapter wraps the driver's error in a class named "Error": name the driver's.
+    name = type(orig.__cause__ if type(orig).__name__ == "Error" and orig.__cause__ else orig).__name__
     if text and text[0].startswith("<class '"):  # SQLAlchemy's asyncpg adapter: "<class 'asyncpg...Error'>: msg"
         name, _, rest = text[0].partition(">: ")
         name, text = name.rsplit(".", 1)[-1].rstrip("'"), [rest]

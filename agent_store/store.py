@@ -17,8 +17,9 @@ from . import branching, codec, lifecycle, retention, transfer
 from .database import Database, Settings
 from .engine import make_engine
 from .errors import InvalidValueError
+from .loading import load
 from .models import ErasureReport, MessageRecord, SessionInfo, SessionPage, TransferReport
-from .run import Run, load
+from .run import Run
 
 
 class Store:

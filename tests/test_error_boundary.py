@@ -26,6 +26,7 @@ from agent_store import (
     AgentStoreError,
     ConfigurationError,
     InvalidValueError,
+    Run,
     SchemaTooNewError,
     StorageUnavailableError,
     Store,
@@ -58,10 +59,10 @@ async def count(dsn: str, sql: str) -> int:
         await conn.close()
 
 
-def change(run: object, word: str) -> None:
+def change(run: Run, word: str) -> None:
     """Give a loaded run something to write: one message and one state key."""
-    run.add_messages([Message(role="user", contents=[word])])  # type: ignore[attr-defined]
-    run.session.state["k"] = word  # type: ignore[attr-defined]
+    run.add_messages([Message(role="user", contents=[word])])
+    run.session.state["k"] = word
 
 
 async def test_pool_exhaustion_is_retryable_storage_unavailable(url: str) -> None:

@@ -15,7 +15,7 @@ from helpers import rows
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from agent_store import InvalidValueError, Store
+from agent_store import ConflictError, InvalidValueError, Store
 from agent_store.engine import migration_connection, migrations_dir
 from agent_store.tables import SCHEMA_REVISION
 
@@ -44,7 +44,7 @@ async def test_an_export_consistent_to_its_start_refuses_a_truncation_midway(sto
         if json.loads(line)["kind"] == "run":  # the session's row is read; its messages are not yet
             await store.clear("s0", user_id="u")
             break
-    with pytest.raises(Exception, match="truncated or cleared while it was being exported"):
+    with pytest.raises(ConflictError, match="truncated or cleared while it was being exported"):
         async for _ in lines:
             pass
 

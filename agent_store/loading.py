@@ -1,0 +1,119 @@
+"""Step 1 of a run: read one session (row, state of every scope, pair-safe history) and rebuild its AgentSession.
+
+One short read-only transaction (a consistent snapshot); the connection goes back to the pool before the
+agent runs. What is loaded becomes the run's Snapshot, which the commit (run.py) diffs against.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from agent_framework import Message
+from sqlalchemy.engine import Row
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from . import codec, telemetry
+from . import statements as sql
+from .database import Database, quietly
+from .delta import IdentifiedHistory, Snapshot, close_tool_pairs
+from .errors import InvalidValueError, SessionClosedError, SessionExpiredError
+from .run import HISTORY_KEY, KEY_MAX, Run, StoredSession
+
+
+async def load(
+    db: Database, session_id: str, *, user_id: str | None, agent_id: str | None, history_limit: int | None,
+    if_expired: str = "error", serialized: bool = False, run_id: str | None = None,
+    answered: frozenset[str] = frozenset(),
+) -> Run:  # fmt: skip
+    """Read one session in a short read-only transaction and rebuild its ``AgentSession``.
+
+    An expired session raises :class:`SessionExpiredError`, or with ``if_expired="restart"`` is deleted and
+    replaced by a fresh one; a closed session raises :class:`SessionClosedError`. A ``serialized`` run holds its
+    session's lock (PostgreSQL advisory lock; SQLite write lock) and a connection from load to commit, so
+    concurrent serialized runs on a session queue instead of conflicting. ``answered``: call ids whose results
+    are in the request about to be made (a tool loop in progress), so their calls are not closed as interrupted.
+    """
+    codec.check_id(session_id, "session_id", required=True)
+    codec.check_id(user_id, "user_id")
+    codec.check_id(agent_id, "agent_id")
+    codec.check_id(run_id, "run_id")
+    if run_id is not None and len(run_id) > KEY_MAX:
+        raise InvalidValueError(f"run_id must be at most {KEY_MAX} characters")
+    if history_limit is not None and (type(history_limit) is not int or history_limit < 0):
+        raise InvalidValueError(f"history_limit must be a non-negative int or None, not {history_limit!r}")
+    if if_expired not in ("error", "restart"):
+        raise InvalidValueError(f'if_expired must be "error" or "restart", not {if_expired!r}')
+    with telemetry.operation("load", session_id=session_id):
+        held = await db.hold(session_id) if serialized else None
+        try:
+            try:
+                run = await _read(db, session_id, user_id, agent_id, history_limit, held, answered)
+            except SessionExpiredError:
+                if if_expired == "error":
+                    raise
+                async with db.transaction(write=True, doing="restarting an expired session", held=held) as conn:
+                    await sql.delete_if_expired(conn, session_id, user_id, datetime.now(UTC))
+                run = await _read(db, session_id, user_id, agent_id, history_limit, held, answered)
+        except BaseException:
+            if held is not None:
+                await quietly(lambda: db.release(held, commit=False), "releasing a serialized run")
+            raise
+    run._held, run._key = held, run_id
+    return run
+
+
+async def _read(
+    db: Database, session_id: str, user_id: str | None, agent_id: str | None, history_limit: int | None,
+    held: AsyncConnection | None, answered: frozenset[str],
+) -> Run:  # fmt: skip
+    snap = Snapshot()
+    session = StoredSession(session_id=session_id)
+    cipher = db.settings.message_cipher
+    messages: list[Message] = []
+    async with db.transaction(write=False, doing="loading a session", held=held) as conn:
+        row = (await conn.execute(sql.READ_SESSION, {"sid": session_id})).first()
+        if row is not None:
+            if row.user_id != user_id or row.agent_id not in (None, agent_id):
+                raise sql.not_found(session_id, user_id)  # the same answer as for an unused id
+            if row.closed_at is not None:
+                raise SessionClosedError(f"session {session_id!r} was closed at {row.closed_at.isoformat()}")
+            if row.expires_at is not None and row.expires_at <= datetime.now(UTC):
+                raise SessionExpiredError(f"session {session_id!r} expired at {row.expires_at.isoformat()}")
+        for prefix, key, value, stamp in (
+            await conn.execute(*sql.read_state(session_id, user_id, db.settings.app_id))
+        ).all():
+            full_key = prefix + key
+            snap.state_text[full_key] = codec.dumps(value, where=f"state[{full_key!r}]", max_bytes=2**62)
+            snap.state_stamp[full_key] = stamp
+            session.state[full_key] = codec.decode_state(value, key=full_key)
+        if row is not None:
+            snap.exists, snap.incarnation, snap.version = True, row.incarnation, row.version
+            snap.service_session_id = session.service_session_id = row.service_session_id
+            start = None if history_limit is None else max(row.next_seq - history_limit, 0)
+            rows = (await conn.execute(*sql.read_messages(session_id, start))).all()
+            # Widen until no function result in the window lacks its call (each pass can uncover another).
+            while start is not None and rows and rows[0].seq < start and _orphan_results(rows, cipher):
+                start = rows[0].seq
+                rows = (await conn.execute(*sql.read_messages(session_id, start))).all()
+            for _seq, message_id, body in rows:
+                snap.message_ids.add(message_id)
+                messages.append(codec.message_from_row(body, cipher))
+    messages, synthetic = close_tool_pairs(messages, answered)
+    snap.message_ids |= synthetic  # handed to the model, never stored
+    history = session.state.get(HISTORY_KEY)
+    session.state[HISTORY_KEY] = IdentifiedHistory({**(history if isinstance(history, dict) else {})})
+    session.state[HISTORY_KEY]["messages"] = messages
+    return Run(db, session, snap, user_id=user_id, agent_id=agent_id)
+
+
+def _orphan_results(rows: Sequence[Row[Any]], cipher: codec.MessageCipher | None) -> bool:
+    calls: set[str] = set()
+    for row in rows:
+        for content in codec.message_from_row(row.body, cipher).contents:
+            if content.type == "function_call":
+                calls.add(content.call_id or "")
+            elif content.type == "function_result" and content.call_id not in calls:
+                return True
+    return False
