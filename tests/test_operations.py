@@ -63,7 +63,7 @@ async def test_a_damaged_file_imports_nothing(store: Store, agent: Agent, tmp_pa
         lines[-1] = json.dumps({**trailer, "sessions": trailer["sessions"] + 1})
     async with Store.from_url(f"sqlite+aiosqlite:///{tmp_path}/target.db") as target:
         await target.migrate()
-        with pytest.raises(InvalidValueError, match="nothing was imported|line 33"):
+        with pytest.raises(InvalidValueError, match=r"nothing was imported|line 33"):
             await target.import_lines(lines)
         assert await rows(target, "SELECT count(*) FROM agent_sessions") == [(0,)]
         assert await rows(target, "SELECT count(*) FROM agent_messages") == [(0,)]
