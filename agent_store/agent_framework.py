@@ -6,12 +6,14 @@ and state in its one transaction. Outside one, the history provider and the sess
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from agent_framework import AgentSession, ContextProvider, HistoryProvider, Message, SessionContext, SessionStore, tool
+from agent_framework._feature_stage import ExperimentalWarning
 
 from . import loading
 from .errors import InvalidValueError, SessionNotFoundError
@@ -123,8 +125,18 @@ def record_usage(session: AgentSession, context: SessionContext) -> None:
         run.add_usage(context.response.usage_details)
 
 
-class StoreSessionStore(SessionStore):
-    """The framework's ``SessionStore`` (get / set / delete of whole sessions) on the store's tables.
+# The framework marks SessionStore experimental and warns when it is subclassed, i.e. on importing this module:
+# a library import must pass `python -W error`. StoreSessionStore's docstring says what it builds on.
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", ExperimentalWarning)
+
+    class _SessionStoreBase(SessionStore):
+        pass
+
+
+class StoreSessionStore(_SessionStoreBase):
+    """The framework's ``SessionStore`` (get / set / delete of whole sessions; experimental in Agent Framework
+    1.23) on the store's tables.
 
     ``get`` loads a session (its state rows and messages); ``set`` commits what changed since that ``get``,
     with the usual rules: new messages appended, changed keys written, a key changed meanwhile by someone

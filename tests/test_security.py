@@ -45,3 +45,12 @@ def test_no_pickle_or_marshal() -> None:
         imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
         imported |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
         assert not imported & {"pickle", "cPickle", "marshal", "shelve", "dill"}, path
+
+
+def test_importing_the_framework_seams_passes_warnings_as_errors() -> None:
+    import subprocess
+    import sys
+
+    code = "import agent_store, agent_store.agent_framework, agent_store.offline"
+    done = subprocess.run([sys.executable, "-W", "error::Warning", "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
