@@ -241,8 +241,11 @@ async def export(url: str | None, user_id: str | None, session_id: str | None, o
 @json_option
 @runs_async
 async def import_(url: str | None, source: Any, as_json: bool) -> None:
-    """Recreate sessions from an export; sessions that exist already are skipped."""
-    lines = source.readlines()
+    """Recreate sessions from an export, all or nothing; sessions that exist already are skipped."""
+    try:
+        lines = source.readlines()
+    except UnicodeDecodeError as exc:
+        raise click.ClickException(f"{source.name} is not UTF-8 text (an agent-store export is): {exc.reason}") from exc
     async with Store.from_url(url) as store:
         total = sum(1 for line in lines if line.startswith('{"kind": "session"'))
         with progress("importing", total) as advance:

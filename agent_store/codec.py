@@ -23,7 +23,7 @@ import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import date, datetime
+from datetime import date, datetime, timedelta
 from typing import Any, Protocol
 
 from agent_framework import Message
@@ -51,6 +51,28 @@ def check_id(value: str | None, what: str, *, required: bool = False) -> None:
         raise InvalidValueError(f"{what} must be a non-empty string, not {value!r}")
     if len(value) > ID_MAX or "\x00" in value:
         raise InvalidValueError(f"{what} must be at most {ID_MAX} characters with no NUL characters")
+
+
+INT32 = 2**31
+INT64 = 2**63
+
+
+def check_int(value: Any, what: str, *, low: int, high: int) -> None:
+    """An int (not a bool) in ``[low, high)``: what every backend's integer columns hold."""
+    if type(value) is not int or not low <= value < high:
+        raise InvalidValueError(f"{what} must be an int from {low} to {high - 1}, not {value!r}"[:300])
+
+
+def check_ttl(ttl: Any, what: str) -> int | None:
+    """A time-to-live as whole seconds (None: none), refused unless a timedelta from 1 s to 68 years."""
+    if ttl is None:
+        return None
+    if not isinstance(ttl, timedelta):
+        raise InvalidValueError(f"{what} must be a datetime.timedelta or None, not {type(ttl).__name__}")
+    seconds = int(ttl.total_seconds())
+    if not 1 <= seconds < INT32:
+        raise InvalidValueError(f"{what} must be between 1 second and {INT32 - 1} seconds")
+    return seconds
 
 
 def dumps(value: Any, *, where: str, max_bytes: int = DEFAULT_MAX_VALUE_BYTES) -> str:

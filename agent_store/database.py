@@ -8,7 +8,7 @@ cleanup after a failure never replaces the caller's exception with its own.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -79,13 +79,14 @@ class Database:
     @asynccontextmanager
     async def transaction(
         self, *, write: bool, doing: str, held: AsyncConnection | None = None, finish: bool = False,
-        replica: bool = False,
+        replica: bool = False, committing: Callable[[], None] | None = None,
     ) -> AsyncIterator[AsyncConnection]:  # fmt: skip
         """A short transaction: a consistent snapshot for reads, the SQLite write lock up front for writes.
 
         ``held`` is a serialized run's connection, whose transaction spans load to commit: it is used as it
         is, and ended (committed, or rolled back on error, then closed) only when ``finish`` is set.
         ``replica`` reads (listings, transcripts, exports, stats) go to the replica when there is one.
+        ``committing`` is called just before COMMIT is sent: from then on, a failure leaves the outcome unknown.
         """
         with translated(self.url, doing):
             if held is not None:
@@ -96,6 +97,8 @@ class Database:
                         await self.release(held, commit=False)
                     raise
                 if finish:
+                    if committing is not None:
+                        committing()
                     await self.release(held, commit=True)
                 return
             await self.check_schema()
@@ -104,6 +107,8 @@ class Database:
             try:
                 await conn.begin()
                 yield conn
+                if committing is not None:
+                    committing()
                 await conn.commit()
             except BaseException:
                 await quietly(conn.rollback, "rollback")

@@ -43,6 +43,7 @@ class Delta:
     service_session_id: Any
     service_session_id_changed: bool
     stamp: int  # the write stamp every state row of this commit gets
+    incarnation: int  # the incarnation this commit creates, if the session does not exist
     run_id: str
     usage: dict[str, int]  # token usage for the run log
 
@@ -103,6 +104,7 @@ def diff(
         service_session_id=service_session_id,
         service_session_id_changed=service_session_id != snap.service_session_id,
         stamp=new_stamp(),
+        incarnation=new_stamp(),
         run_id=run_id,
         usage=usage,
     )
@@ -134,33 +136,42 @@ INTERRUPTED = "error: this tool call was interrupted before it returned; no resu
 def close_tool_pairs(messages: list[Message], answered: Iterable[str] = ()) -> tuple[list[Message], set[str]]:
     """Make a loaded history valid for a model: every function result has its call, every call a result.
 
-    Results whose call is not in ``messages`` are dropped from the list handed over; a call with no result
-    (an interrupted tool loop) gets a synthetic error result right after its message, unless its call id is in
-    ``answered`` (the result is in the request being made). Returns the list and the ids of the synthetic
-    messages (which the caller must not store). The stored transcript is never changed.
+    Calls and results pair in order (a call id may be reused later in a conversation). A result with no open
+    call before it is dropped from the list handed over; a call never answered (an interrupted tool loop) gets
+    a synthetic error result right after its message, unless it is the last open call of an id in ``answered``
+    (its result is in the request being made). Returns the list and the ids of the synthetic messages (which
+    the caller must not store). The stored transcript is never changed.
     """
-    calls: set[str] = set()
-    results: set[str] = set(answered)
-    for m in messages:
-        results.update(c.call_id for c in m.contents if c.type == "function_result" and c.call_id)
+    open_at: dict[str, int] = {}  # call id -> index of the message holding its still-open call
+    dangling: dict[int, list[str]] = {}  # message index -> its calls that are never answered
+    orphans: set[tuple[int, int]] = set()  # (message index, content index) of results without a call
+    for i, m in enumerate(messages):
+        for j, c in enumerate(m.contents):
+            if c.type == "function_call" and c.call_id:
+                if c.call_id in open_at:  # the same id called again before an answer: the first never was
+                    dangling.setdefault(open_at[c.call_id], []).append(c.call_id)
+                open_at[c.call_id] = i
+            elif c.type == "function_result" and c.call_id:
+                if open_at.pop(c.call_id, None) is None:
+                    orphans.add((i, j))
+    for call_id, i in open_at.items():
+        if call_id not in set(answered):
+            dangling.setdefault(i, []).append(call_id)
     out: list[Message] = []
     synthetic: set[str] = set()
-    for m in messages:
-        open_calls = [c.call_id for c in m.contents if c.type == "function_call" and c.call_id]
-        calls.update(open_calls)
-        kept = [c for c in m.contents if c.type != "function_result" or c.call_id in calls]
-        if len(kept) != len(m.contents):
+    for i, m in enumerate(messages):
+        if any((i, j) in orphans for j in range(len(m.contents))):
+            kept = [c for j, c in enumerate(m.contents) if (i, j) not in orphans]
             if not kept:
                 continue
             m = copy.copy(m)  # the loaded object only; the stored row keeps what was stored
             m.contents = kept
         out.append(m)
-        missing = [call_id for call_id in open_calls if call_id not in results]
-        if missing:
+        if missing := dangling.get(i):
             filler = Message(
                 role="tool",
                 contents=[Content.from_function_result(call_id=call_id, result=INTERRUPTED) for call_id in missing],
-                message_id=f"interrupted-{missing[0]}",
+                message_id=f"interrupted-{m.message_id}-{len(out)}",
             )
             synthetic.add(filler.message_id)  # type: ignore[arg-type]
             out.append(filler)

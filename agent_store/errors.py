@@ -136,6 +136,8 @@ _SQLITE_CONFIGURATION = {"SQLITE_CANTOPEN", "SQLITE_AUTH", "SQLITE_PERM", "SQLIT
 def classify(exc: BaseException, where: str) -> AgentStoreError | None:
     """The documented error for a driver, pool or Alembic failure; None for what is not a storage failure."""
     line = f"{where}: {_first_line(exc)}"
+    if isinstance(exc, OverflowError) or _is_data_error(exc):  # the driver's text may quote the value: omit it
+        return InvalidValueError(f"{where}: a value is out of range or of the wrong type for its column")
     if isinstance(exc, sa_exc.TimeoutError):  # the pool: no connection free within pool_timeout
         return StorageUnavailableError(f"{where}: no pooled connection became free in time ({exc.__class__.__name__})")
     if isinstance(exc, sa_exc.DBAPIError):
@@ -173,6 +175,15 @@ def classify(exc: BaseException, where: str) -> AgentStoreError | None:
     if type(exc).__name__ == "CommandError" and type(exc).__module__.startswith("alembic"):
         return SchemaError(line)
     return None
+
+
+def _is_data_error(exc: BaseException) -> bool:
+    if isinstance(exc, sa_exc.DataError):
+        return True
+    orig = getattr(exc, "orig", None)
+    state = getattr(orig, "sqlstate", None)
+    driver = orig.__cause__ if orig is not None and orig.__cause__ is not None else orig
+    return (isinstance(state, str) and state.startswith("22")) or type(driver).__name__ == "DataError"
 
 
 @contextmanager

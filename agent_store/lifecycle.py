@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import ColumnElement, delete, func, literal, select, text, tuple_, update
@@ -68,6 +68,8 @@ _INFO_COLUMNS = (
 def _metadata_filter(conn: AsyncConnection, metadata: dict[str, Any]) -> list[ColumnElement[bool]]:
     """Equality on top-level metadata keys (JSONB containment on PostgreSQL, json_extract on SQLite)."""
     for key, value in metadata.items():
+        if type(value) is int and not -codec.INT64 <= value < codec.INT64:
+            raise InvalidValueError(f"metadata filter {key!r}: the number is out of range")
         if type(value) not in _SCALARS or not isinstance(key, str) or '"' in key:
             raise InvalidValueError(f"metadata filter {key!r}: filter on string keys with str/int/float/bool values")
     if conn.dialect.name == "postgresql":
@@ -101,6 +103,9 @@ async def list_sessions(
     if type(limit) is not int or not 1 <= limit <= 1000:
         raise InvalidValueError(f"limit must be an int from 1 to 1000, not {limit!r}")
     codec.check_id(user_id, "user_id")
+    codec.check_id(agent_id, "agent_id")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise InvalidValueError("metadata must be a dict of key/value pairs to match")
     async with db.transaction(write=False, replica=True, doing="listing sessions") as conn:
         query = select(*_INFO_COLUMNS)
         if not all_users:
@@ -130,8 +135,8 @@ async def get(db: Database, session_id: str, user_id: str | None) -> SessionInfo
 async def messages(
     db: Database, session_id: str, user_id: str | None, after_seq: int, limit: int
 ) -> list[MessageRecord]:
-    if type(limit) is not int or not 1 <= limit <= 10_000 or type(after_seq) is not int:
-        raise InvalidValueError("after_seq must be an int and limit an int from 1 to 10000")
+    codec.check_int(after_seq, "after_seq", low=-1, high=codec.INT32)
+    codec.check_int(limit, "limit", low=1, high=10_001)
     M = messages_t.c
     async with db.transaction(write=False, replica=True, doing="reading messages") as conn:
         if (await conn.execute(select(S.id).where(*owned(session_id, user_id)))).first() is None:
@@ -160,10 +165,9 @@ async def update_info(db: Database, session_id: str, user_id: str | None, change
             raise InvalidValueError("metadata must be a dict")
         values["metadata"] = codec.dumps(codec.encode_state(changes["metadata"], key="metadata"), where="metadata")
     if "ttl" in changes:
-        ttl = changes["ttl"]
-        values["ttl_seconds"] = None if ttl is None else max(1, int(ttl.total_seconds()))
-        if ttl is not None:
-            values["expires_at"] = values["updated_at"] + ttl
+        values["ttl_seconds"] = seconds = codec.check_ttl(changes["ttl"], "ttl")
+        if seconds is not None:
+            values["expires_at"] = values["updated_at"] + timedelta(seconds=seconds)
     await _change(db, "updating a session", session_id, user_id, **values)
 
 

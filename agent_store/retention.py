@@ -7,24 +7,24 @@ a run committing at the same moment, and a racing commit lands wholly before the
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import delete, func, select
+from sqlalchemy.dialects import postgresql, sqlite
 
 from . import codec, telemetry
 from .database import Database
-from .errors import InvalidValueError
 from .models import ErasureReport
-from .statements import lock_user
-from .tables import messages_t, sessions_t, state_t, user_state_t
+from .statements import lock_user, user_key
+from .tables import erasures_t, messages_t, sessions_t, state_t, user_state_t
 
 S = sessions_t.c
+FENCE_KEPT = timedelta(days=7)
 
 
 async def purge_expired(db: Database, batch_size: int, progress: Callable[[int], None] | None) -> int:
     """Delete expired sessions, ``batch_size`` per short transaction; returns how many were deleted."""
-    if type(batch_size) is not int or batch_size < 1:
-        raise InvalidValueError(f"batch_size must be a positive int, not {batch_size!r}")
+    codec.check_int(batch_size, "batch_size", low=1, high=100_001)
     total = 0
     with telemetry.operation("purge") as span:
         while True:
@@ -38,6 +38,9 @@ async def purge_expired(db: Database, batch_size: int, progress: Callable[[int],
                     .with_for_update(skip_locked=True)
                 )
                 deleted = (await conn.execute(delete(sessions_t).where(S.id.in_(batch.scalar_subquery())))).rowcount
+                if not total:  # erasure fences older than any run can be in flight
+                    old = datetime.now(UTC) - FENCE_KEPT
+                    await conn.execute(delete(erasures_t).where(erasures_t.c.erased_at < old))
             total += deleted
             if progress is not None:
                 progress(deleted)
@@ -72,6 +75,10 @@ async def erase_user(db: Database, user_id: str) -> ErasureReport:
         ).scalar_one()
         n_user = (await conn.execute(delete(user_state_t).where(user_state_t.c.user_id == user_id))).rowcount
         await conn.execute(delete(sessions_t).where(S.user_id == user_id))  # messages, state, runs cascade
+        # A fence for runs still in flight: they loaded before now and may not write for this user after it.
+        fence = {"user_key": user_key(user_id), "erased_at": datetime.now(UTC)}
+        upsert = (postgresql if conn.dialect.name == "postgresql" else sqlite).insert(erasures_t)
+        await conn.execute(upsert.on_conflict_do_update(index_elements=["user_key"], set_=fence), fence)
     return ErasureReport(
         user_id=user_id, sessions=sessions, messages=n_messages, state_rows=n_state, user_state_rows=n_user
     )

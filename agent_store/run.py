@@ -33,7 +33,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from . import codec, telemetry
 from . import statements as sql
 from .database import Database
-from .delta import Delta, IdentifiedHistory, Snapshot, assign_id, diff, new_stamp
+from .delta import Delta, IdentifiedHistory, Snapshot, assign_id, diff
 from .errors import (
     AgentStoreError,
     ConflictError,
@@ -46,6 +46,8 @@ from .scopes import APP_PREFIX, USER_PREFIX, scope_of, scopes
 
 # Where a plain Agent's auto-added InMemoryHistoryProvider keeps its messages: state["in_memory"]["messages"].
 HISTORY_KEY = InMemoryHistoryProvider.DEFAULT_SOURCE_ID
+# Clock skew allowed between the app servers that load runs and the one that erases a user.
+ERASURE_MARGIN = timedelta(seconds=1)
 KEY_MAX = 240  # a caller's idempotency key; later commits of the same run append "#2", "#3", ...
 logger = logging.getLogger("agent_store")
 
@@ -93,6 +95,7 @@ class Run:
         self._scopes = scopes(session.session_id, user_id, db.settings.app_id)
         self._key, self._commits = run_id, 0
         self._pending: Delta | None = None  # sent, outcome unknown: the next commit() retries exactly this
+        self._maybe_landed = False  # COMMIT of the pending delta was sent: it may have landed
         self._started_at = datetime.now(UTC)
         self.usage: dict[str, int] = {}  # token usage reported by the agent's responses (see add_usage)
         self._held: AsyncConnection | None = None  # serialized mode: the transaction that holds the lock
@@ -162,6 +165,7 @@ class Run:
             StorageUnavailableError: the database failed; the session in memory is intact, retry.
         """
         retry = self._pending is not None
+        self._maybe_landed = retry and self._maybe_landed
         try:
             delta = self._pending or self._delta()
         except BaseException:
@@ -175,7 +179,9 @@ class Run:
         held, self._held = self._held, None  # a serialized run's lock ends with this commit, either way
         with telemetry.operation("commit", session_id=self.session.session_id) as span:
             try:
-                async with self.db.transaction(write=True, doing="committing a run", held=held, finish=True) as db:
+                async with self.db.transaction(
+                    write=True, doing="committing a run", held=held, finish=True, committing=self._sent
+                ) as db:
                     incarnation, version = await self._write(db, delta, check_landed=retry or self._key is not None)
             except _Landed as landed:
                 return self._committed(delta, landed.incarnation, landed.row)
@@ -190,6 +196,9 @@ class Run:
             telemetry.messages_written.add(result.messages_written)
             telemetry.state_keys_written.add(result.state_keys_written)
             return result
+
+    def _sent(self) -> None:
+        self._maybe_landed = True
 
     async def _log_conflict(self) -> None:
         """Record the refused run in the run log (its own transaction), so operators can see conflicts."""
@@ -218,14 +227,19 @@ class Run:
         writes_user_keys = any(k.startswith(USER_PREFIX) for k in delta.changed_keys)
         if self.user_id is not None and (writes_user_keys or not snap.exists):
             await sql.lock_user(db, self.user_id, exclusive=writes_user_keys)  # before the row lock, always
-        if not snap.exists:
-            row = {"id": sid, "user_id": self.user_id, "agent_id": self.agent_id, "incarnation": new_stamp(),
+            if await sql.erased_since(db, self.user_id, self._started_at - ERASURE_MARGIN):
+                raise sql.not_found(sid, self.user_id)  # the user was erased after this run loaded
+        # A retry of a run that found no session, whose first COMMIT may have landed, is bound to the incarnation
+        # that attempt created: it never re-creates a session deleted or erased since, nor joins a new one.
+        bound = snap.incarnation if snap.exists else delta.incarnation if self._maybe_landed else None
+        if not snap.exists and not self._maybe_landed:
+            row = {"id": sid, "user_id": self.user_id, "agent_id": self.agent_id, "incarnation": delta.incarnation,
                    "version": 0, "next_seq": 0, "created_at": now, "updated_at": now}  # fmt: skip
             await sql.create_session(db, row)
         ttl = settings.idle_ttl_seconds
         incarnation, version, next_seq = await sql.bump_session(
             db, session_id=sid, user_id=self.user_id, agent_id=self.agent_id,
-            incarnation=snap.incarnation if snap.exists else None, n_messages=len(delta.messages), now=now,
+            incarnation=bound, n_messages=len(delta.messages), now=now,
             default_expires=now + timedelta(seconds=ttl) if ttl else None,
             service_session_id=codec.dumps(delta.service_session_id, where="service_session_id")
             if delta.service_session_id_changed else None,

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -19,7 +20,17 @@ from .codec import EncodedMessage
 from .database import APP_LOCK, USER_LOCK
 from .errors import ConflictError, SessionClosedError, SessionNotFoundError
 from .scopes import APP_PREFIX, USER_PREFIX, Scope, owner_is
-from .tables import UTCDateTime, app_state_t, messages_t, runs_t, sessions_t, state_t, tool_calls_t, user_state_t
+from .tables import (
+    UTCDateTime,
+    app_state_t,
+    erasures_t,
+    messages_t,
+    runs_t,
+    sessions_t,
+    state_t,
+    tool_calls_t,
+    user_state_t,
+)
 
 
 def _insert(db: AsyncConnection, table: Table) -> Any:
@@ -185,6 +196,18 @@ async def lock_user(db: AsyncConnection, user_id: str, *, exclusive: bool) -> No
     if db.dialect.name == "postgresql":
         lock = func.pg_advisory_xact_lock if exclusive else func.pg_advisory_xact_lock_shared
         await db.execute(select(lock(USER_LOCK, func.hashtext(user_id))))
+
+
+def user_key(user_id: str) -> str:
+    """What an erasure keeps of a user id: a SHA-256, enough to recognise the id, not to read it."""
+    return hashlib.sha256(user_id.encode()).hexdigest()
+
+
+async def erased_since(db: AsyncConnection, user_id: str, since: datetime) -> bool:
+    """Whether the user was erased after ``since`` (a run's load): such a run may not write for the user."""
+    e = erasures_t.c
+    found = await db.execute(select(e.user_key).where(e.user_key == user_key(user_id), e.erased_at >= since))
+    return found.first() is not None
 
 
 async def lock_app_scope(db: AsyncConnection, app_id: str) -> None:

@@ -52,7 +52,7 @@ class Store:
             raise InvalidValueError(f"max_value_bytes must be an int of at least 1024, not {max_value_bytes!r}")
         settings = Settings(
             app_id=app_id,
-            idle_ttl_seconds=int(idle_ttl.total_seconds()) if idle_ttl else None,
+            idle_ttl_seconds=codec.check_ttl(idle_ttl, "idle_ttl"),
             max_value_bytes=max_value_bytes,
             message_cipher=message_cipher,
         )
@@ -96,10 +96,12 @@ class Store:
         Raises ``InvalidValueError`` for an unknown revision or one the database is already past (use
         :meth:`downgrade`), ``SchemaTooNewError`` when the database is at a revision this package does not know.
         """
+        codec.check_id(revision, "revision", required=True)
         await self.db.alembic("upgrade", revision)
 
     async def downgrade(self, revision: str) -> None:
         """Downgrade the schema to ``revision`` (``"base"`` drops every agent_store table)."""
+        codec.check_id(revision, "revision", required=True)
         await self.db.alembic("downgrade", revision)
 
     async def load(

@@ -229,6 +229,15 @@ class AppStateRow(Base):
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
+class ErasureRow(Base):
+    """A user erased at ``erased_at``, keyed by a SHA-256 of the user id: runs loaded before it stay out."""
+
+    __tablename__ = "agent_erasures"
+
+    user_key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    erased_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
 # Core tables for the run's batched statements (the ORM classes above document them).
 sessions_t = cast(Table, SessionRow.__table__)
 messages_t = cast(Table, MessageRow.__table__)
@@ -237,3 +246,4 @@ runs_t = cast(Table, RunRow.__table__)
 tool_calls_t = cast(Table, ToolCallRow.__table__)
 user_state_t = cast(Table, UserStateRow.__table__)
 app_state_t = cast(Table, AppStateRow.__table__)
+erasures_t = cast(Table, ErasureRow.__table__)

@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Table, insert, select
+from sqlalchemy import BigInteger, Integer, Table, insert, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -66,7 +66,10 @@ def _from_json(table: Table, data: dict[str, Any]) -> dict[str, Any]:
             value = values.get(column.name)
             if value is None:
                 continue
-            if isinstance(column.type, UTCDateTime):
+            if isinstance(column.type, (Integer, BigInteger)):
+                bound = codec.INT64 if isinstance(column.type, BigInteger) else codec.INT32
+                codec.check_int(value, f"{table.name}.{column.name}", low=-bound, high=bound)
+            elif isinstance(column.type, UTCDateTime):
                 values[column.name] = datetime.fromisoformat(value).astimezone(UTC)
             elif isinstance(column.type, JsonText):
                 values[column.name] = codec.dumps(value, where=f"{table.name}.{column.name}")
@@ -82,6 +85,7 @@ def _line(kind: str, row: dict[str, Any]) -> str:
 async def export(db: Database, *, user_id: str | None, session_id: str | None = None) -> AsyncIterator[str]:
     """Yield the JSON Lines of one session, or of every session of ``user_id`` and that user's shared state."""
     codec.check_id(user_id, "user_id")
+    codec.check_id(session_id, "session_id")
     S = sessions_t.c
     async with db.transaction(write=False, replica=True, doing="listing sessions to export") as conn:
         query = select(S.id).where(owner_is(S.user_id, user_id)).order_by(S.created_at, S.id)
@@ -134,7 +138,10 @@ async def _export_session(db: Database, sid: str) -> AsyncIterator[str]:
                 )
             ).all()
         expected = min(after + 1 + PAGE, end) - after - 1
-        if len(page) != expected:
+        # Messages below next_seq never change, unless the session is cleared or truncated and written again:
+        # then a page is short, or holds a message committed after the session row was read (its commit time
+        # is later than the row's last update).
+        if len(page) != expected or any(r.created_at > row.updated_at for r in page):
             raise ConflictError(sid, [], reason="the session was truncated or cleared while it was being exported")
         seen += len(page)
         after = page[-1].seq
@@ -165,7 +172,11 @@ async def import_lines(
 
         header = trailer = None
         number = 0
+        if isinstance(lines, (str, bytes)) or not hasattr(lines, "__iter__"):
+            raise InvalidValueError("import_lines takes an iterable of JSON Lines (str)")
         for number, line in enumerate(lines, start=1):
+            if not isinstance(line, str):
+                raise InvalidValueError(f"import: line {number} is a {type(line).__name__}, not a str")
             if not line.strip():
                 continue
             if trailer is not None:
@@ -212,10 +223,21 @@ async def _insert_session(conn: AsyncConnection, records: list[tuple[str, dict[s
     (_, session_row), rest = records[0], records[1:]
     session = {**_from_json(sessions_t, session_row), "incarnation": new_stamp()}
     codec.check_id(session.get("id"), "session id", required=True)
+    codec.check_id(session.get("user_id"), "session user_id")
+    codec.check_id(session.get("agent_id"), "session agent_id")
+    if missing := [
+        c.name for c in sessions_t.c if not c.nullable and c.server_default is None and session.get(c.name) is None
+    ]:
+        raise InvalidValueError(f"import: session {session['id']!r} lacks {missing}")
     if session.get("user_id") is not None:
         await lock_user(conn, session["user_id"], exclusive=False)  # creates one of the user's sessions
     if not (await conn.execute(_insert_ignoring_existing(conn, sessions_t), session)).rowcount:
         return False
+    seqs = [row.get("seq") for k, row in rest if k == "message"]
+    if seqs != list(range(session.get("next_seq", -1))):
+        raise InvalidValueError(f"import: session {session['id']!r}: its messages are not seq 0..next_seq-1")
+    if not {row.get("seq") for k, row in rest if k == "tool_call"} <= set(seqs):
+        raise InvalidValueError(f"import: session {session['id']!r}: a tool_call row names a message it lacks")
     stamp = new_stamp()
     for kind, table in _SESSION_TABLES.items():
         rows = [{**_from_json(table, row), "session_id": session["id"]} for k, row in rest if k == kind]

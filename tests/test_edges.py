@@ -152,11 +152,13 @@ async def test_a_ttl_set_while_a_run_is_in_flight_survives_its_commit(store: Sto
 
 
 async def test_erase_user_racing_commits_leaves_no_row_of_the_user(store: Store) -> None:
-    for n in range(6):
-        async with store.session(f"s{n}", user_id="u") as session:
-            session.state["user:fact.name"] = "李明"
-    for _ in range(3):
-        runs = [await store.load(f"s{n}", user_id="u") for n in range(6)]
+    """Runs in flight on existing and on new sessions, writing user: keys, committed while the user is erased."""
+    for trial in range(3):
+        user = f"u{trial}"
+        for n in range(3):
+            async with store.session(f"{user}-s{n}", user_id=user) as session:
+                session.state["user:fact.name"] = "李明"
+        runs = [await store.load(f"{user}-s{n}", user_id=user) for n in range(6)]  # s3..s5 do not exist yet
         for i, run in enumerate(runs):
             run.session.state["user:fact.city"] = f"city {i}"
             run.history.append(Message(role="user", contents=["hi"]))
@@ -167,17 +169,17 @@ async def test_erase_user_racing_commits_leaves_no_row_of_the_user(store: Store)
             except AgentStoreError as exc:
                 return exc
 
-        outcomes = await asyncio.gather(store.erase_user("u"), *(commit(r) for r in runs))
-        for outcome in outcomes[1:]:  # landed before the erasure, or refused after it: never a raw error
-            assert not isinstance(outcome, AgentStoreError) or isinstance(
-                outcome, (SessionNotFoundError, ConflictError)
-            )
-        for table, owner in (("agent_sessions", "user_id"), ("agent_user_state", "user_id")):
-            assert await rows(store, f"SELECT count(*) FROM {table} WHERE {owner} = 'u'") == [(0,)]  # noqa: S608
+        outcomes = await asyncio.gather(store.erase_user(user), *(commit(r) for r in runs))
+        for outcome in outcomes[1:]:  # landed before the erasure (and erased), or refused: never a raw error
+            refused = (SessionNotFoundError, ConflictError)  # the runs also race each other on user:fact.city
+            assert not isinstance(outcome, AgentStoreError) or isinstance(outcome, refused), outcome
+        for table in ("agent_sessions", "agent_user_state"):
+            assert await rows(store, f"SELECT count(*) FROM {table} WHERE user_id = :u", u=user) == [(0,)]  # noqa: S608
         assert await rows(store, "SELECT count(*) FROM agent_messages") == [(0,)]
-        for n in range(6):
-            async with store.session(f"s{n}", user_id="u") as session:
-                session.state["user:fact.name"] = "李明"
+    await asyncio.sleep(1.1)  # past the erasure fence's clock margin: the user may start afresh
+    async with store.session("u0-new", user_id="u0") as session:
+        session.state["user:fact.name"] = "again"
+    assert await rows(store, "SELECT count(*) FROM agent_user_state WHERE user_id = 'u0'") == [(1,)]
 
 
 async def test_two_creators_with_different_agents_cannot_share_a_new_id(store: Store) -> None:
@@ -297,3 +299,78 @@ async def test_a_session_store_session_is_a_plain_agent_session(store: Store) ->
     await sessions.set("s", fresh)
     loaded = await sessions.get("s")
     assert loaded is not None and loaded.state["k"] == 1
+
+
+def lose_the_reply(store: Store) -> None:
+    """The next COMMIT reaches the database and commits; the caller is told the connection was lost."""
+    dialect = store.engine.sync_engine.dialect
+    real_commit = dialect.do_commit
+
+    def commit_then_lose(dbapi_connection: object) -> None:
+        real_commit(dbapi_connection)
+        dialect.do_commit = real_commit  # type: ignore[method-assign]
+        raise dialect.loaded_dbapi.OperationalError("connection lost")
+
+    dialect.do_commit = commit_then_lose  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("then", ["erase", "delete-and-recreate"])
+async def test_a_retry_never_resurrects_a_session_removed_after_its_first_attempt(store: Store, then: str) -> None:
+    run = await store.load("s", user_id="u")  # a new session
+    run.history.append(Message(role="user", contents=["secret"]))
+    run.session.state["user:fact.name"] = "Ann"
+    lose_the_reply(store)
+    with pytest.raises(StorageUnavailableError):
+        await run.commit()  # it did land
+    if then == "erase":
+        await store.erase_user("u")
+        with pytest.raises(SessionNotFoundError):
+            await run.commit()
+        assert await rows(store, "SELECT count(*) FROM agent_user_state") == [(0,)]
+        assert await rows(store, "SELECT count(*) FROM agent_sessions") == [(0,)]
+    else:
+        await store.delete("s", user_id="u")
+        async with store.session("s", user_id="u") as session:
+            session.state["in_memory"]["messages"].append(Message(role="user", contents=["other"]))
+        with pytest.raises(ConflictError):
+            await run.commit()
+        assert await rows(store, "SELECT text FROM agent_messages") == [("other",)]
+
+
+async def test_a_reused_call_id_with_an_interrupted_second_call_still_gives_a_valid_history(store: Store) -> None:
+    async with store.session("s", user_id="u") as session:
+        session.state["in_memory"]["messages"].extend(
+            [Message(role="user", contents=["one"]), call("call_0"), result("call_0"),
+             Message(role="assistant", contents=["ok"]), Message(role="user", contents=["two"]), call("call_0")]
+        )  # fmt: skip
+    for limit in (None, 1, 2, 3, 4, 6):
+        check_request((await store.load("s", user_id="u", history_limit=limit)).history)
+    agent = Agent(client=OfflineChatClient(), name="Bot")
+    async with store.session("s", user_id="u") as session:
+        await agent.run("three", session=session)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda s: s.messages("s", user_id="u", after_seq=2**70),
+        lambda s: s.purge_expired(batch_size=2**40),
+        lambda s: s.list_sessions(user_id="u", metadata={"a": 2**70}),
+        lambda s: s.list_sessions(user_id="u", agent_id=5),
+        lambda s: s.update("s", user_id="u", ttl=60),
+        lambda s: s.update("s", user_id="u", ttl=timedelta(seconds=-5)),
+        lambda s: s.update("s", user_id="u", ttl=timedelta(days=30000)),
+        lambda s: s.migrate(None),
+        lambda s: s.import_lines(None),
+        lambda s: s.import_lines([1, 2]),
+        lambda s: s.fork("s", user_id="u", at_seq=True),
+    ],
+)
+async def test_odd_inputs_are_refused_with_a_typed_error_on_every_backend(store: Store, call: Any) -> None:
+    async with store.session("s", user_id="u") as session:
+        session.state["k"] = 1
+    with pytest.raises(InvalidValueError) as refused:
+        await call(store)
+    assert "2**" not in str(refused.value) and "$" not in str(refused.value)
+    with pytest.raises(InvalidValueError):
+        Store(store.engine, idle_ttl=30)  # type: ignore[arg-type]

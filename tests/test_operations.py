@@ -37,19 +37,25 @@ async def test_a_paused_export_holds_no_connection(store: Store, agent: Agent) -
     assert seen[0] == "header" and seen[-1] == "trailer" and seen.count("session") == 3
 
 
-async def test_an_export_consistent_to_its_start_refuses_a_truncation_midway(store: Store, agent: Agent) -> None:
+@pytest.mark.parametrize("rewritten", [False, True])
+async def test_an_export_consistent_to_its_start_refuses_a_truncation_midway(
+    store: Store, agent: Agent, rewritten: bool
+) -> None:
     await filled(store, agent, 1)
     lines = store.export(user_id="u")
     async for line in lines:
         if json.loads(line)["kind"] == "run":  # the session's row is read; its messages are not yet
             await store.clear("s0", user_id="u")
+            if rewritten:  # as many new messages as there were: only their commit time tells
+                async with store.session("s0", user_id="u") as session:
+                    await agent.run("new", session=session)
             break
     with pytest.raises(ConflictError, match="truncated or cleared while it was being exported"):
         async for _ in lines:
             pass
 
 
-@pytest.mark.parametrize("damage", ["truncated", "bad-line-33", "wrong-trailer"])
+@pytest.mark.parametrize("damage", ["truncated", "bad-line-33", "wrong-trailer", "altered-next-seq"])
 async def test_a_damaged_file_imports_nothing(store: Store, agent: Agent, tmp_path: Path, damage: str) -> None:
     await filled(store, agent, 8)
     lines = [line async for line in store.export(user_id="u")]
@@ -58,12 +64,17 @@ async def test_a_damaged_file_imports_nothing(store: Store, agent: Agent, tmp_pa
         lines = lines[: len(lines) // 2]
     elif damage == "bad-line-33":
         lines[32] = '{"kind": "message", "row": {"seq": "not a number"'
-    else:
+    elif damage == "wrong-trailer":
         trailer = json.loads(lines[-1])
         lines[-1] = json.dumps({**trailer, "sessions": trailer["sessions"] + 1})
+    else:  # a consistent file whose session row disagrees with its messages: refused, not imported broken
+        first = next(i for i, x in enumerate(lines) if json.loads(x)["kind"] == "session")
+        record = json.loads(lines[first])
+        record["row"]["next_seq"] = 0
+        lines[first] = json.dumps(record)
     async with Store.from_url(f"sqlite+aiosqlite:///{tmp_path}/target.db") as target:
         await target.migrate()
-        with pytest.raises(InvalidValueError, match=r"nothing was imported|line 33"):
+        with pytest.raises(InvalidValueError, match=r"nothing was imported|line 33|seq 0..next_seq-1"):
             await target.import_lines(lines)
         assert await rows(target, "SELECT count(*) FROM agent_sessions") == [(0,)]
         assert await rows(target, "SELECT count(*) FROM agent_messages") == [(0,)]

@@ -5,6 +5,8 @@
 - ``agent_state.version``: a random write stamp like the shared scopes' (was the session version, which
   restarted at 0 when an id was re-created and was copied verbatim by fork).
 - ``run_id`` columns widen to 255 characters: a caller's own idempotency key can be a run id.
+- ``agent_erasures``: when a user was erased, under a SHA-256 of the user id (not the id): a run loaded before
+  the erasure cannot create a session of that user or write its ``user:`` keys after it. Kept 7 days.
 
 Revision ID: 0004
 Revises: 0003
@@ -31,6 +33,11 @@ def upgrade() -> None:
         op.execute("UPDATE agent_sessions SET incarnation = (random() * 4611686018427387903)::bigint")
     else:
         op.execute("UPDATE agent_sessions SET incarnation = abs(random() % 4611686018427387903)")
+    op.create_table(
+        "agent_erasures",
+        sa.Column("user_key", sa.String(64), primary_key=True),
+        sa.Column("erased_at", sa.DateTime(timezone=True), nullable=False),
+    )
     # On SQLite these are table rebuilds (batch mode), done with the agent_transcript view in place.
     with op.batch_alter_table("agent_state") as batch:
         batch.alter_column("version", type_=sa.BigInteger(), existing_type=sa.Integer(), existing_nullable=False)
@@ -53,3 +60,4 @@ def downgrade() -> None:
         batch.alter_column("version", type_=sa.Integer(), existing_type=sa.BigInteger(), existing_nullable=False)
     with op.batch_alter_table("agent_sessions") as batch:
         batch.drop_column("incarnation")
+    op.drop_table("agent_erasures")
