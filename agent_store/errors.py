@@ -20,6 +20,7 @@ with its password hidden and never carry SQL text or parameters.
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -129,6 +130,8 @@ _PG_RETRYABLE_CLASSES = ("08", "53", "57", "58")  # connection, resources, opera
 _PG_RETRYABLE = {"40001", "40P01", "55P03", "55006"}  # serialization, deadlock, lock not available, in use
 _PG_CONFIGURATION = {"3D000", "28000", "28P01", "42501", "3F000"}  # no database / role / password / permission
 _PG_READ_ONLY = {"25006"}
+# PgBouncer refuses an unknown database or user as a protocol violation (08P01), not with the server's codes.
+_POOLER_REFUSAL = re.compile(r"database \".*\" does not exist|authentication failed|no such user", re.IGNORECASE)
 _SQLITE_RETRYABLE = {"SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_IOERR", "SQLITE_FULL", "SQLITE_INTERRUPT"}
 _SQLITE_CONFIGURATION = {"SQLITE_CANTOPEN", "SQLITE_AUTH", "SQLITE_PERM", "SQLITE_NOTADB"}
 
@@ -144,7 +147,7 @@ def classify(exc: BaseException, where: str) -> AgentStoreError | None:
         orig = exc.orig
         state = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
         if isinstance(state, str):
-            if state in _PG_CONFIGURATION:
+            if state in _PG_CONFIGURATION or (state == "08P01" and _POOLER_REFUSAL.search(str(orig))):
                 return ConfigurationError(line)
             if state in _PG_READ_ONLY:
                 return StorageUnavailableError(line + " (the server is read-only: a standby?)", retryable=False)

@@ -169,9 +169,9 @@ async def bump_session(
     row = (await db.execute(READ_SESSION, {"sid": session_id})).first()
     if row is None or row.user_id != user_id or row.agent_id not in (None, agent_id):
         raise not_found(session_id, user_id)
-    if row.closed_at is not None:
-        raise SessionClosedError(f"session {session_id!r} was closed while this run was in progress")
-    raise ConflictError(session_id, [], reason="the session was deleted and created again since this run loaded it")
+    if incarnation is not None and row.incarnation != incarnation:  # another conversation, closed or not
+        raise ConflictError(session_id, [], reason="the session was deleted and created again since this run loaded it")
+    raise SessionClosedError(f"session {session_id!r} was closed while this run was in progress")
 
 
 async def delete_if_expired(db: AsyncConnection, session_id: str, user_id: str | None, now: datetime) -> None:

@@ -89,8 +89,15 @@ async def test_missing_database_or_role_is_a_configuration_error(pg_url: str, pa
     expect(raised.value, ConfigurationError, retryable=False)
 
 
-async def test_read_only_server_refuses_the_commit_and_writes_nothing(pg_url: str) -> None:
+def direct_url(cluster: ThrowawayCluster) -> str:
+    """A database on a server of the test's own: server settings reach it directly, PgBouncer or not."""
+    cluster.create_database("t")
+    return cluster.url("t")
+
+
+async def test_read_only_server_refuses_the_commit_and_writes_nothing(own_postgres: ThrowawayCluster) -> None:
     """A read-only server: the commit raises StorageUnavailableError, not retryable, and nothing is written."""
+    pg_url = direct_url(own_postgres)
     async with Store.from_url(pg_url) as store:
         await store.migrate()
     ro = {"server_settings": {"default_transaction_read_only": "on"}}
@@ -105,8 +112,9 @@ async def test_read_only_server_refuses_the_commit_and_writes_nothing(pg_url: st
         assert await count(plain_dsn(pg_url), f"SELECT count(*) FROM {table}") == 0, table  # noqa: S608
 
 
-async def test_statement_timeout_is_retryable_and_the_retry_writes_once(pg_url: str) -> None:
+async def test_statement_timeout_is_retryable_and_the_retry_writes_once(own_postgres: ThrowawayCluster) -> None:
     """A commit cancelled by statement_timeout is retryable; once the lock is gone the retry writes exactly once."""
+    pg_url = direct_url(own_postgres)
     async with Store.from_url(pg_url, connect_args={"server_settings": {"statement_timeout": "300"}}) as store:
         await store.migrate()
         first = await store.load("s", user_id="u")

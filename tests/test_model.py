@@ -249,7 +249,7 @@ class StoreMachine(RuleBasedStateMachine):
     def commit_stale(self, data: st.DataObject) -> None:
         if not self.stale:
             return
-        late = self.stale.pop(data.draw(st.integers(0, len(self.stale) - 1)))
+        late = self.stale.pop(data.draw(st.integers(0, len(self.stale) - 1)))  # -1: the newest, from stale_across
         model = self.model.get(late.name)
         if late.erased and late.incarnation is None:
             expected: type[Exception] | None = SessionNotFoundError  # the erasure fence
@@ -271,6 +271,36 @@ class StoreMachine(RuleBasedStateMachine):
         model = self.model.setdefault(late.name, Model())
         model.messages.append(late.message)
         self.write(model, late.values)
+
+    @rule(
+        name=NAMES,
+        keys=KEYS,
+        between=st.sampled_from(["nothing", "delete", "recreate", "restart", "erase", "truncate", "other-write"]),
+    )
+    def stale_across(self, name: str, keys: set[str], between: str) -> None:
+        """A run loads, one other operation happens, the run commits: the model says what that commit does."""
+        pending = len(self.stale)
+        self.load_stale(name, keys)
+        if len(self.stale) == pending:  # closed, or enough stale runs pending already
+            return
+        if between in ("delete", "recreate"):
+            self.delete(name)
+            if between == "recreate":
+                self.run(name, 1, set(), set(), False)
+        elif between == "restart":
+            self.expire_and_restart(name)
+        elif between == "erase":
+            self.erase_user()
+        elif between == "truncate" and name in self.model and self.model[name].messages:
+            self.truncate(name, 0)
+        elif between == "other-write":
+            self.run(name, 1, set(keys), set(), False)
+
+        class Last:
+            def draw(self, _strategy: object) -> int:
+                return -1
+
+        self.commit_stale(Last())  # type: ignore[arg-type]
 
     @rule(name=NAMES, keys=KEYS)
     def lost_reply_then_retry(self, name: str, keys: set[str]) -> None:
