@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from typing import Any, Protocol
 
-from agent_framework import Message
+from agent_framework import Content, Message
 
 # The framework keeps its state-type registry private; these two dicts are what register_state_type fills.
 # tests/test_codec.py pins that they still exist and behave, so a framework change fails loudly here.
@@ -221,7 +221,7 @@ def message_record(
             tools.append((content.call_id, "call", content.name))
         elif content.type == "function_result" and content.call_id:
             tools.append((content.call_id, "result", tool_names.get(content.call_id)))
-    body = dumps(message.to_dict(), where=where, max_bytes=max_bytes)
+    body = dumps(_compact(message.to_dict()), where=where, max_bytes=max_bytes)
     columns = {
         "message_id": message.message_id,
         "role": str(message.role),
@@ -241,9 +241,42 @@ def message_from_row(body: Mapping[str, Any], cipher: MessageCipher | None = Non
 
 
 def plain_body(body: Mapping[str, Any], cipher: MessageCipher | None) -> Mapping[str, Any]:
-    if ENCRYPTED not in body:
+    """The message's full ``to_dict()``: decrypted if stored encrypted, derived parts put back."""
+    if ENCRYPTED in body:
+        if cipher is None:
+            raise InvalidValueError("this message is stored encrypted: open the Store with its message_cipher")
+        body = json.loads(cipher.decrypt(body[ENCRYPTED]))
+    return _expand(body)
+
+
+# A function result's to_dict() holds the result twice: as "result" and again as text "items" derived from it.
+# The stored body keeps it once: "items" is replaced by this marker when it is exactly what the framework
+# derives from "result", and derived again (by the framework) on the way out.
+DERIVED_ITEMS = "$items"
+
+
+def _derived_items(content: Mapping[str, Any]) -> Any:
+    rebuilt = Content.from_function_result(call_id=content.get("call_id") or "", result=content.get("result"))
+    return rebuilt.to_dict().get("items")
+
+
+def _compact(body: dict[str, Any]) -> dict[str, Any]:
+    for content in body.get("contents", []):
+        if content.get("type") == "function_result" and "items" in content:
+            if content["items"] == _derived_items(content):
+                del content["items"]
+                content[DERIVED_ITEMS] = "result"
+    return body
+
+
+def _expand(body: Mapping[str, Any]) -> Mapping[str, Any]:
+    contents = body.get("contents", [])
+    if not any(DERIVED_ITEMS in c for c in contents):
         return body
-    if cipher is None:
-        raise InvalidValueError("this message is stored encrypted: open the Store with its message_cipher")
-    decoded: Mapping[str, Any] = json.loads(cipher.decrypt(body[ENCRYPTED]))
-    return decoded
+    expanded = []
+    for content in contents:
+        if DERIVED_ITEMS in content:
+            content = {k: v for k, v in content.items() if k != DERIVED_ITEMS}
+            content["items"] = _derived_items(content)
+        expanded.append(content)
+    return {**body, "contents": expanded}

@@ -243,6 +243,8 @@ class Run:
             default_expires=now + timedelta(seconds=ttl) if ttl else None,
             service_session_id=codec.dumps(delta.service_session_id, where="service_session_id")
             if delta.service_session_id_changed else None,
+            loaded_service_session_id=None if snap.service_session_id is None
+            else codec.dumps(snap.service_session_id, where="service_session_id"),
         )  # fmt: skip
         if check_landed and (landed := await sql.run_recorded(db, sid, delta.run_id)) is not None:
             raise _Landed(landed, incarnation)  # under the row lock: an attempt still in flight has finished by now

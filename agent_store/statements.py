@@ -143,12 +143,16 @@ def _bump(dialect: str, has_user: bool, check_incarnation: bool, service_session
     ]
     if check_incarnation:
         where.append(_S.incarnation == bindparam("loaded_incarnation"))
+    if service_session_id:  # moving the service-side conversation on: only from where this run found it
+        loaded = bindparam("loaded_service_session_id", type_=_S.service_session_id.type)
+        where.append(_S.service_session_id.is_not_distinct_from(loaded))
     return update(sessions_t).where(*where).values(values).returning(_S.incarnation, _S.version, _S.next_seq)
 
 
 async def bump_session(
     db: AsyncConnection, *, session_id: str, user_id: str | None, agent_id: str | None, incarnation: int | None,
     n_messages: int, now: datetime, default_expires: datetime | None, service_session_id: str | None,
+    loaded_service_session_id: str | None = None,
 ) -> tuple[int, int, int]:  # fmt: skip
     """Take the session row lock and advance it: (incarnation, new version, next_seq after this run's messages).
 
@@ -163,6 +167,7 @@ async def bump_session(
     }  # fmt: skip
     if ssid:
         params["service_session_id"] = service_session_id
+        params["loaded_service_session_id"] = loaded_service_session_id
     bumped = (await db.execute(statement, params)).first()
     if bumped is not None:
         return int(bumped[0]), int(bumped[1]), int(bumped[2])
@@ -171,6 +176,11 @@ async def bump_session(
         raise not_found(session_id, user_id)
     if incarnation is not None and row.incarnation != incarnation:  # another conversation, closed or not
         raise ConflictError(session_id, [], reason="the session was deleted and created again since this run loaded it")
+    if row.closed_at is None:  # then only the service-side conversation can have moved
+        raise ConflictError(
+            session_id, ["service_session_id"],
+            reason="another run moved the service-side conversation (service_session_id) on since this run loaded it",
+        )  # fmt: skip
     raise SessionClosedError(f"session {session_id!r} was closed while this run was in progress")
 
 

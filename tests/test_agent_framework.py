@@ -484,3 +484,35 @@ async def test_a_save_the_framework_defers_or_drops(store: Store, verdict: str, 
     assert stored == (["我叫李明", "你好，李明！很高兴认识你。"] if verdict == "permit" else [])
     reply = await agent.run("我叫什么名字？", session=AgentSession(session_id="s"))  # the session goes on
     assert reply.text == ("你叫李明。" if verdict == "permit" else "我不知道你叫什么名字。")
+
+
+def result_message(n: int, message_id: str) -> Message:
+    return Message(
+        role="tool", message_id=message_id, contents=[Content.from_function_result(call_id="c1", result="长" * n)]
+    )
+
+
+async def test_a_tool_result_is_stored_once_and_the_size_limit_is_exact(url: str) -> None:
+    """Issue 10: no doubled body; max_value_bytes applies to the stored body, to the byte."""
+    from agent_store import InvalidValueError, codec
+
+    big = result_message(2 * 1024 * 1024 // 3, "big")  # 2 MiB of UTF-8 in the result
+    body = codec.message_record(big, max_bytes=2**62, tool_names={}).columns["body"]
+    assert len(body.encode()) < 2 * 1024 * 1024 + 500  # once, not twice
+    limit = 256 * 1024
+    overhead = len(
+        codec.message_record(result_message(0, "m1"), max_bytes=2**62, tool_names={}).columns["body"].encode()
+    )
+    fits = (limit - overhead) // 3  # "长" is 3 bytes of UTF-8
+    async with Store.from_url(url, max_value_bytes=limit) as store:
+        await store.migrate()
+        call = Message(role="assistant", contents=[Content.from_function_call(call_id="c1", name="f", arguments={})])
+        async with store.session("s", user_id="u") as session:
+            session.state["in_memory"]["messages"].extend([call, result_message(fits, "m1")])
+        with pytest.raises(InvalidValueError, match=rf"message 'm2'.*over the limit of {limit}"):
+            async with store.session("s", user_id="u") as session:
+                session.state["in_memory"]["messages"].extend([call, result_message(fits + 1, "m2")])
+        loaded = (await store.load("s", user_id="u")).history
+        assert loaded[1].to_dict() == result_message(fits, "m1").to_dict()  # the derived part comes back
+        records = await store.messages("s", user_id="u")
+        assert records[1].body == result_message(fits, "m1").to_dict()

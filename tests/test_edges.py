@@ -374,3 +374,24 @@ async def test_odd_inputs_are_refused_with_a_typed_error_on_every_backend(store:
     assert "2**" not in str(refused.value) and "$" not in str(refused.value)
     with pytest.raises(InvalidValueError):
         Store(store.engine, idle_ttl=30)  # type: ignore[arg-type]
+
+
+async def test_two_runs_moving_the_service_conversation_on_conflict(store: Store) -> None:
+    """Issue 10: service_session_id follows the conflict rules; never a silent fork of the conversation."""
+    async with store.session("s", user_id="u") as session:
+        session.service_session_id = "resp_1"
+    tab_a, tab_b = await store.load("s", user_id="u"), await store.load("s", user_id="u")
+    tab_a.session.service_session_id, tab_b.session.service_session_id = "resp_a", "resp_b"
+    tab_a.history.append(Message(role="user", contents=["from tab a"]))
+    tab_b.history.append(Message(role="user", contents=["from tab b"]))
+    await tab_a.commit()
+    with pytest.raises(ConflictError, match="service_session_id") as lost:
+        await tab_b.commit()
+    assert lost.value.keys == ["service_session_id"]
+    assert await rows(store, "SELECT text FROM agent_messages") == [("from tab a",)]
+    local = await store.load("s", user_id="u")  # a run that leaves it alone is no conflict
+    local.history.append(Message(role="user", contents=["local"]))
+    await store.update("s", user_id="u", title="t")
+    await local.commit()
+    async with store.session("s", user_id="u") as session:
+        assert session.service_session_id == "resp_a"
