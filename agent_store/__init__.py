@@ -15,7 +15,7 @@ from .errors import (
 )
 from .models import CommitResult, ErasureReport, MessageRecord, SessionInfo, SessionPage, TransferReport
 from .retry import retry_on_conflict
-from .run import Run
+from .run import Run, run_of
 from .store import Store
 
 __all__ = [
@@ -39,4 +39,5 @@ __all__ = [
     "Store",
     "TransferReport",
     "retry_on_conflict",
+    "run_of",
 ]

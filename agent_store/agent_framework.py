@@ -6,13 +6,24 @@ and state in its one transaction. Outside one, the history provider and the sess
 
 from __future__ import annotations
 
+import logging
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
-from agent_framework import AgentSession, ContextProvider, HistoryProvider, Message, SessionContext, SessionStore, tool
+from agent_framework import (
+    AgentSession,
+    ChatContext,
+    ChatMiddleware,
+    ContextProvider,
+    HistoryProvider,
+    Message,
+    SessionContext,
+    SessionStore,
+    tool,
+)
 from agent_framework._feature_stage import ExperimentalWarning
 
 from . import loading
@@ -22,9 +33,12 @@ from .run import Run, run_of
 if TYPE_CHECKING:
     from .store import Store
 
+logger = logging.getLogger("agent_store")
 # The session whose provider hooks are running: the framework passes the session to before_run/after_run but
 # only its id to get_messages/save_messages, and two sessions may share an id in one process (two tabs).
 _HOOKED_SESSION: ContextVar[AgentSession | None] = ContextVar("agent_store_hooked_session", default=None)
+# Token usage of the response being saved, for a save that commits on its own (outside store.session).
+_USAGE: ContextVar[dict[str, Any] | None] = ContextVar("agent_store_usage", default=None)
 # Function-call ids whose results are in the request being prepared (a tool loop in progress).
 _ANSWERED: ContextVar[frozenset[str]] = ContextVar("agent_store_answered_calls", default=frozenset())
 
@@ -53,6 +67,8 @@ class StoreHistoryProvider(HistoryProvider):
     Args:
         store: the store to read and write.
         source_id: the provider's id in the agent's pipeline (default ``"agent_store"``).
+        continue_locally: when the service no longer knows a service-managed conversation (stored responses
+            expire), send the local transcript instead and start a new service conversation (default True).
         user_id: the owner of sessions this provider creates and the only user whose sessions it opens
             outside a run (inside one, the run's user applies).
         history_limit: outside a run, load only the last N messages (tool calls kept with their results).
@@ -68,23 +84,46 @@ class StoreHistoryProvider(HistoryProvider):
         source_id: str = DEFAULT_SOURCE_ID,
         user_id: str | None = None,
         history_limit: int | None = None,
+        continue_locally: bool = True,
         **options: Any,
     ) -> None:
         super().__init__(source_id, **options)
         self.store, self.user_id, self.history_limit = store, user_id, history_limit
+        self.continue_locally = continue_locally
 
     async def before_run(
         self, *, agent: Any, session: AgentSession, context: SessionContext, state: dict[str, Any]
     ) -> None:
+        if session.service_session_id is not None:
+            # The service keeps this conversation: the local transcript is stored, not sent again, unless the
+            # service has forgotten it (then ContinueLocally sends it and a new service conversation starts).
+            if self.continue_locally:
+                context.extend_middleware(self.source_id, [ContinueLocally(self, session)])
+            return
         with _hooked(session, context):
             await super().before_run(agent=agent, session=session, context=context, state=state)
 
     async def after_run(
         self, *, agent: Any, session: AgentSession, context: SessionContext, state: dict[str, Any]
     ) -> None:
-        with _hooked(session, context):
-            await super().after_run(agent=agent, session=session, context=context, state=state)
+        usage = context.response.usage_details if context.response is not None else None
+        token = _USAGE.set(dict(usage) if usage else None)
+        try:
+            with _hooked(session, context):
+                await super().after_run(agent=agent, session=session, context=context, state=state)
+        finally:
+            _USAGE.reset(token)
         record_usage(session, context)
+
+    async def local_history(self, session: AgentSession) -> list[Message]:
+        """What the model would get from this store without a service-side conversation (windowed, pair-safe)."""
+        if (run := run_of(session)) is not None:
+            history = list(run.history)
+            return history[-self.history_limit :] if self.history_limit else history
+        loaded = await loading.load(
+            self.store.db, session.session_id, user_id=self.user_id, agent_id=None, history_limit=self.history_limit
+        )
+        return list(loaded.history)
 
     def _joined_run(self, session_id: str | None) -> Run | None:
         session = _HOOKED_SESSION.get()
@@ -115,7 +154,37 @@ class StoreHistoryProvider(HistoryProvider):
             return
         standalone = Run.unloaded(self.store.db, AgentSession(session_id=session_id), user_id=self.user_id)
         standalone.add_messages(messages)
+        standalone.add_usage(_USAGE.get())
         await standalone.commit()
+
+
+def _forgotten(exc: BaseException) -> bool:
+    """The service answered that it does not know the conversation (an expired or deleted stored response)."""
+    text = " ".join(str(e) for e in (exc, exc.__cause__) if e is not None).lower()
+    return "not found" in text and (
+        "previous response" in text or "previous_response" in text or "conversation" in text
+    )
+
+
+class ContinueLocally(ChatMiddleware):
+    """Chat middleware: if the service has forgotten the conversation, send the local transcript and start anew."""
+
+    def __init__(self, provider: StoreHistoryProvider, session: AgentSession) -> None:
+        self.provider, self.session = provider, session
+
+    async def process(self, context: ChatContext, call_next: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await call_next()
+            return
+        except Exception as exc:
+            if not _forgotten(exc):
+                raise
+            logger.warning("the service no longer knows conversation %r: continuing from the local transcript",
+                           self.session.service_session_id)  # fmt: skip
+        history = await self.provider.local_history(self.session)
+        context.messages = [*history, *context.messages]
+        context.options = {**(context.options or {}), "conversation_id": None}
+        await call_next()
 
 
 def record_usage(session: AgentSession, context: SessionContext) -> None:

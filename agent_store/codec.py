@@ -203,7 +203,7 @@ ENCRYPTED = "$encrypted"
 def message_record(
     message: Message, *, max_bytes: int, tool_names: dict[str, str], cipher: MessageCipher | None = None
 ) -> EncodedMessage:
-    """The rows for one message; gives it a stable ``message_id`` if it has none.
+    """The rows for one message; its row's ``message_id`` is the store's own id (see :func:`store_id`).
 
     The id is written back onto the in-memory message so a retried commit, and the framework's own
     de-duplication, see the same identity. ``tool_names`` maps call ids to names seen so far (it is updated),
@@ -211,9 +211,8 @@ def message_record(
     """
     if not isinstance(message, Message):
         raise InvalidValueError(f"history holds a {type(message).__name__}, not an agent_framework.Message")
-    if message.message_id is None:
-        message.message_id = uuid.uuid4().hex
-    where = f"message {message.message_id!r}"
+    identity = store_id(message)
+    where = f"message {message.message_id or identity!r}"
     tools: list[tuple[str, str, str | None]] = []
     for content in message.contents:
         if content.type == "function_call" and content.call_id:
@@ -223,7 +222,7 @@ def message_record(
             tools.append((content.call_id, "result", tool_names.get(content.call_id)))
     body = dumps(_compact(message.to_dict()), where=where, max_bytes=max_bytes)
     columns = {
-        "message_id": message.message_id,
+        "message_id": identity,
         "role": str(message.role),
         "author_name": message.author_name,
         "text": message.text or "",
@@ -232,12 +231,37 @@ def message_record(
     if cipher is not None:  # content leaves the process encrypted; ids, roles, authors, tool names stay readable
         columns["text"] = ""
         columns["body"] = dumps({ENCRYPTED: cipher.encrypt(body)}, where=where, max_bytes=2**62)
-    return EncodedMessage(message.message_id, columns, tools)
+    return EncodedMessage(identity, columns, tools)
 
 
-def message_from_row(body: Mapping[str, Any], cipher: MessageCipher | None = None) -> Message:
+# Where a message carries the store's own identity. A provider's ``message_id`` (a completion id, reused by
+# some servers) is kept as data and never decides whether a message is new, stored, or the same as another.
+STORE_ID = "agent_store_id"
+
+
+def store_id(message: Message) -> str:
+    """The store's id of ``message``, given the first time agent_store sees it (and kept on the object).
+
+    A message with no ``message_id`` also gets this id as its ``message_id``, so the framework's own
+    de-duplication tells two identical turns apart.
+    """
+    identity = message.additional_properties.get(STORE_ID)
+    if not isinstance(identity, str):
+        identity = uuid.uuid4().hex
+        message.additional_properties[STORE_ID] = identity
+    if message.message_id is None:
+        message.message_id = identity
+    return identity
+
+
+def message_from_row(
+    body: Mapping[str, Any], cipher: MessageCipher | None = None, identity: str | None = None
+) -> Message:
     """Rebuild a ``Message`` from its stored ``to_dict()`` form (decrypting it if it was stored encrypted)."""
-    return Message.from_dict(dict(plain_body(body, cipher)))
+    message = Message.from_dict(dict(plain_body(body, cipher)))
+    if identity is not None:
+        message.additional_properties[STORE_ID] = identity
+    return message
 
 
 def plain_body(body: Mapping[str, Any], cipher: MessageCipher | None) -> Mapping[str, Any]:

@@ -15,6 +15,7 @@ from typing import Any
 from agent_framework import Content, Message
 
 from . import codec
+from .errors import InvalidValueError
 from .scopes import TEMP_PREFIX, Scope, scope_of
 
 
@@ -92,10 +93,12 @@ def diff(
     seen = set(snap.message_ids)
     new_messages = []
     for message in history:
-        assign_id(message)
-        if message.message_id not in seen:
+        if not isinstance(message, Message):
+            raise InvalidValueError(f"history holds a {type(message).__name__}, not an agent_framework.Message")
+        identity = codec.store_id(message)
+        if identity not in seen:
             new_messages.append(message)
-            seen.add(message.message_id)  # type: ignore[arg-type]
+            seen.add(identity)
     names: dict[str, str] = {}
     return Delta(
         upserts=upserts,
@@ -111,9 +114,9 @@ def diff(
 
 
 def assign_id(message: Any) -> None:
-    """Give a message its store identity the first time agent_store sees it (never a provider's guess)."""
-    if isinstance(message, Message) and message.message_id is None:
-        message.message_id = uuid.uuid4().hex
+    """Give a message its store identity the first time agent_store sees it (never a provider's id)."""
+    if isinstance(message, Message):
+        codec.store_id(message)
 
 
 class IdentifiedHistory(dict[str, Any]):
@@ -171,8 +174,9 @@ def close_tool_pairs(messages: list[Message], answered: Iterable[str] = ()) -> t
             filler = Message(
                 role="tool",
                 contents=[Content.from_function_result(call_id=call_id, result=INTERRUPTED) for call_id in missing],
-                message_id=f"interrupted-{m.message_id}-{len(out)}",
+                message_id=f"interrupted-{codec.store_id(m)}-{len(out)}",
             )
+            filler.additional_properties[codec.STORE_ID] = filler.message_id
             synthetic.add(filler.message_id)  # type: ignore[arg-type]
             out.append(filler)
     return out, synthetic

@@ -99,7 +99,7 @@ async def _read(
                 rows = (await conn.execute(*sql.read_messages(session_id, start))).all()
             for _seq, message_id, body in rows:
                 snap.message_ids.add(message_id)
-                messages.append(codec.message_from_row(body, cipher))
+                messages.append(codec.message_from_row(body, cipher, identity=message_id))
     messages, synthetic = close_tool_pairs(messages, answered)
     snap.message_ids |= synthetic  # handed to the model, never stored
     history = session.state.get(HISTORY_KEY)

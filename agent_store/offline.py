@@ -35,7 +35,7 @@ from agent_framework import (
 )
 from agent_framework.observability import ChatTelemetryLayer
 
-_TELL = re.compile(r"(?:我叫|my name is\s+)([^\s，。,.!！?？]+)", re.IGNORECASE)
+_TELL = re.compile(r"(?:我叫(?!什么)|my name is\s+(?!what))([^\s，。,.!！?？]+)", re.IGNORECASE)
 _ASK = re.compile(r"我叫什么|what(?:'s| is) my name", re.IGNORECASE)
 _REMEMBERED = re.compile(r"^- name: (\S+)$", re.MULTILINE)  # MemoryProvider's instructions
 _CALL = re.compile(r"\bcall (\w+)", re.IGNORECASE)

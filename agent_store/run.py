@@ -175,6 +175,11 @@ class Run:
         if delta.empty and snap.exists and not retry:
             await self.discard()
             return CommitResult(session_id=self.session.session_id, run_id=delta.run_id, version=snap.version)
+        if delta.service_session_id_changed and not delta.messages and not retry:
+            logger.warning(
+                "session %r: the service-side conversation moved on and no message was stored here; give the agent "
+                "agent_store.agent_framework.StoreHistoryProvider to keep a local transcript", self.session.session_id
+            )  # fmt: skip
         self._pending = delta
         held, self._held = self._held, None  # a serialized run's lock ends with this commit, either way
         with telemetry.operation("commit", session_id=self.session.session_id) as span:

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from fake_openai import FakeOpenAI
 from sqlalchemy import text
 
 from agent_store import Store
@@ -33,7 +34,7 @@ def run_cli(*args: str, cwd: Path, url: str | None = None) -> subprocess.Complet
 
 
 def test_the_readme_has_the_blocks_these_tests_run() -> None:
-    assert len(blocks("python")) == len(EXAMPLES) == 9
+    assert len(blocks("python")) == len(EXAMPLES) == 10
     assert len(blocks("sql")) == 4
 
 
@@ -61,10 +62,18 @@ EXAMPLES = examples()
 
 
 @pytest.mark.parametrize("source", EXAMPLES)
-def test_each_readme_example_prints_what_it_says(source: str, url: str, tmp_path: Path) -> None:
+def test_each_readme_example_prints_what_it_says(
+    source: str, url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     expected = re.findall(r"# -> (.*)$", source, flags=re.M)
     assert expected, "an example must say what it prints"
-    assert run_example(source, url, tmp_path) == expected
+    fake = FakeOpenAI().start()  # the OpenAI clients' example talks to the tests' own server, never the network
+    monkeypatch.setenv("OPENAI_BASE_URL", fake.base_url)
+    monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+    try:
+        assert run_example(source, url, tmp_path) == expected
+    finally:
+        fake.stop()
 
 
 async def test_the_readme_sql_runs_on_the_quick_starts_data(url: str, tmp_path: Path) -> None:
