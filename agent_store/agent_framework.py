@@ -17,7 +17,10 @@ from agent_framework import (
     AgentSession,
     ChatContext,
     ChatMiddleware,
+    Content,
     ContextProvider,
+    FunctionInvocationContext,
+    FunctionMiddleware,
     HistoryProvider,
     Message,
     SessionContext,
@@ -25,8 +28,9 @@ from agent_framework import (
     tool,
 )
 from agent_framework._feature_stage import ExperimentalWarning
+from agent_framework._middleware import MiddlewareFailure
 
-from . import loading
+from . import codec, loading
 from .errors import InvalidValueError, SessionNotFoundError
 from .run import Run, run_of
 
@@ -94,6 +98,7 @@ class StoreHistoryProvider(HistoryProvider):
     async def before_run(
         self, *, agent: Any, session: AgentSession, context: SessionContext, state: dict[str, Any]
     ) -> None:
+        context.extend_middleware(self.source_id, [ResultSizeGuard(self.store.db.settings.max_value_bytes)])
         if session.service_session_id is not None:
             # The service keeps this conversation: the local transcript is stored, not sent again, unless the
             # service has forgotten it (then ContinueLocally sends it and a new service conversation starts).
@@ -185,6 +190,36 @@ class ContinueLocally(ChatMiddleware):
         context.messages = [*history, *context.messages]
         context.options = {**(context.options or {}), "conversation_id": None}
         await call_next()
+
+
+class ToolResultTooLargeError(InvalidValueError, MiddlewareFailure):
+    """A tool returned more than the store keeps in one message (``max_value_bytes``); the run stops there.
+
+    Also a ``MiddlewareFailure``: the framework's tool loop lets it end the run instead of handing the model an
+    error result, so the caller sees it before any reply, and nothing of the run is stored.
+    """
+
+    def __init__(self, message: str) -> None:
+        InvalidValueError.__init__(self, message)
+
+
+class ResultSizeGuard(FunctionMiddleware):
+    """Function middleware: refuse a tool result the store could not keep, before the model sees it."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+
+    async def process(self, context: FunctionInvocationContext, call_next: Callable[[], Awaitable[None]]) -> None:
+        await call_next()
+        name = getattr(context.function, "name", "?")
+        content = Content.from_function_result(call_id="size-check", result=context.result)
+        body = codec.compact_body(Message(role="tool", contents=[content]).to_dict())
+        size = len(codec.dumps(body, where=f"tool {name!r}", max_bytes=2**62).encode())
+        if size > self.max_bytes:
+            raise ToolResultTooLargeError(
+                f"tool {name!r} returned {size} bytes as a stored message, over the limit of {self.max_bytes} "
+                "(Store max_value_bytes); nothing of this run is stored: return less (e.g. a truncated result)"
+            )
 
 
 def record_usage(session: AgentSession, context: SessionContext) -> None:

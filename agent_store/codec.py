@@ -220,7 +220,7 @@ def message_record(
             tools.append((content.call_id, "call", content.name))
         elif content.type == "function_result" and content.call_id:
             tools.append((content.call_id, "result", tool_names.get(content.call_id)))
-    body = dumps(_compact(message.to_dict()), where=where, max_bytes=max_bytes)
+    body = dumps(compact_body(message.to_dict()), where=where, max_bytes=max_bytes)
     columns = {
         "message_id": identity,
         "role": str(message.role),
@@ -284,7 +284,7 @@ def _derived_items(content: Mapping[str, Any]) -> Any:
     return rebuilt.to_dict().get("items")
 
 
-def _compact(body: dict[str, Any]) -> dict[str, Any]:
+def compact_body(body: dict[str, Any]) -> dict[str, Any]:
     for content in body.get("contents", []):
         if content.get("type") == "function_result" and "items" in content:
             if content["items"] == _derived_items(content):

@@ -6,20 +6,34 @@ a run committing at the same moment, and a racing commit lands wholly before the
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import delete, func, select
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from . import codec, telemetry
 from .database import Database
 from .models import ErasureReport
-from .statements import lock_user, user_key
+from .statements import lock_user
 from .tables import erasures_t, messages_t, sessions_t, state_t, user_state_t
 
 S = sessions_t.c
 FENCE_KEPT = timedelta(days=7)
+
+
+def user_key(user_id: str) -> str:
+    """What an erasure keeps of a user id: a SHA-256, enough to recognise the id, not to read it."""
+    return hashlib.sha256(user_id.encode()).hexdigest()
+
+
+async def erased_since(db: AsyncConnection, user_id: str, since: datetime) -> bool:
+    """Whether the user was erased after ``since`` (a run's load): such a run may not write for the user."""
+    e = erasures_t.c
+    found = await db.execute(select(e.user_key).where(e.user_key == user_key(user_id), e.erased_at >= since))
+    return found.first() is not None
 
 
 async def purge_expired(db: Database, batch_size: int, progress: Callable[[int], None] | None) -> int:

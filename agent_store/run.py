@@ -30,7 +30,7 @@ from sqlalchemy.engine import Row
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from . import codec, telemetry
+from . import codec, retention, runlog, telemetry
 from . import statements as sql
 from .database import Database
 from .delta import Delta, IdentifiedHistory, Snapshot, assign_id, diff
@@ -209,10 +209,10 @@ class Run:
         """Record the refused run in the run log (its own transaction), so operators can see conflicts."""
         if not self._snapshot.exists:
             return
-        row = sql.run_log_row(self._log_ids(uuid.uuid4().hex), self._snapshot.version, [], 0, self.usage, "conflict")
+        row = runlog.run_log_row(self._log_ids(uuid.uuid4().hex), self._snapshot.version, [], 0, self.usage, "conflict")
         try:
             async with self.db.transaction(write=True, doing="logging a conflict") as db:
-                await sql.record_run(db, row)
+                await runlog.record_run(db, row)
         except AgentStoreError:  # the conflict itself is what the caller must see
             logger.warning("could not log the conflict of run %s", row["run_id"], exc_info=True)
 
@@ -232,7 +232,7 @@ class Run:
         writes_user_keys = any(k.startswith(USER_PREFIX) for k in delta.changed_keys)
         if self.user_id is not None and (writes_user_keys or not snap.exists):
             await sql.lock_user(db, self.user_id, exclusive=writes_user_keys)  # before the row lock, always
-            if await sql.erased_since(db, self.user_id, self._started_at - ERASURE_MARGIN):
+            if await retention.erased_since(db, self.user_id, self._started_at - ERASURE_MARGIN):
                 raise sql.not_found(sid, self.user_id)  # the user was erased after this run loaded
         # A retry of a run that found no session, whose first COMMIT may have landed, is bound to the incarnation
         # that attempt created: it never re-creates a session deleted or erased since, nor joins a new one.
@@ -251,7 +251,7 @@ class Run:
             loaded_service_session_id=None if snap.service_session_id is None
             else codec.dumps(snap.service_session_id, where="service_session_id"),
         )  # fmt: skip
-        if check_landed and (landed := await sql.run_recorded(db, sid, delta.run_id)) is not None:
+        if check_landed and (landed := await runlog.run_recorded(db, sid, delta.run_id)) is not None:
             raise _Landed(landed, incarnation)  # under the row lock: an attempt still in flight has finished by now
         for scope in self._scopes:
             keys = [k for k in delta.changed_keys if scope_of(k, self._scopes) is scope]
@@ -277,10 +277,10 @@ class Run:
             await sql.insert_messages(db, sid, records, first_seq, delta.run_id, now)
         except IntegrityError as exc:  # (session_id, message_id) is unique: an old message added to the history
             raise InvalidValueError(f"session {sid!r}: a message of this run has an id that is already stored") from exc
-        log = sql.run_log_row(
+        log = runlog.run_log_row(
             self._log_ids(delta.run_id), version, records, len(delta.changed_keys), delta.usage, "committed"
         )
-        await sql.record_run(db, log)
+        await runlog.record_run(db, log)
         return incarnation, version
 
     def _committed(self, delta: Delta, incarnation: int, written: Any) -> CommitResult:

@@ -6,9 +6,8 @@
 from __future__ import annotations
 
 import functools
-import hashlib
 from collections.abc import Iterable, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Integer, Table, bindparam, case, cast, delete, func, insert, literal, select, update
@@ -23,9 +22,7 @@ from .scopes import APP_PREFIX, USER_PREFIX, Scope, owner_is
 from .tables import (
     UTCDateTime,
     app_state_t,
-    erasures_t,
     messages_t,
-    runs_t,
     sessions_t,
     state_t,
     tool_calls_t,
@@ -208,18 +205,6 @@ async def lock_user(db: AsyncConnection, user_id: str, *, exclusive: bool) -> No
         await db.execute(select(lock(USER_LOCK, func.hashtext(user_id))))
 
 
-def user_key(user_id: str) -> str:
-    """What an erasure keeps of a user id: a SHA-256, enough to recognise the id, not to read it."""
-    return hashlib.sha256(user_id.encode()).hexdigest()
-
-
-async def erased_since(db: AsyncConnection, user_id: str, since: datetime) -> bool:
-    """Whether the user was erased after ``since`` (a run's load): such a run may not write for the user."""
-    e = erasures_t.c
-    found = await db.execute(select(e.user_key).where(e.user_key == user_key(user_id), e.erased_at >= since))
-    return found.first() is not None
-
-
 async def lock_app_scope(db: AsyncConnection, app_id: str) -> None:
     """Serialize writers of one app's shared keys (PostgreSQL; SQLite's write lock already does)."""
     if db.dialect.name == "postgresql":
@@ -312,41 +297,3 @@ async def insert_messages(
         await db.execute(
             insert(tool_calls_t).values(**params, tool_name=func.coalesce(bindparam("tool_name"), earlier_name)), tools
         )
-
-
-async def record_run(db: AsyncConnection, row: dict[str, Any]) -> None:
-    await db.execute(insert(runs_t), row)
-
-
-async def run_recorded(db: AsyncConnection, session_id: str, run_id: str) -> Any:
-    """The log row of a committed run (version, messages_written, state_keys_written), or None."""
-    c = runs_t.c
-    found = await db.execute(
-        select(c.version, c.messages_written, c.state_keys_written).where(
-            c.session_id == session_id, c.run_id == run_id, c.outcome == "committed"
-        )
-    )
-    return found.first()
-
-
-def run_log_row(
-    ids: dict[str, Any], version: int, records: Sequence[EncodedMessage], keys: int, usage: dict[str, int], outcome: str
-) -> dict[str, Any]:
-    """The agent_runs row for one commit (or refused commit): who ran, what went in and out, tokens."""
-    roles = [r.columns["role"] for r in records]
-    authors = [
-        r.columns["author_name"] for r in records if r.columns["role"] == "assistant" and r.columns["author_name"]
-    ]
-    return {
-        **ids,
-        "version": version,
-        "messages_written": len(records),
-        "state_keys_written": keys,
-        "committed_at": datetime.now(UTC),
-        "agent_name": authors[-1] if authors else None,
-        "messages_in": sum(role in ("user", "tool") for role in roles),
-        "messages_out": roles.count("assistant"),
-        "input_tokens": usage.get("input_token_count"),
-        "output_tokens": usage.get("output_token_count"),
-        "outcome": outcome,
-    }

@@ -518,3 +518,34 @@ async def test_a_tool_result_is_stored_once_and_the_size_limit_is_exact(url: str
         assert loaded[1].to_dict() == expected.to_dict()  # the derived part comes back
         records = await store.messages("s", user_id="u")
         assert records[1].body == expected.to_dict()
+
+
+@tool
+def huge_report() -> str:
+    """A tool whose output is bigger than the store keeps in one message."""
+    return "长" * (300 * 1024 // 3)
+
+
+async def test_a_tool_result_over_the_limit_stops_the_run_before_the_model_sees_it(url: str) -> None:
+    """Issue 10: refused at the tool, not after the user saw a reply; nothing of the run is stored."""
+    from agent_store import InvalidValueError
+    from agent_store.agent_framework import ToolResultTooLargeError
+
+    async with Store.from_url(url, max_value_bytes=256 * 1024) as store:
+        await store.migrate()
+        seen: list[int] = []
+
+        class Counting(OfflineChatClient):
+            def _inner_get_response(self, *, messages: Sequence[Message], **kwargs: Any) -> Any:
+                seen.append(len(messages))
+                return super()._inner_get_response(messages=messages, **kwargs)
+
+        agent = Agent(
+            client=Counting(), name="Bot", tools=[huge_report], context_providers=[StoreHistoryProvider(store)]
+        )
+        with pytest.raises(ToolResultTooLargeError, match=r"tool 'huge_report'.*over the limit of 262144") as refused:
+            async with store.session("s", user_id="u") as session:
+                await agent.run("call huge_report", session=session)
+        assert isinstance(refused.value, InvalidValueError)
+        assert seen == [1]  # the model was asked once (it called the tool) and never got the result
+        assert await rows(store, "SELECT count(*) FROM agent_messages") == [(0,)]
