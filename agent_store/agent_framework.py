@@ -31,6 +31,7 @@ from agent_framework._feature_stage import ExperimentalWarning
 from agent_framework._middleware import MiddlewareFailure
 
 from . import codec, loading
+from .delta import close_tool_pairs, pair_safe_tail
 from .errors import InvalidValueError, SessionNotFoundError
 from .run import Run, run_of
 
@@ -99,7 +100,7 @@ class StoreHistoryProvider(HistoryProvider):
         self, *, agent: Any, session: AgentSession, context: SessionContext, state: dict[str, Any]
     ) -> None:
         context.extend_middleware(self.source_id, [ResultSizeGuard(self.store.db.settings.max_value_bytes)])
-        if session.service_session_id is not None:
+        if session.service_session_id is not None and _service_keeps_history(agent):
             # The service keeps this conversation: the local transcript is stored, not sent again, unless the
             # service has forgotten it (then ContinueLocally sends it and a new service conversation starts).
             if self.continue_locally:
@@ -123,8 +124,7 @@ class StoreHistoryProvider(HistoryProvider):
     async def local_history(self, session: AgentSession) -> list[Message]:
         """What the model would get from this store without a service-side conversation (windowed, pair-safe)."""
         if (run := run_of(session)) is not None:
-            history = list(run.history)
-            return history[-self.history_limit :] if self.history_limit else history
+            return close_tool_pairs(pair_safe_tail(list(run.history), self.history_limit))[0]
         loaded = await loading.load(
             self.store.db, session.session_id, user_id=self.user_id, agent_id=None, history_limit=self.history_limit
         )
@@ -161,6 +161,12 @@ class StoreHistoryProvider(HistoryProvider):
         standalone.add_messages(messages)
         standalone.add_usage(_USAGE.get())
         await standalone.commit()
+
+
+def _service_keeps_history(agent: Any) -> bool:
+    """Whether this agent's client keeps the conversation on the service (the framework's own rule, at agent level)."""
+    store = (getattr(agent, "default_options", None) or {}).get("store")
+    return bool(store if store is not None else getattr(getattr(agent, "client", None), "STORES_BY_DEFAULT", False))
 
 
 def _forgotten(exc: BaseException) -> bool:
@@ -203,6 +209,11 @@ class ToolResultTooLargeError(InvalidValueError, MiddlewareFailure):
         InvalidValueError.__init__(self, message)
 
 
+# What the stored message adds around a result (its ids, the store's id, the real call id, provider data):
+# the guard refuses a result within this many bytes of the limit, so it never lets through one the commit refuses.
+HEADROOM = 1024
+
+
 class ResultSizeGuard(FunctionMiddleware):
     """Function middleware: refuse a tool result the store could not keep, before the model sees it."""
 
@@ -214,10 +225,10 @@ class ResultSizeGuard(FunctionMiddleware):
         name = getattr(context.function, "name", "?")
         content = Content.from_function_result(call_id="size-check", result=context.result)
         body = codec.compact_body(Message(role="tool", contents=[content]).to_dict())
-        size = len(codec.dumps(body, where=f"tool {name!r}", max_bytes=2**62).encode())
+        size = len(codec.dumps(body, where=f"tool {name!r}", max_bytes=2**62).encode()) + HEADROOM
         if size > self.max_bytes:
             raise ToolResultTooLargeError(
-                f"tool {name!r} returned {size} bytes as a stored message, over the limit of {self.max_bytes} "
+                f"tool {name!r} returned about {size} bytes as a stored message, over the limit of {self.max_bytes} "
                 "(Store max_value_bytes); nothing of this run is stored: return less (e.g. a truncated result)"
             )
 

@@ -133,6 +133,22 @@ class IdentifiedHistory(dict[str, Any]):
         super().__setitem__(key, value)
 
 
+def pair_safe_tail(messages: list[Message], limit: int | None) -> list[Message]:
+    """The last ``limit`` messages, widened back until no function result in them lacks its call."""
+    if not limit or len(messages) <= limit:
+        return list(messages)
+    start = len(messages) - limit
+    while start > 0:
+        calls_before = {c.call_id: i for i, m in enumerate(messages[:start]) for c in m.contents
+                        if c.type == "function_call"}  # fmt: skip
+        needed = [calls_before[c.call_id] for m in messages[start:] for c in m.contents
+                  if c.type == "function_result" and c.call_id in calls_before]  # fmt: skip
+        if not needed:
+            break
+        start = min(needed)
+    return list(messages[start:])
+
+
 INTERRUPTED = "error: this tool call was interrupted before it returned; no result was recorded"
 
 

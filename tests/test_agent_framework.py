@@ -549,3 +549,33 @@ async def test_a_tool_result_over_the_limit_stops_the_run_before_the_model_sees_
         assert isinstance(refused.value, InvalidValueError)
         assert seen == [1]  # the model was asked once (it called the tool) and never got the result
         assert await rows(store, "SELECT count(*) FROM agent_messages") == [(0,)]
+
+
+@pytest.mark.parametrize("margin", [-700, -340, -300, -200, -100, -40, 0, 40])
+async def test_the_size_guard_never_lets_through_a_result_the_commit_refuses(sqlite_url: str, margin: int) -> None:
+    """Near the limit a result is refused at the tool or stored: never refused only after the caller got a reply."""
+    from agent_store import InvalidValueError
+    from agent_store.agent_framework import ToolResultTooLargeError
+
+    limit = 64 * 1024
+    length = (limit + margin) // 3
+
+    @tool
+    def sized() -> str:
+        """A result of a chosen size."""
+        return "长" * length
+
+    async with Store.from_url(sqlite_url, max_value_bytes=limit) as store:
+        await store.migrate()
+        agent = Agent(
+            client=OfflineChatClient(), name="Bot", tools=[sized], context_providers=[StoreHistoryProvider(store)]
+        )
+        try:
+            async with store.session("s", user_id="u") as session:
+                await agent.run("call sized", session=session)
+        except ToolResultTooLargeError:
+            assert await rows(store, "SELECT count(*) FROM agent_messages") == [(0,)]
+        except InvalidValueError as exc:
+            raise AssertionError(f"refused only at commit, after the reply: {exc}") from exc
+        else:
+            assert await rows(store, "SELECT count(*) FROM agent_messages") == [(4,)]

@@ -96,3 +96,24 @@ async def test_a_reused_completion_id_never_drops_or_refuses_a_message(url: str,
                 assert {m.message_id for m in assistants} == {"chatcmpl-same"}
     finally:
         fake.stop()
+
+
+async def test_a_forgotten_conversation_continues_with_a_pair_safe_window(url: str, fake: FakeOpenAI) -> None:
+    """The local transcript sent after the service forgot is windowed like every load: no result without its call."""
+    async with Store.from_url(url) as store:
+        await store.migrate()
+        turn(url, fake, "responses", "我叫李明", limit=2)
+        turn(url, fake, "responses", "call weather", limit=2)  # user, call, result, answer
+        fake.forget()
+        assert turn(url, fake, "responses", "你好", limit=2)["text"].startswith("收到")
+        assert turn(url, fake, "responses", "再见", limit=2)["text"].startswith("收到")
+        assert [r for r in fake.refused if "not found" not in r] == []  # only the forgotten-response refusal
+
+
+async def test_a_session_can_move_between_clients(url: str, fake: FakeOpenAI) -> None:
+    """A Chat Completions turn after a Responses turn gets the stored history (its client keeps nothing)."""
+    async with Store.from_url(url) as store:
+        await store.migrate()
+        turn(url, fake, "responses", "我叫李明")
+        assert turn(url, fake, "chat", "我叫什么名字？")["text"] == "你叫李明。"
+        assert fake.refused == []
