@@ -19,6 +19,7 @@ Concurrency is settled by the database, not by locks in this process:
 
 from __future__ import annotations
 
+import copy
 import logging
 import uuid
 from collections.abc import Iterable, Mapping
@@ -62,8 +63,6 @@ class StoredSession(AgentSession):
     _run: Run | None = None
 
     def __deepcopy__(self, memo: dict[int, Any]) -> AgentSession:
-        import copy
-
         clone = AgentSession(
             session_id=self.session_id, service_session_id=copy.deepcopy(self.service_session_id, memo)
         )
