@@ -66,8 +66,9 @@ class StoreHistoryProvider(HistoryProvider):
 
     - In a ``store.session(...)`` block it reads the run's loaded history and its saves join the run's commit.
     - On any other ``AgentSession`` each ``save_messages`` is its own transaction; messages are identified by
-      ``message_id`` (assigned when missing), so a retried save stores nothing twice, and de-duplication
-      looks up only the ids being saved, never the whole history.
+      the store's own id (``additional_properties["agent_store_id"]``, given on first sight; a provider's
+      ``message_id`` is only data), so a retried save stores nothing twice, and de-duplication looks up only
+      the ids being saved, never the whole history.
 
     Args:
         store: the store to read and write.

@@ -132,7 +132,6 @@ _PG_CONFIGURATION = {"3D000", "28000", "28P01", "42501", "3F000"}  # no database
 _PG_READ_ONLY = {"25006"}
 # PgBouncer refuses an unknown database or user as a protocol violation (08P01), not with the server's codes.
 _POOLER_REFUSAL = re.compile(r"database \".*\" does not exist|authentication failed|no such user", re.IGNORECASE)
-_SQLITE_RETRYABLE = {"SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_IOERR", "SQLITE_FULL", "SQLITE_INTERRUPT"}
 _SQLITE_CONFIGURATION = {"SQLITE_CANTOPEN", "SQLITE_AUTH", "SQLITE_PERM", "SQLITE_NOTADB"}
 
 
@@ -162,7 +161,7 @@ def classify(exc: BaseException, where: str) -> AgentStoreError | None:
                 return ConfigurationError(line)
             if name.startswith("SQLITE_READONLY") or "readonly" in str(orig):
                 return StorageUnavailableError(line + " (the database file is read-only)", retryable=False)
-            if any(name.startswith(n) for n in _SQLITE_RETRYABLE) or isinstance(orig, sqlite3.OperationalError):
+            if isinstance(orig, sqlite3.OperationalError):  # busy, locked, I/O, disk full, interrupted
                 return StorageUnavailableError(line)
             return DatabaseError(line)
         if isinstance(exc, (sa_exc.OperationalError, sa_exc.InterfaceError)) or exc.connection_invalidated:

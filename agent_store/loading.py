@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from . import codec, telemetry
 from . import statements as sql
-from .database import Database, quietly
+from .database import Database
 from .delta import IdentifiedHistory, Snapshot, close_tool_pairs
 from .errors import InvalidValueError, SessionClosedError, SessionExpiredError
 from .run import HISTORY_KEY, KEY_MAX, Run, StoredSession
@@ -58,7 +58,7 @@ async def load(
                 run = await _read(db, session_id, user_id, agent_id, history_limit, held, answered)
         except BaseException:
             if held is not None:
-                await quietly(lambda: db.release(held, commit=False), "releasing a serialized run")
+                await db.release(held, commit=False)  # a rollback's failure is logged there, never raised
             raise
     run._held, run._key = held, run_id
     return run

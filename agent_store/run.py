@@ -186,7 +186,7 @@ class Run:
                 async with self.db.transaction(
                     write=True, doing="committing a run", held=held, finish=True, committing=self._sent
                 ) as db:
-                    incarnation, version = await self._write(db, delta, check_landed=retry or self._key is not None)
+                    incarnation, written = await self._write(db, delta, check_landed=retry or self._key is not None)
             except _Landed as landed:
                 return self._committed(delta, landed.incarnation, landed.row)
             except (ConflictError, SessionNotFoundError, SessionClosedError, InvalidValueError) as exc:
@@ -195,7 +195,7 @@ class Run:
                     telemetry.conflicts.add(1)
                     await self._log_conflict()
                 raise
-            result = self._committed(delta, incarnation, (version, len(delta.messages), len(delta.changed_keys)))
+            result = self._committed(delta, incarnation, written)
             span.set_attributes({"messages": result.messages_written, "state_keys": result.state_keys_written})
             telemetry.messages_written.add(result.messages_written)
             telemetry.state_keys_written.add(result.state_keys_written)
@@ -226,7 +226,8 @@ class Run:
             history_key=HISTORY_KEY, service_session_id=self.session.service_session_id, usage=dict(self.usage),
         )  # fmt: skip
 
-    async def _write(self, db: AsyncConnection, delta: Delta, *, check_landed: bool) -> tuple[int, int]:
+    async def _write(self, db: AsyncConnection, delta: Delta, *, check_landed: bool) -> tuple[int, Any]:
+        """Write ``delta``; returns (incarnation, (version, messages written, state keys written))."""
         sid, now, snap, settings = self.session.session_id, datetime.now(UTC), self._snapshot, self.db.settings
         writes_user_keys = any(k.startswith(USER_PREFIX) for k in delta.changed_keys)
         if self.user_id is not None and (writes_user_keys or not snap.exists):
@@ -247,7 +248,8 @@ class Run:
             default_expires=now + timedelta(seconds=ttl) if ttl else None,
             service_session_id=codec.dumps(delta.service_session_id, where="service_session_id")
             if delta.service_session_id_changed else None,
-            loaded_service_session_id=None if snap.service_session_id is None
+            loaded_service_session_id=None  # SQL NULL, not JSON null, for a session that had none
+            if snap.service_session_id is None or not delta.service_session_id_changed
             else codec.dumps(snap.service_session_id, where="service_session_id"),
         )  # fmt: skip
         if check_landed and (landed := await runlog.run_recorded(db, sid, delta.run_id)) is not None:
@@ -280,7 +282,7 @@ class Run:
             self._log_ids(delta.run_id), version, records, len(delta.changed_keys), delta.usage, "committed"
         )
         await runlog.record_run(db, log)
-        return incarnation, version
+        return incarnation, (version, len(records), len(delta.changed_keys))
 
     def _committed(self, delta: Delta, incarnation: int, written: Any) -> CommitResult:
         """Make the snapshot describe the database as this run left it, so a later commit writes only news."""

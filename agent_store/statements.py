@@ -94,7 +94,7 @@ READ_WINDOW = _windowed()
 def read_messages(session_id: str, start: int | None) -> tuple[Any, dict[str, Any]]:
     """The history, or the messages from ``start`` on, widened back to the call of any result in them.
 
-    One widening pass can uncover another result whose call lies further back; run.py repeats the read from
+    One widening pass can uncover another result whose call lies further back; loading.py repeats the read from
     the widened start until the window holds every call it needs (rarely more than once).
     """
     if start is None:

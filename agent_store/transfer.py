@@ -125,25 +125,20 @@ async def _export_session(db: Database, sid: str) -> AsyncIterator[str]:
                 lines.append(_line(kind, _to_json(table, r)))
     for line in lines:
         yield line
-    end, after, seen = row.next_seq, -1, 0
+    end, after = row.next_seq, -1
     while after < end - 1:
+        upto = min(after + 1 + PAGE, end)  # this page: seq in (after, upto)
         async with db.transaction(write=False, replica=True, doing="exporting messages") as conn:
-            window = (M.session_id == sid, M.seq > after, M.seq < min(after + 1 + PAGE, end))
+            window = (M.session_id == sid, M.seq > after, M.seq < upto)
             page = (await conn.execute(select(messages_t).where(*window).order_by(M.seq))).all()
-            tool_rows = (
-                await conn.execute(
-                    select(tool_calls_t)
-                    .where(T.session_id == sid, T.seq > after, T.seq < min(after + 1 + PAGE, end))
-                    .order_by(T.seq, T.call_id)
-                )
-            ).all()
-        expected = min(after + 1 + PAGE, end) - after - 1
+            tools = (T.session_id == sid, T.seq > after, T.seq < upto)
+            tool_rows = (await conn.execute(select(tool_calls_t).where(*tools).order_by(T.seq, T.call_id))).all()
+        expected = upto - after - 1
         # Messages below next_seq never change, unless the session is cleared or truncated and written again:
         # then a page is short, or holds a message committed after the session row was read (its commit time
         # is later than the row's last update).
         if len(page) != expected or any(r.created_at > row.updated_at for r in page):
             raise ConflictError(sid, [], reason="the session was truncated or cleared while it was being exported")
-        seen += len(page)
         after = page[-1].seq
         for r in page:
             yield _line("message", _to_json(messages_t, r))

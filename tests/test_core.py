@@ -7,7 +7,7 @@ from datetime import UTC, date, datetime
 
 import pytest
 from agent_framework import Agent, Message
-from helpers import rows
+from helpers import lose_the_reply, rows
 from sqlalchemy import func, select
 
 from agent_store import ConflictError, InvalidValueError, SessionNotFoundError, StorageUnavailableError, Store
@@ -225,15 +225,7 @@ async def test_a_retried_commit_after_a_lost_reply_writes_nothing_twice(store: S
     run = await store.load("s", user_id="u")
     await agent.run("hello", session=run.session)
     run.session.state["n"] = 1
-    dialect = store.engine.sync_engine.dialect
-    real_commit = dialect.do_commit
-
-    def commit_then_lose_the_connection(dbapi_connection: object) -> None:
-        real_commit(dbapi_connection)  # the database has the run ...
-        dialect.do_commit = real_commit  # type: ignore[method-assign]
-        raise dialect.loaded_dbapi.OperationalError("connection lost")  # ... but the caller never hears
-
-    dialect.do_commit = commit_then_lose_the_connection  # type: ignore[method-assign]
+    lose_the_reply(store)
     with pytest.raises(StorageUnavailableError, match="connection lost"):
         await run.commit()
     assert run.session.state["n"] == 1  # the in-memory session is intact

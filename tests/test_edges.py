@@ -8,8 +8,7 @@ from typing import Any
 
 import pytest
 from agent_framework import Agent, AgentSession, Content, Message
-from helpers import rows
-from sqlalchemy import text
+from helpers import expire_now, lose_the_reply, rows
 
 from agent_store import (
     AgentStoreError,
@@ -21,15 +20,6 @@ from agent_store import (
 )
 from agent_store.agent_framework import StoreHistoryProvider, StoreSessionStore
 from agent_store.offline import OfflineChatClient, check_request
-
-
-async def expire_now(store: Store, session_id: str) -> None:
-    async with store.engine.begin() as conn:
-        past = datetime.now(UTC) - timedelta(seconds=1)
-        value = past.replace(tzinfo=None) if conn.dialect.name == "sqlite" else past
-        await conn.execute(
-            text("UPDATE agent_sessions SET expires_at = :t WHERE id = :s"), {"t": value, "s": session_id}
-        )
 
 
 async def replace_by_import(store: Store, session_id: str) -> None:
@@ -92,15 +82,7 @@ async def test_a_retry_after_a_lost_reply_writes_exactly_the_first_delta(store: 
     run = await store.load("s", user_id="u")
     run.history.append(Message(role="user", contents=["first"]))
     run.session.state["a"] = 1
-    dialect = store.engine.sync_engine.dialect
-    real_commit = dialect.do_commit
-
-    def commit_then_lose_the_reply(dbapi_connection: object) -> None:
-        real_commit(dbapi_connection)
-        dialect.do_commit = real_commit  # type: ignore[method-assign]
-        raise dialect.loaded_dbapi.OperationalError("connection lost")
-
-    dialect.do_commit = commit_then_lose_the_reply  # type: ignore[method-assign]
+    lose_the_reply(store)
     with pytest.raises(StorageUnavailableError) as lost:
         await run.commit()
     assert lost.value.retryable is True
@@ -301,19 +283,6 @@ async def test_a_session_store_session_is_a_plain_agent_session(store: Store) ->
     assert loaded is not None and loaded.state["k"] == 1
 
 
-def lose_the_reply(store: Store) -> None:
-    """The next COMMIT reaches the database and commits; the caller is told the connection was lost."""
-    dialect = store.engine.sync_engine.dialect
-    real_commit = dialect.do_commit
-
-    def commit_then_lose(dbapi_connection: object) -> None:
-        real_commit(dbapi_connection)
-        dialect.do_commit = real_commit  # type: ignore[method-assign]
-        raise dialect.loaded_dbapi.OperationalError("connection lost")
-
-    dialect.do_commit = commit_then_lose  # type: ignore[method-assign]
-
-
 @pytest.mark.parametrize("then", ["erase", "delete-and-recreate"])
 async def test_a_retry_never_resurrects_a_session_removed_after_its_first_attempt(store: Store, then: str) -> None:
     run = await store.load("s", user_id="u")  # a new session
@@ -395,3 +364,17 @@ async def test_two_runs_moving_the_service_conversation_on_conflict(store: Store
     await local.commit()
     async with store.session("s", user_id="u") as session:
         assert session.service_session_id == "resp_a"
+
+
+async def test_a_resave_reports_only_the_messages_it_wrote(store: Store) -> None:
+    """A save of a session it did not load skips what is stored already, and says so in its result."""
+    from agent_store import Run
+
+    said = [Message(role="user", contents=["a"]), Message(role="assistant", contents=["b"])]
+    first = Run.unloaded(store.db, AgentSession(session_id="s"), user_id="u")
+    first.add_messages(said)
+    again = Run.unloaded(store.db, AgentSession(session_id="s"), user_id="u")
+    again.add_messages([*said, Message(role="user", contents=["c"])])
+    assert ((await first.commit()).messages_written, (await again.commit()).messages_written) == (2, 1)
+    assert await rows(store, "SELECT text FROM agent_messages ORDER BY seq") == [("a",), ("b",), ("c",)]
+    assert await rows(store, "SELECT messages_written FROM agent_runs ORDER BY version") == [(2,), (1,)]

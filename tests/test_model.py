@@ -13,11 +13,12 @@ import itertools
 import uuid
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any, TypeVar
 
 import pytest
 from agent_framework import Message
+from helpers import expire_now, lose_the_reply
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
@@ -219,12 +220,7 @@ class StoreMachine(RuleBasedStateMachine):
             return
 
         async def go() -> None:
-            async with self.store.engine.begin() as conn:
-                past = datetime.now(UTC) - timedelta(seconds=1)
-                await conn.execute(
-                    text("UPDATE agent_sessions SET expires_at = :t WHERE id = :s"),
-                    {"t": past.replace(tzinfo=None) if conn.dialect.name == "sqlite" else past, "s": self.sid(name)},
-                )
+            await expire_now(self.store, self.sid(name))
             async with self.store.session(self.sid(name), user_id="u", if_expired="restart") as session:
                 session.state["restarted"] = 1
 
@@ -312,15 +308,7 @@ class StoreMachine(RuleBasedStateMachine):
         first, values = self.message(), {k: next(self.counter) for k in keys}
         run.history.append(first)
         run.session.state.update(values)
-        dialect = self.store.engine.sync_engine.dialect
-        real_commit = dialect.do_commit
-
-        def commit_then_lose(dbapi_connection: object) -> None:
-            real_commit(dbapi_connection)
-            dialect.do_commit = real_commit  # type: ignore[method-assign]
-            raise dialect.loaded_dbapi.OperationalError("connection lost")
-
-        dialect.do_commit = commit_then_lose  # type: ignore[method-assign]
+        lose_the_reply(self.store)
         with pytest.raises(StorageUnavailableError):
             self.do(run.commit())
         later = self.message()
