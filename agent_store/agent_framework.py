@@ -8,19 +8,14 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from agent_framework import (
     AgentSession,
-    ChatContext,
-    ChatMiddleware,
-    Content,
     ContextProvider,
-    FunctionInvocationContext,
-    FunctionMiddleware,
     HistoryProvider,
     Message,
     SessionContext,
@@ -28,16 +23,23 @@ from agent_framework import (
     tool,
 )
 from agent_framework._feature_stage import ExperimentalWarning
-from agent_framework._middleware import MiddlewareFailure
 
-from . import codec, loading
+from . import loading
 from .delta import close_tool_pairs, pair_safe_tail
 from .errors import InvalidValueError, SessionNotFoundError
 from .run import Run, run_of
+from .run_middleware import ContinueLocally, ResultSizeGuard, ToolResultTooLargeError, service_keeps_history
 
 if TYPE_CHECKING:
     from .store import Store
 
+__all__ = [
+    "MemoryProvider",
+    "StoreHistoryProvider",
+    "StoreSessionStore",
+    "ToolResultTooLargeError",
+    "record_usage",
+]
 logger = logging.getLogger("agent_store")
 # The session whose provider hooks are running: the framework passes the session to before_run/after_run but
 # only its id to get_messages/save_messages, and two sessions may share an id in one process (two tabs).
@@ -101,11 +103,11 @@ class StoreHistoryProvider(HistoryProvider):
         self, *, agent: Any, session: AgentSession, context: SessionContext, state: dict[str, Any]
     ) -> None:
         context.extend_middleware(self.source_id, [ResultSizeGuard(self.store.db.settings.max_value_bytes)])
-        if session.service_session_id is not None and _service_keeps_history(agent):
+        if session.service_session_id is not None and service_keeps_history(agent):
             # The service keeps this conversation: the local transcript is stored, not sent again, unless the
             # service has forgotten it (then ContinueLocally sends it and a new service conversation starts).
             if self.continue_locally:
-                context.extend_middleware(self.source_id, [ContinueLocally(self, session)])
+                context.extend_middleware(self.source_id, [ContinueLocally(self.local_history, session)])
             return
         with _hooked(session, context):
             await super().before_run(agent=agent, session=session, context=context, state=state)
@@ -162,76 +164,6 @@ class StoreHistoryProvider(HistoryProvider):
         standalone.add_messages(messages)
         standalone.add_usage(_USAGE.get())
         await standalone.commit()
-
-
-def _service_keeps_history(agent: Any) -> bool:
-    """Whether this agent's client keeps the conversation on the service (the framework's own rule, at agent level)."""
-    store = (getattr(agent, "default_options", None) or {}).get("store")
-    return bool(store if store is not None else getattr(getattr(agent, "client", None), "STORES_BY_DEFAULT", False))
-
-
-def _forgotten(exc: BaseException) -> bool:
-    """The service answered that it does not know the conversation (an expired or deleted stored response)."""
-    text = " ".join(str(e) for e in (exc, exc.__cause__) if e is not None).lower()
-    return "not found" in text and (
-        "previous response" in text or "previous_response" in text or "conversation" in text
-    )
-
-
-class ContinueLocally(ChatMiddleware):
-    """Chat middleware: if the service has forgotten the conversation, send the local transcript and start anew."""
-
-    def __init__(self, provider: StoreHistoryProvider, session: AgentSession) -> None:
-        self.provider, self.session = provider, session
-
-    async def process(self, context: ChatContext, call_next: Callable[[], Awaitable[None]]) -> None:
-        try:
-            await call_next()
-            return
-        except Exception as exc:
-            if not _forgotten(exc):
-                raise
-            logger.warning("the service no longer knows conversation %r: continuing from the local transcript",
-                           self.session.service_session_id)  # fmt: skip
-        history = await self.provider.local_history(self.session)
-        context.messages = [*history, *context.messages]
-        context.options = {**(context.options or {}), "conversation_id": None}
-        await call_next()
-
-
-class ToolResultTooLargeError(InvalidValueError, MiddlewareFailure):
-    """A tool returned more than the store keeps in one message (``max_value_bytes``); the run stops there.
-
-    Also a ``MiddlewareFailure``: the framework's tool loop lets it end the run instead of handing the model an
-    error result, so the caller sees it before any reply, and nothing of the run is stored.
-    """
-
-    def __init__(self, message: str) -> None:
-        InvalidValueError.__init__(self, message)
-
-
-# What the stored message adds around a result (its ids, the store's id, the real call id, provider data):
-# the guard refuses a result within this many bytes of the limit, so it never lets through one the commit refuses.
-HEADROOM = 1024
-
-
-class ResultSizeGuard(FunctionMiddleware):
-    """Function middleware: refuse a tool result the store could not keep, before the model sees it."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-
-    async def process(self, context: FunctionInvocationContext, call_next: Callable[[], Awaitable[None]]) -> None:
-        await call_next()
-        name = getattr(context.function, "name", "?")
-        content = Content.from_function_result(call_id="size-check", result=context.result)
-        body = codec.compact_body(Message(role="tool", contents=[content]).to_dict())
-        size = len(codec.dumps(body, where=f"tool {name!r}", max_bytes=2**62).encode()) + HEADROOM
-        if size > self.max_bytes:
-            raise ToolResultTooLargeError(
-                f"tool {name!r} returned about {size} bytes as a stored message, over the limit of {self.max_bytes} "
-                "(Store max_value_bytes); nothing of this run is stored: return less (e.g. a truncated result)"
-            )
 
 
 def record_usage(session: AgentSession, context: SessionContext) -> None:

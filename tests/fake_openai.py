@@ -4,7 +4,8 @@ It checks requests the way the service does (a tool result needs its call, a cal
 the conversation goes on, ``previous_response_id`` must be a response it stored) and answers with the
 offline client's deterministic replies, so a test can tell what history reached the model. Standard library
 only; one thread per request. ``same_completion_id`` makes every completion reuse one id (servers with short
-random ids do collide); ``forget()`` drops every stored response (stored responses expire at the service).
+random ids do collide); ``forget()`` drops every stored response (stored responses expire at the service);
+``forget_before_tool_results`` does so once, when the next tool result arrives (in the middle of a tool loop).
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ class FakeOpenAI:
         self.responses: dict[str, list[tuple[str, str | None, str | None]]] = {}
         self.requests: list[dict[str, Any]] = []
         self.refused: list[str] = []
+        self.forget_before_tool_results = False
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
@@ -151,10 +153,13 @@ class FakeOpenAI:
 
     def _responses(self, http: BaseHTTPRequestHandler, body: dict[str, Any]) -> None:
         previous = body.get("previous_response_id")
+        items = body["input"] if isinstance(body["input"], list) else [{"role": "user", "content": body["input"]}]
+        if self.forget_before_tool_results and any(i.get("type") == "function_call_output" for i in items):
+            self.forget_before_tool_results = False
+            self.forget()
         if previous is not None and previous not in self.responses:
             raise Invalid(f"Previous response with id '{previous}' not found.")
         turns = list(self.responses.get(previous, [])) if previous else []
-        items = body["input"] if isinstance(body["input"], list) else [{"role": "user", "content": body["input"]}]
         for item in items:
             kind = item.get("type", "message")
             if kind == "function_call":

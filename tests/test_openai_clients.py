@@ -64,16 +64,19 @@ async def test_every_client_keeps_a_local_transcript_across_processes(url: str, 
             assert last["service_session_id"] is None
 
 
-async def test_a_forgotten_service_conversation_continues_from_the_local_transcript(url: str, fake: FakeOpenAI) -> None:
+@pytest.mark.parametrize("kind", sorted(SERVICE_KEEPS))
+async def test_a_forgotten_service_conversation_continues_from_the_local_transcript(
+    url: str, fake: FakeOpenAI, kind: str
+) -> None:
     async with Store.from_url(url) as store:
         await store.migrate()
-        first = turn(url, fake, "responses", "我叫李明")["service_session_id"]
+        first = turn(url, fake, kind, "我叫李明")["service_session_id"]
         fake.forget()  # stored responses expire at the service
-        again = turn(url, fake, "responses", "我叫什么名字？")
+        again = turn(url, fake, kind, "我叫什么名字？")
         assert again["text"] == "你叫李明。"  # the local transcript was sent instead
         assert again["service_session_id"] not in (None, first)  # and a new service conversation started
         assert fake.refused == [f"Previous response with id '{first}' not found."]
-        assert turn(url, fake, "responses", "我叫什么名字？")["text"] == "你叫李明。"  # it continues on the service
+        assert turn(url, fake, kind, "我叫什么名字？")["text"] == "你叫李明。"  # it continues on the service
         assert len(await rows(store, "SELECT seq FROM agent_messages")) == 6
 
 
@@ -108,6 +111,24 @@ async def test_a_forgotten_conversation_continues_with_a_pair_safe_window(url: s
         assert turn(url, fake, "responses", "你好", limit=2)["text"].startswith("收到")
         assert turn(url, fake, "responses", "再见", limit=2)["text"].startswith("收到")
         assert [r for r in fake.refused if "not found" not in r] == []  # only the forgotten-response refusal
+
+
+@pytest.mark.parametrize("kind", sorted(SERVICE_KEEPS))
+async def test_a_conversation_forgotten_in_the_middle_of_a_tool_loop_continues(
+    url: str, fake: FakeOpenAI, kind: str
+) -> None:
+    """The service forgets between the tool call and its result: the stored transcript, this run's input and the
+    call go with the result, and the run completes with every message stored once."""
+    async with Store.from_url(url) as store:
+        await store.migrate()
+        turn(url, fake, kind, "我叫李明")
+        fake.forget_before_tool_results = True
+        assert turn(url, fake, kind, "call weather")["text"] == "工具结果：晴"
+        assert len(fake.refused) == 1 and "not found" in fake.refused[0]
+        assert turn(url, fake, kind, "我叫什么名字？")["text"] == "你叫李明。"  # the new chain has the whole story
+        transcript = await rows(store, "SELECT role FROM agent_messages ORDER BY seq")
+        assert [r[0] for r in transcript] == ["user", "assistant", "user", "assistant", "tool", "assistant", "user",
+                                              "assistant"]  # fmt: skip
 
 
 async def test_a_session_can_move_between_clients(url: str, fake: FakeOpenAI) -> None:
