@@ -19,7 +19,14 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from . import codec
 from .engine import check_schema, configure_sqlite, migration_connection, migrations_dir
-from .errors import ConfigurationError, InvalidValueError, SchemaTooNewError, redact, translated
+from .errors import (
+    ConfigurationError,
+    InvalidValueError,
+    SchemaTooNewError,
+    StorageUnavailableError,
+    redact,
+    translated,
+)
 
 logger = logging.getLogger("agent_store")
 # pg_advisory_xact_lock(class, key) namespaces: 1 serialized sessions, 2 users, 3 apps.
@@ -128,7 +135,18 @@ class Database:
         await quietly(conn.close, "returning a connection")
 
     async def hold(self, session_id: str) -> AsyncConnection:
-        """Open a serialized run's transaction and take its session's lock (SQLite: the database write lock)."""
+        """Open a serialized run's transaction and take its session's lock (SQLite: the database write lock).
+
+        A pooled connection found dead (a server restart; there is no pre-ping) is replaced once.
+        """
+        try:
+            return await self._hold(session_id)
+        except StorageUnavailableError as exc:
+            if not exc.connection_lost:
+                raise
+        return await self._hold(session_id)
+
+    async def _hold(self, session_id: str) -> AsyncConnection:
         with translated(self.url, "locking a session"):
             await self.check_schema()
             conn = await self._writer.connect()

@@ -1,8 +1,9 @@
 """Turning a URL into a correctly configured async engine, and the schema check a store does once.
 
 SQLite gets WAL, a busy timeout, foreign keys and explicit ``BEGIN`` statements (pysqlite's implicit
-transactions would let a run's reads see two different snapshots); PostgreSQL gets pre-ping (the pool
-recovers after a server restart) and a connect timeout (an unreachable host fails, it does not hang).
+transactions would let a run's reads see two different snapshots); PostgreSQL gets a connect timeout (an
+unreachable host fails, it does not hang) and no pre-ping: a round trip per checkout is too dear, so a load or
+commit that meets a connection dropped by a server restart is tried once more instead (loading.py, run.py).
 """
 
 from __future__ import annotations
@@ -65,7 +66,6 @@ def make_engine(url: str | URL | None = None, **engine_kwargs: Any) -> AsyncEngi
             parsed = parsed.difference_update_query(["pgbouncer"])
             parsed = parsed.update_query_dict({"prepared_statement_cache_size": "0"})
             connect_args.update(statement_cache_size=0, prepared_statement_name_func=_unique_statement_name)
-        engine_kwargs.setdefault("pool_pre_ping", True)
         engine_kwargs.setdefault("hide_parameters", True)  # parameters are message text: keep them out of errors
         return _create(parsed, connect_args=connect_args, **engine_kwargs)
     database = parsed.database or ""

@@ -98,9 +98,14 @@ class SchemaTooNewError(SchemaError):
 
 
 class StorageUnavailableError(AgentStoreError):
-    """The database could not be reached, went away, timed out, rolled back a deadlock, or refused to write."""
+    """The database could not be reached, went away, timed out, rolled back a deadlock, or refused to write.
+
+    ``connection_lost``: a pooled connection turned out dead (the server restarted, a proxy dropped it); the
+    pool has dropped every connection of that age, so a new attempt gets a fresh one.
+    """
 
     retryable = True
+    connection_lost = False
 
 
 class DatabaseError(AgentStoreError):
@@ -203,4 +208,6 @@ def translated(url: URL, doing: str) -> Iterator[None]:
         mapped = classify(exc, f"{doing} failed on {redact(url)}")
         if mapped is None:
             raise
+        if isinstance(mapped, StorageUnavailableError):
+            mapped.connection_lost = bool(getattr(exc, "connection_invalidated", False))
         raise mapped from exc

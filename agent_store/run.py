@@ -41,6 +41,7 @@ from .errors import (
     InvalidValueError,
     SessionClosedError,
     SessionNotFoundError,
+    StorageUnavailableError,
 )
 from .models import CommitResult
 from .scopes import APP_PREFIX, USER_PREFIX, scope_of, scopes
@@ -182,19 +183,30 @@ class Run:
         self._pending = delta
         held, self._held = self._held, None  # a serialized run's lock ends with this commit, either way
         with telemetry.operation("commit", session_id=self.session.session_id) as span:
-            try:
-                async with self.db.transaction(
-                    write=True, doing="committing a run", held=held, finish=True, committing=self._sent
-                ) as db:
-                    incarnation, written = await self._write(db, delta, check_landed=retry or self._key is not None)
-            except _Landed as landed:
-                return self._committed(delta, landed.incarnation, landed.row)
-            except (ConflictError, SessionNotFoundError, SessionClosedError, InvalidValueError) as exc:
-                self._pending = None  # refused before COMMIT: certainly not written
-                if isinstance(exc, ConflictError):
-                    telemetry.conflicts.add(1)
-                    await self._log_conflict()
-                raise
+            for last_try in (held is not None, True):
+                try:
+                    async with self.db.transaction(
+                        write=True, doing="committing a run", held=held, finish=True, committing=self._sent
+                    ) as db:
+                        incarnation, written = await self._write(db, delta, check_landed=retry or self._key is not None)
+                    break
+                except _Landed as landed:
+                    return self._committed(delta, landed.incarnation, landed.row)
+                except (ConflictError, SessionNotFoundError, SessionClosedError, InvalidValueError) as exc:
+                    self._pending = None  # refused before COMMIT: certainly not written
+                    if isinstance(exc, ConflictError):
+                        telemetry.conflicts.add(1)
+                        await self._log_conflict()
+                    raise
+                except StorageUnavailableError as exc:
+                    if last_try or not exc.connection_lost:
+                        raise
+                    # A pooled connection was dead (no pre-ping): once more on a fresh one, as a retry, so an
+                    # attempt whose COMMIT did land is recognised by its run id and nothing is written twice.
+                    logger.info(
+                        "session %r: the commit met a dropped connection; trying once more", self.session.session_id
+                    )
+                    retry = True
             result = self._committed(delta, incarnation, written)
             span.set_attributes({"messages": result.messages_written, "state_keys": result.state_keys_written})
             telemetry.messages_written.add(result.messages_written)
