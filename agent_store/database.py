@@ -62,12 +62,15 @@ class Database:
         self.engine, self.settings = engine, settings
         self.dialect: str = engine.dialect.name
         # Two views of one pool: reads see one consistent snapshot; SQLite writes take the write lock up front.
+        # A single statement sees one snapshot by itself: no BEGIN/COMMIT around it (a run's load).
         if self.dialect == "sqlite":
             self._reader = engine.execution_options(agent_store_begin="deferred")
             self._writer = engine.execution_options(agent_store_begin="immediate")
+            self._single = engine.execution_options(agent_store_begin="none")
         else:
             self._reader = engine.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
             self._writer = engine
+            self._single = engine.execution_options(isolation_level="AUTOCOMMIT")
         self._replica: AsyncEngine | None = None
         self._schema_ok = not check_schema
 
@@ -122,6 +125,22 @@ class Database:
                 raise
             finally:
                 await quietly(conn.close, "returning a connection")
+
+    async def one_statement(
+        self, statement: Any, params: dict[str, Any], *, doing: str, held: AsyncConnection | None = None,
+        committing: Callable[[], None] | None = None,
+    ) -> list[Any]:  # fmt: skip
+        """All rows of one statement, run outside any explicit transaction: a single statement is its own
+        snapshot (a run's load) and its own transaction (PostgreSQL's one-round-trip commit). On a serialized
+        run's ``held`` connection, inside its transaction. ``committing``: called before a write is sent."""
+        with translated(self.url, doing):
+            if held is not None:
+                return list((await held.execute(statement, params)).all())
+            await self.check_schema()
+            async with self._single.connect() as conn:
+                if committing is not None:
+                    committing()
+                return list((await conn.execute(statement, params)).all())
 
     async def release(self, conn: AsyncConnection, *, commit: bool) -> None:
         """End a held transaction. A commit's failure propagates; a rollback's is only logged."""

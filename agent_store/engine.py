@@ -34,7 +34,7 @@ _SYNC_HINT = {
     "postgres": "postgresql+asyncpg://",
 }
 # Fixed statements chosen by an execution option; never assembled from input.
-_SQLITE_BEGIN = {"deferred": "BEGIN", "immediate": "BEGIN IMMEDIATE"}
+_SQLITE_BEGIN = {"deferred": "BEGIN", "immediate": "BEGIN IMMEDIATE", "none": ""}
 
 
 def resolve_url(url: str | URL | None) -> URL:
@@ -124,7 +124,8 @@ def _sqlite_begin(conn: Any) -> None:
     # Writes start with BEGIN IMMEDIATE: the write lock is taken (waiting up to busy_timeout) before any
     # read, so a commit never fails with "database is locked" on lock upgrade.
     mode = conn.get_execution_options().get("agent_store_begin", "deferred")
-    conn.exec_driver_sql(_SQLITE_BEGIN[mode])
+    if _SQLITE_BEGIN[mode]:  # "none": a single statement, which is its own transaction
+        conn.exec_driver_sql(_SQLITE_BEGIN[mode])
 
 
 @asynccontextmanager

@@ -108,6 +108,10 @@ class StorageUnavailableError(AgentStoreError):
     connection_lost = False
 
 
+class CheckedPathNeeded(AgentStoreError):
+    """Internal, never raised to callers: the one-round-trip commit refused (SQLSTATE AS000), nothing kept."""
+
+
 class DatabaseError(AgentStoreError):
     """The database refused a statement for a reason that is neither an outage nor a value agent_store checks."""
 
@@ -151,6 +155,8 @@ def classify(exc: BaseException, where: str) -> AgentStoreError | None:
         orig = exc.orig
         state = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
         if isinstance(state, str):
+            if state == "AS000":  # raised by agent_store_commit() (migration 0005)
+                return CheckedPathNeeded(line)
             if state in _PG_CONFIGURATION or (state == "08P01" and _POOLER_REFUSAL.search(str(orig))):
                 return ConfigurationError(line)
             if state in _PG_READ_ONLY:

@@ -1,7 +1,7 @@
 """Step 1 of a run: read one session (row, state of every scope, pair-safe history) and rebuild its AgentSession.
 
-One short read-only transaction (a consistent snapshot); the connection goes back to the pool before the
-agent runs. What is loaded becomes the run's Snapshot, which the commit (run.py) diffs against.
+One statement (load_statement.py), which is a consistent snapshot by itself; the connection goes back to the
+pool before the agent runs. What is loaded becomes the run's Snapshot, which the commit (run.py) diffs against.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from . import statements as sql
 from .database import Database
 from .delta import IdentifiedHistory, Snapshot, close_tool_pairs
 from .errors import InvalidValueError, SessionClosedError, SessionExpiredError, StorageUnavailableError
+from .load_statement import MESSAGE, SESSION, STATE, load_statement
 from .run import HISTORY_KEY, KEY_MAX, Run, StoredSession
 
 
@@ -81,38 +82,40 @@ async def _read(
     db: Database, session_id: str, user_id: str | None, agent_id: str | None, history_limit: int | None,
     held: AsyncConnection | None, answered: frozenset[str],
 ) -> Run:  # fmt: skip
+    cipher = db.settings.message_cipher
+    start: int | None = None
+    while True:  # once, unless the window must be widened past a second call (then re-read from there)
+        statement, params = load_statement(session_id, user_id, db.settings.app_id, history_limit, start)
+        rows = await db.one_statement(statement, params, doing="loading a session", held=held)
+        row = rows[0] if rows and rows[0].kind == SESSION else None
+        found = [r for r in rows if r.kind == MESSAGE]
+        if row is None or history_limit is None:
+            break
+        lowest = start if start is not None else max(row.n3 - history_limit, 0)
+        if not (found and found[0].n1 < lowest and _orphan_results(found, cipher)):
+            break
+        start = found[0].n1
+    if row is not None:
+        if row.key != user_id or row.other not in (None, agent_id):
+            raise sql.not_found(session_id, user_id)  # the same answer as for an unused id
+        if row.t1 is not None:
+            raise SessionClosedError(f"session {session_id!r} was closed at {row.t1.isoformat()}")
+        if row.t2 is not None and row.t2 <= datetime.now(UTC):
+            raise SessionExpiredError(f"session {session_id!r} expired at {row.t2.isoformat()}")
     snap = Snapshot()
     session = StoredSession(session_id=session_id)
-    cipher = db.settings.message_cipher
+    for state in (r for r in rows if r.kind == STATE):
+        full_key = state.other + state.key
+        snap.state_text[full_key] = codec.dumps(state.doc, where=f"state[{full_key!r}]", max_bytes=2**62)
+        snap.state_stamp[full_key] = state.n1
+        session.state[full_key] = codec.decode_state(state.doc, key=full_key)
+    if row is not None:
+        snap.exists, snap.incarnation, snap.version = True, row.n1, row.n2
+        snap.service_session_id = session.service_session_id = row.doc
     messages: list[Message] = []
-    async with db.transaction(write=False, doing="loading a session", held=held) as conn:
-        row = (await conn.execute(sql.READ_SESSION, {"sid": session_id})).first()
-        if row is not None:
-            if row.user_id != user_id or row.agent_id not in (None, agent_id):
-                raise sql.not_found(session_id, user_id)  # the same answer as for an unused id
-            if row.closed_at is not None:
-                raise SessionClosedError(f"session {session_id!r} was closed at {row.closed_at.isoformat()}")
-            if row.expires_at is not None and row.expires_at <= datetime.now(UTC):
-                raise SessionExpiredError(f"session {session_id!r} expired at {row.expires_at.isoformat()}")
-        for prefix, key, value, stamp in (
-            await conn.execute(*sql.read_state(session_id, user_id, db.settings.app_id))
-        ).all():
-            full_key = prefix + key
-            snap.state_text[full_key] = codec.dumps(value, where=f"state[{full_key!r}]", max_bytes=2**62)
-            snap.state_stamp[full_key] = stamp
-            session.state[full_key] = codec.decode_state(value, key=full_key)
-        if row is not None:
-            snap.exists, snap.incarnation, snap.version = True, row.incarnation, row.version
-            snap.service_session_id = session.service_session_id = row.service_session_id
-            start = None if history_limit is None else max(row.next_seq - history_limit, 0)
-            rows = (await conn.execute(*sql.read_messages(session_id, start))).all()
-            # Widen until no function result in the window lacks its call (each pass can uncover another).
-            while start is not None and rows and rows[0].seq < start and _orphan_results(rows, cipher):
-                start = rows[0].seq
-                rows = (await conn.execute(*sql.read_messages(session_id, start))).all()
-            for _seq, message_id, body in rows:
-                snap.message_ids.add(message_id)
-                messages.append(codec.message_from_row(body, cipher, identity=message_id))
+    for message in found:
+        snap.message_ids.add(message.key)
+        messages.append(codec.message_from_row(message.doc, cipher, identity=message.key))
     messages, synthetic = close_tool_pairs(messages, answered)
     snap.message_ids |= synthetic  # handed to the model, never stored
     history = session.state.get(HISTORY_KEY)
@@ -124,7 +127,7 @@ async def _read(
 def _orphan_results(rows: Sequence[Row[Any]], cipher: codec.MessageCipher | None) -> bool:
     calls: set[str] = set()
     for row in rows:
-        for content in codec.message_from_row(row.body, cipher).contents:
+        for content in codec.message_from_row(row.doc, cipher).contents:
             if content.type == "function_call":
                 calls.add(content.call_id or "")
             elif content.type == "function_result" and content.call_id not in calls:

@@ -31,7 +31,7 @@ from sqlalchemy.engine import Row
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from . import codec, retention, runlog, telemetry
+from . import codec, fast_commit, retention, runlog, telemetry
 from . import statements as sql
 from .database import Database
 from .delta import Delta, IdentifiedHistory, Snapshot, assign_id, diff
@@ -181,9 +181,26 @@ class Run:
                 "agent_store.agent_framework.StoreHistoryProvider to keep a local transcript", self.session.session_id
             )  # fmt: skip
         self._pending = delta
+        fast = fast_commit.applies(self, retry=retry)
         held, self._held = self._held, None  # a serialized run's lock ends with this commit, either way
         with telemetry.operation("commit", session_id=self.session.session_id) as span:
-            for last_try in (held is not None, True):
+            written: Any = None
+            attempts = 1 if held is not None else 2  # a dead pooled connection: once more on a fresh one
+            if fast:  # PostgreSQL, the common case: one round trip, or nothing written and the checked path
+                try:
+                    version = await fast_commit.commit(self, delta, self._started_at - ERASURE_MARGIN)
+                except StorageUnavailableError as exc:
+                    if not exc.connection_lost:
+                        raise
+                    logger.info(
+                        "session %r: the commit met a dropped connection; trying once more", self.session.session_id
+                    )
+                    version, retry, attempts = None, True, 1  # the checked path, as a retry: it may have landed
+                if version is not None:
+                    attempts, written = 0, (version, len(delta.messages), len(delta.changed_keys))
+            incarnation = snap.incarnation or 0
+            for attempt in range(attempts):
+                last_try = attempt == attempts - 1
                 try:
                     async with self.db.transaction(
                         write=True, doing="committing a run", held=held, finish=True, committing=self._sent

@@ -10,23 +10,19 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Integer, Table, bindparam, case, cast, delete, func, insert, literal, select, update
+from sqlalchemy import Table, bindparam, case, cast, delete, func, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
-from sqlalchemy.sql import Select
 
 from .codec import EncodedMessage
 from .database import APP_LOCK, USER_LOCK
 from .errors import ConflictError, SessionClosedError, SessionNotFoundError
-from .scopes import APP_PREFIX, USER_PREFIX, Scope, owner_is
+from .scopes import Scope, owner_is
 from .tables import (
     UTCDateTime,
-    app_state_t,
     messages_t,
     sessions_t,
-    state_t,
     tool_calls_t,
-    user_state_t,
 )
 
 
@@ -47,59 +43,6 @@ READ_SESSION = select(
     _S.user_id, _S.agent_id, _S.incarnation, _S.service_session_id, _S.version, _S.next_seq, _S.closed_at,
     _S.expires_at,
 ).where(_S.id == bindparam("sid"))  # fmt: skip
-
-
-def _state_rows(prefix: str, table: Table, owner_column: str, param: str) -> Select[Any]:
-    t = table.c
-    return select(literal(prefix).label("prefix"), t.key, t.value, t.version).where(t[owner_column] == bindparam(param))
-
-
-_SESSION_STATE = _state_rows("", state_t, "session_id", "sid")
-_APP_STATE = _state_rows(APP_PREFIX, app_state_t, "app_id", "app")
-# All state rows of every scope in one round trip: (prefix, key, value, version).
-READ_STATE = _SESSION_STATE.union_all(_APP_STATE)
-READ_STATE_WITH_USER = _SESSION_STATE.union_all(_APP_STATE, _state_rows(USER_PREFIX, user_state_t, "user_id", "uid"))
-
-
-def read_state(session_id: str, user_id: str | None, app_id: str) -> tuple[Any, dict[str, Any]]:
-    if user_id is None:
-        return READ_STATE, {"sid": session_id, "app": app_id}
-    return READ_STATE_WITH_USER, {"sid": session_id, "app": app_id, "uid": user_id}
-
-
-def _windowed() -> Select[Any]:
-    """The last messages from ``:start`` on, widened back to the call of any function result in the window."""
-    result, call = tool_calls_t.alias("result"), tool_calls_t.alias("call")
-    start: Any = bindparam("start", type_=Integer())
-    earliest_call = (
-        select(func.min(call.c.seq))
-        .select_from(
-            result.join(call, (call.c.session_id == result.c.session_id) & (call.c.call_id == result.c.call_id))
-        )
-        .where(result.c.session_id == bindparam("sid"), result.c.kind == "result", result.c.seq >= start)
-        .where(call.c.kind == "call")
-        .scalar_subquery()
-    )
-    return (
-        select(_M.seq, _M.message_id, _M.body)
-        .where(_M.session_id == bindparam("sid"), _M.seq >= case((earliest_call < start, earliest_call), else_=start))
-        .order_by(_M.seq)
-    )
-
-
-READ_ALL_MESSAGES = select(_M.seq, _M.message_id, _M.body).where(_M.session_id == bindparam("sid")).order_by(_M.seq)
-READ_WINDOW = _windowed()
-
-
-def read_messages(session_id: str, start: int | None) -> tuple[Any, dict[str, Any]]:
-    """The history, or the messages from ``start`` on, widened back to the call of any result in them.
-
-    One widening pass can uncover another result whose call lies further back; loading.py repeats the read from
-    the widened start until the window holds every call it needs (rarely more than once).
-    """
-    if start is None:
-        return READ_ALL_MESSAGES, {"sid": session_id}
-    return READ_WINDOW, {"sid": session_id, "start": start}
 
 
 # ---- commit ---------------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ import asyncpg
 from agent_framework import AgentSession, Message
 from floor import TABLES as FLOOR_TABLES
 from floor import Conflict, Floor
+from peers import fresh_url, peers_for, round_trips_per_run
 from sqlalchemy import text
 
 from agent_store import Store, retry_on_conflict
@@ -36,13 +37,31 @@ QUESTION = "请帮我总结一下今天的会议记录，重点是预算和时�
 ANSWER = "好的。会议要点：1) 预算维持不变；2) 上线时间推迟一周；3) 行动项：李明负责测试，王五负责文档。"
 
 
+def texts(n: int) -> tuple[str, str]:
+    return f"{QUESTION} #{n}", f"{ANSWER} #{n}"
+
+
 def messages(n: int) -> list[Message]:
-    return [Message(role="user", contents=[f"{QUESTION} #{n}"]), Message(role="assistant", contents=[f"{ANSWER} #{n}"])]
+    question, answer = texts(n)
+    return [Message(role="user", contents=[question]), Message(role="assistant", contents=[answer])]
 
 
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def store_run(store: Store, sid: str, n: int) -> None:
+    run = await store.load(sid, user_id="bench", history_limit=20)
+    run.history.extend(messages(n))
+    run.session.state["counter"] = n
+    run.session.state["user:last_seen"] = n
+    await run.commit()
+
+
+async def floor_run(floor: Floor, sid: str, n: int) -> None:
+    version, _next, _state, _history = await floor.load(sid)
+    await floor.commit(sid, version, messages(n), "counter", n)
 
 
 class Sides:
@@ -52,14 +71,27 @@ class Sides:
         self.store, self.floor = store, floor
 
     async def store_run(self, sid: str, n: int) -> None:
-        run = await self.store.load(sid, user_id="bench", history_limit=20)
-        run.history.extend(messages(n))
-        run.session.state["counter"] = n
-        await run.commit()
+        await store_run(self.store, sid, n)
 
     async def floor_run(self, sid: str, n: int) -> None:
-        version, _next, _state, _history = await self.floor.load(sid)
-        await self.floor.commit(sid, version, messages(n), "counter", n)
+        await floor_run(self.floor, sid, n)
+
+
+class OneSide:
+    """One implementation on its own connection (for counting its round trips)."""
+
+    def __init__(self, run: Callable[[str, int], Awaitable[None]], close: Callable[[], Awaitable[None]]) -> None:
+        self.run, self.close = run, close
+
+
+async def open_store(url: str) -> OneSide:
+    store = Store.from_url(url, pool_size=1)
+    return OneSide(lambda sid, n: store_run(store, sid, n), store.close)
+
+
+async def open_floor(url: str) -> OneSide:
+    floor = await Floor.open(url, 1)
+    return OneSide(lambda sid, n: floor_run(floor, sid, n), floor.close)
 
 
 async def timed(run: Callable[[], Awaitable[None]]) -> float:
@@ -196,6 +228,26 @@ async def one_rep(
                 out.setdefault("S1 " + key, {})[side] = value
             for key, value in (await s2(run, f"s2-{rep}-{side}", workers)).items():
                 out.setdefault("S2 " + key, {})[side] = value
+        postgres = url.startswith("postgresql")
+        for number, peer_class in enumerate(peers_for("postgresql" if postgres else "sqlite")):
+            peer_url = await fresh_url(url, f"peer{number}")
+            peer = await peer_class.open(peer_url, workers, texts)
+            try:
+                for key, value in (await s1(peer.run, f"s1-{rep}")).items():
+                    out["S1 " + key][peer.name] = value
+                if postgres:
+                    for key, value in (await s2(peer.run, f"s2-{rep}", workers)).items():
+                        out["S2 " + key][peer.name] = value
+            finally:
+                await peer.close()
+            if postgres:
+                out.setdefault("round trips/run", {})[peer.name] = await round_trips_per_run(
+                    peer_url, lambda u, c=peer_class: c.open(u, 1, texts)
+                )
+        if postgres:
+            trips = out.setdefault("round trips/run", {})
+            trips["store"] = await round_trips_per_run(url, open_store)
+            trips["floor"] = await round_trips_per_run(url, open_floor)
         for key, value in (await s3(sides, f"s3-{rep}")).items():
             side, label = key.split(" ", 1)
             out.setdefault("S3 load " + label, {})[side] = value
@@ -229,7 +281,7 @@ TARGETS = {
 }  # fmt: skip
 
 
-async def backend(name: str, reps: int, pg_url: str) -> list[tuple[str, str, float, float]]:
+async def backend(name: str, reps: int, pg_url: str) -> list[tuple[str, str, dict[str, float]]]:
     results: list[dict[str, dict[str, float]]] = []
     for rep in range(reps):
         if name == "postgresql":
@@ -250,9 +302,11 @@ async def backend(name: str, reps: int, pg_url: str) -> list[tuple[str, str, flo
             results.append(await one_rep(url, f"sqlite+aiosqlite:///{floor_file}", rep, 32, (store_file, floor_file)))
     rows = []
     for metric in results[0]:
-        store_value = statistics.median(r[metric]["store"] for r in results if "store" in r[metric])
-        floor_value = statistics.median(r[metric]["floor"] for r in results if "floor" in r[metric])
-        rows.append((name, metric, store_value, floor_value))
+        sides = {side for r in results for side in r.get(metric, {})}
+        values = {
+            side: statistics.median(r[metric][side] for r in results if side in r.get(metric, {})) for side in sides
+        }
+        rows.append((name, metric, values))
     return rows
 
 
@@ -274,7 +328,7 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    async def everything() -> tuple[list[tuple[str, str, float, float]], str]:
+    async def everything() -> tuple[list[tuple[str, str, dict[str, float]]], str]:
         rows = []
         for name in args.backends:
             rows += await backend(name, args.reps, args.pg_url)
@@ -290,10 +344,23 @@ def main() -> None:
           f"SQLite {sqlite3.sqlite_version}, PostgreSQL {pg_version}; medians of {args.reps} repetitions")  # fmt: skip
     print("\n| backend | metric | agent_store | floor | store/floor | target |")
     print("|---|---|---|---|---|---|")
-    for name, metric, store_value, floor_value in rows:
+    for name, metric, values in rows:
+        store_value, floor_value = values["store"], values["floor"]
         cells = [name, metric, f"{store_value:.2f}", f"{floor_value:.2f}", ratio(metric, store_value, floor_value)]
         print("| " + " | ".join([*cells, TARGETS.get(metric, "")]) + " |")
     print("\nruns/s ratios are time ratios (floor runs/s / store runs/s): 1.00x = as fast as the floor.")
+    peers = sorted({side for _n, _m, values in rows for side in values} - {"store", "floor"})
+    print("\nPeers on the same work, each in a database of its own (ratio to the same run's floor):\n")
+    print("| backend | metric | " + " | ".join(["agent_store", "floor", *peers]) + " |")
+    print("|---|---|" + "---|" * (2 + len(peers)))
+    for name, metric, values in rows:
+        if not set(values) & set(peers) and metric != "round trips/run":
+            continue
+        cells = []
+        for side in ("store", "floor", *peers):
+            value = values.get(side)
+            cells.append("-" if value is None else f"{value:.2f} ({ratio(metric, value, values['floor'])})")
+        print(f"| {name} | {metric} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """The raw-driver floor the benchmark measures agent_store against: the same work, fewest statements, no ORM.
 
 A run is a short read transaction (session row, state, last 20 messages rebuilt as ``Message`` objects) and a
-short write transaction (version-checked session update, 2 message inserts in one executemany, 1 state
-upsert). Its tables hold only what that work needs.
+short write transaction (version-checked session update, 2 message inserts in one executemany, a session key
+and a user-level key upserted): the plain loop a developer would write first. Its tables hold only what that work needs.
 """
 
 from __future__ import annotations
@@ -24,8 +24,15 @@ DDL = [
     "body {json} NOT NULL, PRIMARY KEY (session_id, seq))",
     "CREATE TABLE IF NOT EXISTS floor_state (session_id TEXT NOT NULL, key TEXT NOT NULL, value {json} NOT NULL, "
     "PRIMARY KEY (session_id, key))",
+    "CREATE TABLE IF NOT EXISTS floor_user_state (user_id TEXT NOT NULL, key TEXT NOT NULL, value {json} NOT NULL, "
+    "PRIMARY KEY (user_id, key))",
 ]
-TABLES = ["floor_sessions", "floor_messages", "floor_state"]
+TABLES = ["floor_sessions", "floor_messages", "floor_state", "floor_user_state"]
+USER = "bench"
+STATE = (
+    "SELECT key, value FROM floor_state WHERE session_id = ? "
+    "UNION ALL SELECT 'user:' || key, value FROM floor_user_state WHERE user_id = ?"
+)
 
 
 class Conflict(Exception):
@@ -83,7 +90,7 @@ class Floor:
             if self.postgres:
                 async with c.transaction(isolation="repeatable_read", readonly=True):
                     row = await c.fetchrow("SELECT version, next_seq FROM floor_sessions WHERE id = $1", sid)
-                    state = await c.fetch("SELECT key, value FROM floor_state WHERE session_id = $1", sid)
+                    state = await c.fetch(STATE.replace("?", "$1", 1).replace("?", "$2"), sid, USER)
                     bodies = await c.fetch(
                         "SELECT body FROM floor_messages WHERE session_id = $1 AND seq >= $2 ORDER BY seq",
                         sid, (row["next_seq"] - limit) if row and limit else 0,
@@ -95,7 +102,7 @@ class Floor:
             try:
                 cur = await c.execute("SELECT version, next_seq FROM floor_sessions WHERE id = ?", (sid,))
                 row = await cur.fetchone()
-                cur = await c.execute("SELECT key, value FROM floor_state WHERE session_id = ?", (sid,))
+                cur = await c.execute(STATE, (sid, USER))
                 state = await cur.fetchall()
                 start = (row[1] - limit) if row and limit else 0
                 cur = await c.execute(
@@ -130,6 +137,10 @@ class Floor:
                         "INSERT INTO floor_state VALUES ($1, $2, $3) ON CONFLICT (session_id, key) "
                         "DO UPDATE SET value = excluded.value", sid, key, json.dumps(value),
                     )  # fmt: skip
+                    await c.execute(
+                        "INSERT INTO floor_user_state VALUES ($1, 'last_seen', $2) ON CONFLICT (user_id, key) "
+                        "DO UPDATE SET value = excluded.value", USER, json.dumps(value),
+                    )  # fmt: skip
                 return
             await c.execute("BEGIN IMMEDIATE")
             try:
@@ -151,6 +162,11 @@ class Floor:
                     "INSERT INTO floor_state VALUES (?, ?, ?) "
                     "ON CONFLICT (session_id, key) DO UPDATE SET value = excluded.value",
                     (sid, key, json.dumps(value)),
+                )
+                await c.execute(
+                    "INSERT INTO floor_user_state VALUES (?, 'last_seen', ?) "
+                    "ON CONFLICT (user_id, key) DO UPDATE SET value = excluded.value",
+                    (USER, json.dumps(value)),
                 )
             except BaseException:
                 await c.execute("ROLLBACK")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy import event, text
 
 from agent_store import Store
 
@@ -17,16 +17,31 @@ async def rows(store: Store, sql: str, **params: object) -> list[tuple[Any, ...]
 
 
 def lose_the_reply(store: Store) -> None:
-    """The next COMMIT reaches the database and commits; the caller is told the connection was lost."""
-    dialect = store.engine.sync_engine.dialect
-    real_commit = dialect.do_commit
+    """The next commit reaches the database and commits; the caller is told the connection was lost.
 
-    def commit_then_lose(dbapi_connection: object) -> None:
-        real_commit(dbapi_connection)  # the database has the run ...
+    A commit is a COMMIT (the checked path), or on PostgreSQL the one-round-trip ``agent_store_commit`` call,
+    which is its own transaction: whichever comes first is "lost", once.
+    """
+    engine = store.engine.sync_engine
+    dialect = engine.dialect
+    real_commit = dialect.do_commit
+    armed = [True]
+
+    def lose() -> None:
+        armed[0] = False
         dialect.do_commit = real_commit  # type: ignore[method-assign]
         raise dialect.loaded_dbapi.OperationalError("connection lost")  # ... but the caller never hears
 
+    def commit_then_lose(dbapi_connection: object) -> None:
+        real_commit(dbapi_connection)  # the database has the run ...
+        lose()
+
+    def call_then_lose(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if armed[0] and "agent_store_commit" in statement:
+            lose()
+
     dialect.do_commit = commit_then_lose  # type: ignore[method-assign]
+    event.listen(engine, "after_cursor_execute", call_then_lose)
 
 
 async def expire_now(store: Store, session_id: str) -> None:

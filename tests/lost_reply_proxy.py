@@ -1,4 +1,5 @@
-"""A TCP proxy that can lose the server's reply to a COMMIT: the commit happens, the client never hears of it.
+"""A TCP proxy that can lose the server's reply to a COMMIT (the commit happens, the client never hears of it),
+and counts the round trips its clients make.
 
 The "ambiguous commit" fault: the client's connection dies mid-COMMIT and it cannot tell whether the transaction
 was applied. Everything else is forwarded byte for byte (no TLS: the proxy must see the COMMIT)."""
@@ -8,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import re
 
-_COMMIT = re.compile(rb"\bCOMMIT\b", re.IGNORECASE)
+# COMMIT, or PostgreSQL's one-round-trip commit (a call that is its own transaction).
+_COMMIT = re.compile(rb"\bCOMMIT\b|\bagent_store_commit\(", re.IGNORECASE)
 _READY_FOR_QUERY = b"Z\x00\x00\x00\x05"  # the server's "done with your last request" message
 _PRE_STARTUP = (80877103, 80877104)  # SSLRequest, GSSENCRequest: another untyped startup message follows
 
@@ -18,6 +20,7 @@ class _CommitSpotter:
     COMMIT, or a Bind of a statement Parsed from such SQL. Only SQL text counts, never bound parameter values."""
 
     def __init__(self) -> None:
+        self.requests = 0  # Sync and Query messages: each is answered by ReadyForQuery, i.e. one round trip
         self.buf = bytearray()
         self.untyped = True  # the first messages (SSLRequest, startup) have no type byte
         self.commit_statements: set[bytes] = set()  # names of prepared statements whose SQL is a COMMIT
@@ -35,7 +38,10 @@ class _CommitSpotter:
             if self.untyped:
                 self.untyped = int.from_bytes(body[:4], "big") in _PRE_STARTUP
             elif kind == b"Q":  # Query: sql
+                self.requests += 1
                 found |= bool(_COMMIT.search(fields[0]))
+            elif kind == b"S":  # Sync: the end of one extended-protocol request
+                self.requests += 1
             elif kind == b"P":  # Parse: statement name, sql, ...
                 (self.commit_statements.add if _COMMIT.search(fields[1]) else self.commit_statements.discard)(fields[0])
             elif kind == b"B":  # Bind: portal name, statement name, ...
@@ -51,12 +57,18 @@ class LostReplyProxy:
         self.port = 0
         self.armed = False
         self.drops = 0  # how many COMMIT replies were swallowed so far
+        self._spotters: list[_CommitSpotter] = []
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()  # one _handle per proxied connection
 
     def drop_reply_after_commit(self) -> None:
         """Arm: the next COMMIT a client sends goes through, its reply does not. One shot."""
         self.armed = True
+
+    @property
+    def round_trips(self) -> int:
+        """Requests the clients made so far, over every connection (each waits for the server's ReadyForQuery)."""
+        return sum(s.requests for s in self._spotters)
 
     async def start(self) -> int:
         self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
@@ -81,6 +93,7 @@ class LostReplyProxy:
         writers = [c_writer]
         doomed = asyncio.Event()  # set once this connection has sent the COMMIT whose reply we will drop
         spotter = _CommitSpotter()
+        self._spotters.append(spotter)
         pumps: list[asyncio.Future[None]] = []
         try:
             s_reader, s_writer = await asyncio.wait_for(asyncio.open_connection(self.target_host, self.target_port), 10)

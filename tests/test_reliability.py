@@ -138,11 +138,13 @@ async def test_two_hundred_sessions_ten_runs_each_thirty_two_workers(store: Stor
 # ---- 3. faults -----------------------------------------------------------------------------------------------
 
 
-async def prepared_run(store: Store, agent: Agent) -> Any:
+async def prepared_run(store: Store, agent: Agent, run_id: str | None = None) -> Any:
+    """A run ready to commit; with ``run_id`` (an idempotency key) it takes the checked path on PostgreSQL too,
+    without one the one-round-trip commit."""
     async with store.session("s", user_id="u") as session:
         session.state["n"] = 1
         await agent.run("before", session=session)
-    run = await store.load("s", user_id="u")
+    run = await store.load("s", user_id="u", run_id=run_id)
     await agent.run("the run under test", session=run.session)
     run.session.state["n"] = 2
     return run
@@ -159,16 +161,16 @@ async def assert_run_committed_exactly_once(store: Store) -> None:
     assert await rows(store, "SELECT count(*) FROM agent_runs WHERE outcome = 'committed'") == [(2,)]
 
 
-@pytest.mark.parametrize("moment", ["last-insert", "commit"])
+@pytest.mark.parametrize("moment", ["last-insert", "commit", "one-round-trip"])
 async def test_the_connection_killed_during_a_commit(
     pg_url: str, agent: Agent, moment: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Killed before COMMIT (nothing landed) or at COMMIT (it may have): the commit tries once more, as a retry,
-    and the run is stored exactly once with no error surfaced."""
+    """Killed before COMMIT (nothing landed) or at COMMIT (it may have), or before the one-round-trip call: the
+    commit tries once more, as a retry, and the run is stored exactly once with no error surfaced."""
     url = pg_url
     async with Store.from_url(url) as store:
         await store.migrate()
-        run = await prepared_run(store, agent)
+        run = await prepared_run(store, agent, run_id=None if moment == "one-round-trip" else "key-1")
         admin = await asyncpg.connect(plain_dsn(url))
 
         def kill(conn: Any, *args: Any) -> None:
@@ -182,9 +184,10 @@ async def test_the_connection_killed_during_a_commit(
             event.listen(sync_engine, "commit", kill, once=True)
         else:
             once = {"done": False}
+            spot = "agent_store_commit" if moment == "one-round-trip" else "INSERT INTO agent_runs"
 
             def before(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-                if "INSERT INTO agent_runs" in statement and not once["done"]:
+                if spot in statement and not once["done"]:
                     once["done"] = True
                     kill(conn)
 
@@ -254,15 +257,19 @@ async def test_a_server_restart_between_two_runs_surfaces_no_error(own_postgres:
         assert await rows(store, "SELECT count(*) FROM agent_runs WHERE outcome = 'committed'") == [(4,)]
 
 
-async def test_a_reply_lost_after_commit_reached_the_server_is_retried_once(own_postgres: Any, agent: Agent) -> None:
-    """On the wire: a proxy forwards COMMIT, lets the server commit, drops the reply and the connection."""
+@pytest.mark.parametrize("key", [None, "key-1"], ids=["one-round-trip", "checked"])
+async def test_a_reply_lost_after_commit_reached_the_server_is_retried_once(
+    own_postgres: Any, agent: Agent, key: str | None
+) -> None:
+    """On the wire: a proxy forwards the COMMIT (or the one-round-trip call), lets the server commit, drops the
+    reply and the connection."""
     proxy = LostReplyProxy("127.0.0.1", own_postgres.port)
     port = await proxy.start()
     try:
         url = own_postgres.url().replace(f":{own_postgres.port}/", f":{port}/")
         async with Store.from_url(url, connect_args={"timeout": 3}) as store:
             await store.migrate()
-            run = await prepared_run(store, agent)
+            run = await prepared_run(store, agent, run_id=key)
             proxy.drop_reply_after_commit()
             result = await run.commit()  # the reply is lost; the retry on a fresh connection finds the run landed
             assert proxy.drops == 1

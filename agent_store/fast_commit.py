@@ -1,0 +1,93 @@
+"""PostgreSQL: the common commit in one round trip, a call of ``agent_store_commit(jsonb)`` (migration 0005).
+
+The common case is a session that exists, loaded by this run, committed for the first time (no retry, no
+idempotency key to look up), outside a serialized run. The call runs as one statement outside any explicit
+transaction, so it is its own transaction: no BEGIN, no COMMIT, one round trip. The function takes the same
+locks in the same order and makes the same checks as the checked path (run.py ``_write``), and raises
+``AS000`` (caught here as :class:`CheckedPathNeeded`) whenever anything differs from the common case, before
+anything is kept: then the caller takes the checked path, which names the precise error (or commits).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import text
+
+from . import codec, runlog
+from .errors import CheckedPathNeeded
+from .retention import user_key
+from .scopes import APP_PREFIX, USER_PREFIX, scope_of
+
+if TYPE_CHECKING:
+    from .delta import Delta
+    from .run import Run
+
+CALL = text("SELECT agent_store_commit(CAST(:p AS jsonb))")
+
+
+def applies(run: Run, *, retry: bool) -> bool:
+    snap = run._snapshot
+    return (
+        run.db.dialect == "postgresql" and run._held is None and not retry and run._key is None
+        and snap.exists and not snap.verify_new_ids
+    )  # fmt: skip
+
+
+async def commit(run: Run, delta: Delta, since: datetime) -> int | None:
+    """The new session version, or None when the checked path must run (nothing was written)."""
+    try:
+        rows = await run.db.one_statement(
+            CALL, {"p": payload(run, delta, since)}, doing="committing a run", committing=run._sent
+        )
+    except CheckedPathNeeded:
+        run._maybe_landed = False  # the server said so: the statement was rolled back
+        return None
+    return int(rows[0][0])
+
+
+def _j(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def payload(run: Run, delta: Delta, since: datetime) -> str:
+    """The call's one argument, as JSON text: values and bodies are spliced in as the codec serialized them."""
+    snap, settings, now = run._snapshot, run.db.settings, datetime.now(UTC)
+    ttl = settings.idle_ttl_seconds
+    state = []
+    for key in delta.changed_keys:
+        scope = scope_of(key, run._scopes)
+        value = delta.upserts.get(key)
+        state.append(
+            f'{{"scope":{_j(scope.prefix)},"key":{_j(scope.stored_key(key))},"del":{_j(value is None)},'
+            f'"loaded":{_j(snap.state_stamp.get(key))},"value":{value if value is not None else "null"}}}'
+        )
+    messages, tools = [], []
+    for i, record in enumerate(delta.messages):
+        c = record.columns
+        messages.append(
+            f'{{"i":{i},"message_id":{_j(record.message_id)},"role":{_j(c["role"])},'
+            f'"author_name":{_j(c["author_name"])},"text":{_j(c["text"])},"body":{c["body"]}}}'
+        )
+        tools += [{"i": i, "call_id": call_id, "kind": kind, "tool_name": name} for call_id, kind, name in record.tools]
+    log = runlog.run_log_row(run._log_ids(delta.run_id), 0, delta.messages, len(delta.changed_keys), delta.usage, "")
+    head = {
+        "sid": run.session.session_id, "uid": run.user_id, "agent": run.agent_id, "app": settings.app_id,
+        "incarnation": snap.incarnation, "version": snap.version, "stamp": delta.stamp, "run_id": delta.run_id,
+        "now": now.isoformat(), "default_expires": (now + timedelta(seconds=ttl)).isoformat() if ttl else None,
+        "ssid_changed": delta.service_session_id_changed,
+        "user_lock": any(k.startswith(USER_PREFIX) for k in delta.changed_keys),
+        "app_lock": any(k.startswith(APP_PREFIX) for k in delta.changed_keys),
+        "tools": tools,
+        "log": {k: v.isoformat() if isinstance(v, datetime) else v for k, v in log.items()},
+    }  # fmt: skip
+    if head["user_lock"]:
+        head["user_key"], head["since"] = user_key(run.user_id or ""), since.isoformat()
+    parts = [_j(head)[:-1], ',"state":[', ",".join(state), '],"messages":[', ",".join(messages), "]"]
+    if delta.service_session_id_changed:
+        parts.append(f',"ssid":{codec.dumps(delta.service_session_id, where="service_session_id")}')
+        if snap.service_session_id is not None:  # absent: SQL NULL, as the checked path binds it
+            parts.append(f',"loaded_ssid":{codec.dumps(snap.service_session_id, where="service_session_id")}')
+    return "".join(parts) + "}"

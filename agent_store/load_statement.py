@@ -1,0 +1,109 @@
+"""A run's load as one statement: the session row, its state (own, ``user:``, ``app:``) and its messages.
+
+One statement sees one snapshot, so the load needs no transaction around it: one round trip on PostgreSQL,
+one ``execute`` on SQLite. The rows of the three kinds share one set of columns:
+
+=========  ==========  ==========  ==================  ===========  =======  ========  =========  ==========
+kind       key         other       doc                 n1           n2       n3        t1         t2
+=========  ==========  ==========  ==================  ===========  =======  ========  =========  ==========
+SESSION    user_id     agent_id    service_session_id  incarnation  version  next_seq  closed_at  expires_at
+STATE      key         prefix      value               stamp
+MESSAGE    message_id              body                seq
+=========  ==========  ==========  ==================  ===========  =======  ========  =========  ==========
+
+A window (``history_limit``) starts ``limit`` before the session's ``next_seq`` and is widened back to the
+call of any function result in it (the tool-calls index), so a window never starts with an orphan result.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from sqlalchemy import BigInteger, Integer, String, bindparam, case, cast, func, literal_column, null, select, union_all
+
+from .scopes import APP_PREFIX, USER_PREFIX
+from .tables import JsonText, UTCDateTime, app_state_t, messages_t, sessions_t, state_t, tool_calls_t, user_state_t
+
+SESSION, STATE, MESSAGE = 0, 1, 2
+_COLUMNS = {
+    "key": String(), "other": String(), "doc": JsonText(), "n1": BigInteger(), "n2": BigInteger(),
+    "n3": BigInteger(), "t1": UTCDateTime(), "t2": UTCDateTime(),
+}  # fmt: skip
+_S, _M = sessions_t.c, messages_t.c
+
+
+def _branch(kind: int, **given: Any) -> list[Any]:
+    """One SELECT's column list: the given expressions, typed NULL for the rest."""
+    columns = [literal_column(str(kind), Integer).label("kind")]
+    for name, type_ in _COLUMNS.items():
+        value = given.get(name)
+        columns.append((cast(null(), type_) if value is None else value).label(name))
+    return columns
+
+
+def _text(value: str) -> Any:
+    return literal_column(f"'{value}'", String)  # a constant of ours ("", "user:", "app:"), never user input
+
+
+@functools.cache
+def _statement(with_user: bool, window: str) -> Any:
+    """``window``: "all" (every message), "limit" (the last ``:limit`` before next_seq), "start" (from ``:start``)."""
+    owned = _S.user_id == bindparam("uid") if with_user else _S.user_id.is_(None)
+    session = select(*_branch(
+        SESSION, key=_S.user_id, other=_S.agent_id, doc=_S.service_session_id, n1=_S.incarnation, n2=_S.version,
+        n3=_S.next_seq, t1=_S.closed_at, t2=_S.expires_at,
+    )).where(_S.id == bindparam("sid"))  # fmt: skip
+    branches = [session]
+    for prefix, table, owner, param in (
+        ("", state_t, "session_id", "sid"),
+        (APP_PREFIX, app_state_t, "app_id", "app"),
+        *([(USER_PREFIX, user_state_t, "user_id", "uid")] if with_user else []),
+    ):
+        t = table.c
+        branches.append(
+            select(*_branch(STATE, key=t.key, other=_text(prefix), doc=t.value, n1=t.version)).where(
+                t[owner] == bindparam(param)
+            )
+        )
+    # Messages only of a session this user owns (another user's transcript is never read, not even to refuse).
+    first: Any = literal_column("0")
+    if window == "limit":
+        first = _S.next_seq - bindparam("limit", type_=Integer())
+    elif window == "start":
+        first = bindparam("start", type_=Integer())
+    start: Any = select(first).where(_S.id == bindparam("sid"), owned).scalar_subquery()
+    if window != "all":
+        result, call = tool_calls_t.alias("result"), tool_calls_t.alias("call")
+        earliest_call = (
+            select(func.min(call.c.seq))
+            .select_from(
+                result.join(call, (call.c.session_id == result.c.session_id) & (call.c.call_id == result.c.call_id))
+            )
+            .where(result.c.session_id == bindparam("sid"), result.c.kind == "result", result.c.seq >= start)
+            .where(call.c.kind == "call")
+            .scalar_subquery()
+        )
+        start = case((earliest_call < start, earliest_call), else_=start)
+    branches.append(
+        select(*_branch(MESSAGE, key=_M.message_id, doc=_M.body, n1=_M.seq)).where(
+            _M.session_id == bindparam("sid"), _M.seq >= start
+        )
+    )
+    union = union_all(*branches)
+    return union.order_by(union.selected_columns.kind, union.selected_columns.n1)
+
+
+def load_statement(
+    session_id: str, user_id: str | None, app_id: str, history_limit: int | None, start: int | None = None
+) -> tuple[Any, dict[str, Any]]:
+    """The statement and its parameters; ``start`` re-reads from a seq the window had to be widened to."""
+    window = "start" if start is not None else "all" if history_limit is None else "limit"
+    params: dict[str, Any] = {"sid": session_id, "app": app_id}
+    if user_id is not None:
+        params["uid"] = user_id
+    if window == "limit":
+        params["limit"] = history_limit
+    elif window == "start":
+        params["start"] = start
+    return _statement(user_id is not None, window), params
