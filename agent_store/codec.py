@@ -220,18 +220,77 @@ def message_record(
             tools.append((content.call_id, "call", content.name))
         elif content.type == "function_result" and content.call_id:
             tools.append((content.call_id, "result", tool_names.get(content.call_id)))
-    body = dumps(compact_body(message.to_dict()), where=where, max_bytes=max_bytes)
-    columns = {
-        "message_id": identity,
-        "role": str(message.role),
-        "author_name": message.author_name,
-        "text": message.text or "",
-        "body": body,
-    }
+    columns = {"message_id": identity, "role": str(message.role), "author_name": message.author_name,
+               "text": message.text or ""}  # fmt: skip
+    body = compact_body(message.to_dict())
     if cipher is not None:  # content leaves the process encrypted; ids, roles, authors, tool names stay readable
+        full = dumps(body, where=where, max_bytes=max_bytes)
         columns["text"] = ""
-        columns["body"] = dumps({ENCRYPTED: cipher.encrypt(body)}, where=where, max_bytes=2**62)
+        columns["body"] = dumps({ENCRYPTED: cipher.encrypt(full)}, where=where, max_bytes=2**62)
+    else:
+        columns["body"] = dumps(_without_columns(body, columns), where=where, max_bytes=2**62)
+        # What left the body for the columns is checked here: the limit is on the message as stored.
+        size = len(columns["body"].encode()) + sum(
+            _column_bytes(columns[name] or "", where) for name in ("message_id", "role", "author_name", "text")
+        )
+        if size > max_bytes:
+            raise InvalidValueError(f"{where}: {size} bytes is over the limit of {max_bytes} (Store max_value_bytes)")
     return EncodedMessage(identity, columns, tools)
+
+
+def _column_bytes(value: str, where: str) -> int:
+    """The UTF-8 size of a text column's value, refusing what dumps() refuses in a JSON document."""
+    if "\x00" in value:
+        raise InvalidValueError(f"{where}: text contains a NUL character (\\x00), which cannot be stored")
+    try:
+        return len(value.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise InvalidValueError(f"{where}: text contains a lone surrogate, which is not valid UTF-8") from exc
+
+
+# A stored body does not repeat what its row's columns hold (the id, role, author, and the text of a message that
+# is one plain text): those are left out, and put back from the columns on the way out (full_body).
+TEXT_FROM_COLUMN = "$text"
+
+
+def _without_columns(body: dict[str, Any], columns: dict[str, Any]) -> dict[str, Any]:
+    if body.get("type") == "message":
+        del body["type"]
+    for key, column in (("role", "role"), ("author_name", "author_name"), ("message_id", "message_id")):
+        if key in body and body[key] == columns[column]:
+            del body[key]
+    extra = body.get("additional_properties")
+    if isinstance(extra, dict):
+        extra.pop(STORE_ID, None)
+        if not extra:
+            del body["additional_properties"]
+    contents = body.get("contents")
+    if isinstance(contents, list) and len(contents) == 1 and contents[0].get("type") == "text":
+        only = contents[0]
+        if only.get("text") == columns["text"] and set(only) <= {"type", "text", "additional_properties"}:
+            if not only.get("additional_properties"):
+                del body["contents"]
+                body[TEXT_FROM_COLUMN] = 1
+    return body
+
+
+def full_body(
+    body: Mapping[str, Any], cipher: MessageCipher | None, *, message_id: str, role: str, author_name: str | None,
+    text: str,
+) -> Mapping[str, Any]:  # fmt: skip
+    """The message's full ``to_dict()`` from its row: decrypted if stored encrypted, the columns put back."""
+    if ENCRYPTED in body:
+        return plain_body(body, cipher)
+    filled = dict(body)
+    if filled.pop(TEXT_FROM_COLUMN, None) is not None:
+        filled["contents"] = [{"type": "text", "text": text}]
+    filled.setdefault("type", "message")
+    filled.setdefault("role", role)
+    filled.setdefault("message_id", message_id)
+    if author_name is not None:
+        filled.setdefault("author_name", author_name)
+    filled["additional_properties"] = {**filled.get("additional_properties", {}), STORE_ID: message_id}
+    return _expand(filled)
 
 
 # Where a message carries the store's own identity. A provider's ``message_id`` (a completion id, reused by
@@ -255,12 +314,13 @@ def store_id(message: Message) -> str:
 
 
 def message_from_row(
-    body: Mapping[str, Any], cipher: MessageCipher | None = None, identity: str | None = None
-) -> Message:
-    """Rebuild a ``Message`` from its stored ``to_dict()`` form (decrypting it if it was stored encrypted)."""
-    message = Message.from_dict(dict(plain_body(body, cipher)))
-    if identity is not None:
-        message.additional_properties[STORE_ID] = identity
+    body: Mapping[str, Any], cipher: MessageCipher | None, *, identity: str, role: str, author_name: str | None,
+    text: str,
+) -> Message:  # fmt: skip
+    """Rebuild a ``Message`` from its row: the stored body (decrypted if need be) and the columns it leaves out."""
+    full = full_body(body, cipher, message_id=identity, role=role, author_name=author_name, text=text)
+    message = Message.from_dict(dict(full))
+    message.additional_properties[STORE_ID] = identity
     return message
 
 

@@ -11,13 +11,14 @@ anything is kept: then the caller takes the checked path, which names the precis
 from __future__ import annotations
 
 import json
+import logging
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import text
 
 from . import codec, runlog
-from .errors import CheckedPathNeeded
+from .errors import CheckedPathNeeded, StorageUnavailableError
 from .retention import user_key
 from .scopes import APP_PREFIX, USER_PREFIX, scope_of
 
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from .delta import Delta
     from .run import Run
 
+logger = logging.getLogger("agent_store")
 CALL = text("SELECT agent_store_commit(CAST(:p AS jsonb))")
 
 
@@ -36,16 +38,25 @@ def applies(run: Run, *, retry: bool) -> bool:
     )  # fmt: skip
 
 
-async def commit(run: Run, delta: Delta, since: datetime) -> int | None:
-    """The new session version, or None when the checked path must run (nothing was written)."""
+async def attempt(run: Run, delta: Delta, since: datetime) -> tuple[tuple[int, int, int] | None, bool]:
+    """((new version, messages, keys) if committed, whether the checked path must run as a retry).
+
+    Not committed: the function refused (the server said so: nothing kept), or the connection was found dead
+    (then the call may have landed, and the checked path, as a retry, finds it by its run id).
+    """
     try:
         rows = await run.db.one_statement(
             CALL, {"p": payload(run, delta, since)}, doing="committing a run", committing=run._sent
         )
     except CheckedPathNeeded:
-        run._maybe_landed = False  # the server said so: the statement was rolled back
-        return None
-    return int(rows[0][0])
+        run._maybe_landed = False
+        return None, False
+    except StorageUnavailableError as exc:
+        if not exc.connection_lost:
+            raise
+        logger.info("session %r: the commit met a dropped connection; trying once more", run.session.session_id)
+        return None, True
+    return (int(rows[0][0]), len(delta.messages), len(delta.changed_keys)), False
 
 
 def _j(value: Any) -> str:

@@ -144,7 +144,12 @@ async def messages(
         query = select(messages_t).where(M.session_id == session_id, M.seq > after_seq).order_by(M.seq).limit(limit)
         rows = (await conn.execute(query)).mappings().all()
     cipher = db.settings.message_cipher
-    return [MessageRecord(**{**row, "body": codec.plain_body(row["body"], cipher)}) for row in rows]
+    return [MessageRecord(**{**row, "body": _full(row, cipher)}) for row in rows]
+
+
+def _full(row: Any, cipher: codec.MessageCipher | None) -> Any:
+    return codec.full_body(row["body"], cipher, message_id=row["message_id"], role=row["role"],
+                           author_name=row["author_name"], text=row["text"])  # fmt: skip
 
 
 async def _change(db: Database, doing: str, session_id: str, user_id: str | None, **values: Any) -> None:

@@ -3,13 +3,15 @@
 One statement sees one snapshot, so the load needs no transaction around it: one round trip on PostgreSQL,
 one ``execute`` on SQLite. The rows of the three kinds share one set of columns:
 
-=========  ==========  ==========  ==================  ===========  =======  ========  =========  ==========
-kind       key         other       doc                 n1           n2       n3        t1         t2
-=========  ==========  ==========  ==================  ===========  =======  ========  =========  ==========
-SESSION    user_id     agent_id    service_session_id  incarnation  version  next_seq  closed_at  expires_at
-STATE      key         prefix      value               stamp
-MESSAGE    message_id              body                seq
-=========  ==========  ==========  ==================  ===========  =======  ========  =========  ==========
+=========  ==========  ========  ==================  ===========  =======  ========  =========  ==========
+kind       key         other     doc                 n1           n2       n3        t1         t2
+=========  ==========  ========  ==================  ===========  =======  ========  =========  ==========
+SESSION    user_id     agent_id  service_session_id  incarnation  version  next_seq  closed_at  expires_at
+STATE      key         prefix    value               stamp
+MESSAGE    message_id  role      body                seq
+=========  ==========  ========  ==================  ===========  =======  ========  =========  ==========
+
+and a message's ``author`` (author_name) and ``text``, which its stored body leaves out (codec.full_body).
 
 A window (``history_limit``) starts ``limit`` before the session's ``next_seq`` and is widened back to the
 call of any function result in it (the tool-calls index), so a window never starts with an orphan result.
@@ -20,7 +22,20 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from sqlalchemy import BigInteger, Integer, String, bindparam, case, cast, func, literal_column, null, select, union_all
+from sqlalchemy import (
+    BigInteger,
+    Integer,
+    String,
+    Text,
+    bindparam,
+    case,
+    cast,
+    func,
+    literal_column,
+    null,
+    select,
+    union_all,
+)
 
 from .scopes import APP_PREFIX, USER_PREFIX
 from .tables import JsonText, UTCDateTime, app_state_t, messages_t, sessions_t, state_t, tool_calls_t, user_state_t
@@ -28,7 +43,7 @@ from .tables import JsonText, UTCDateTime, app_state_t, messages_t, sessions_t, 
 SESSION, STATE, MESSAGE = 0, 1, 2
 _COLUMNS = {
     "key": String(), "other": String(), "doc": JsonText(), "n1": BigInteger(), "n2": BigInteger(),
-    "n3": BigInteger(), "t1": UTCDateTime(), "t2": UTCDateTime(),
+    "n3": BigInteger(), "t1": UTCDateTime(), "t2": UTCDateTime(), "author": String(), "text": Text(),
 }  # fmt: skip
 _S, _M = sessions_t.c, messages_t.c
 
@@ -86,9 +101,11 @@ def _statement(with_user: bool, window: str) -> Any:
         )
         start = case((earliest_call < start, earliest_call), else_=start)
     branches.append(
-        select(*_branch(MESSAGE, key=_M.message_id, doc=_M.body, n1=_M.seq)).where(
-            _M.session_id == bindparam("sid"), _M.seq >= start
-        )
+        select(
+            *_branch(
+                MESSAGE, key=_M.message_id, other=_M.role, doc=_M.body, n1=_M.seq, author=_M.author_name, text=_M.text
+            )
+        ).where(_M.session_id == bindparam("sid"), _M.seq >= start)
     )
     union = union_all(*branches)
     return union.order_by(union.selected_columns.kind, union.selected_columns.n1)

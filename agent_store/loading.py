@@ -115,7 +115,7 @@ async def _read(
     messages: list[Message] = []
     for message in found:
         snap.message_ids.add(message.key)
-        messages.append(codec.message_from_row(message.doc, cipher, identity=message.key))
+        messages.append(_message(message, cipher))
     messages, synthetic = close_tool_pairs(messages, answered)
     snap.message_ids |= synthetic  # handed to the model, never stored
     history = session.state.get(HISTORY_KEY)
@@ -124,10 +124,15 @@ async def _read(
     return Run(db, session, snap, user_id=user_id, agent_id=agent_id)
 
 
+def _message(row: Row[Any], cipher: codec.MessageCipher | None) -> Message:
+    return codec.message_from_row(row.doc, cipher, identity=row.key, role=row.other, author_name=row.author,
+                                  text=row.text)  # fmt: skip
+
+
 def _orphan_results(rows: Sequence[Row[Any]], cipher: codec.MessageCipher | None) -> bool:
     calls: set[str] = set()
     for row in rows:
-        for content in codec.message_from_row(row.doc, cipher).contents:
+        for content in _message(row, cipher).contents:
             if content.type == "function_call":
                 calls.add(content.call_id or "")
             elif content.type == "function_result" and content.call_id not in calls:

@@ -1,11 +1,12 @@
 """One run of an agent on a stored session: the whole data flow of agent_store is in this file.
 
-    run = await store.load("chat-42", user_id="u1")   # 1. a short read: session row, state rows, messages
+    run = await store.load("chat-42", user_id="u1")   # 1. one read: session row, state rows, messages
     await agent.run("...", session=run.session)       # 2. the model thinks; no connection is held
     await run.commit()                                # 3. one write transaction with only the delta
 
-``store.session(...)`` is these three steps as an ``async with`` block. Step 1 is loading.py, step 3 is here;
-the SQL is in statements.py, the pure diff in delta.py, connections and errors in database.py.
+``store.session(...)`` is these three steps as an ``async with`` block. Step 1 is loading.py, step 3 is here
+(PostgreSQL's one-round-trip form of its common case in fast_commit.py); the SQL is in statements.py, the pure
+diff in delta.py, connections and errors in database.py.
 
 Concurrency is settled by the database, not by locks in this process:
 - the commit's ordering statement updates the session row (``version + 1``, ``next_seq + n``) only if it is
@@ -19,7 +20,6 @@ Concurrency is settled by the database, not by locks in this process:
 
 from __future__ import annotations
 
-import copy
 import logging
 import uuid
 from collections.abc import Iterable, Mapping
@@ -45,6 +45,9 @@ from .errors import (
 )
 from .models import CommitResult
 from .scopes import APP_PREFIX, USER_PREFIX, scope_of, scopes
+from .stored_session import StoredSession, run_of
+
+__all__ = ["ERASURE_MARGIN", "HISTORY_KEY", "KEY_MAX", "Run", "StoredSession", "run_of"]
 
 # Where a plain Agent's auto-added InMemoryHistoryProvider keeps its messages: state["in_memory"]["messages"].
 HISTORY_KEY = InMemoryHistoryProvider.DEFAULT_SOURCE_ID
@@ -52,28 +55,6 @@ HISTORY_KEY = InMemoryHistoryProvider.DEFAULT_SOURCE_ID
 ERASURE_MARGIN = timedelta(seconds=1)
 KEY_MAX = 240  # a caller's idempotency key; later commits of the same run append "#2", "#3", ...
 logger = logging.getLogger("agent_store")
-
-
-class StoredSession(AgentSession):
-    """The ``AgentSession`` a store hands out: an ordinary session that also knows the run that loaded it.
-
-    The framework seams (history provider, session store, memory) find the run through it. The link is not
-    serialized (``to_dict``) and not copied: a deep copy is a plain ``AgentSession``.
-    """
-
-    _run: Run | None = None
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> AgentSession:
-        clone = AgentSession(
-            session_id=self.session_id, service_session_id=copy.deepcopy(self.service_session_id, memo)
-        )
-        clone.state = copy.deepcopy(self.state, memo)
-        return clone
-
-
-def run_of(session: AgentSession) -> Run | None:
-    """The store run that loaded ``session``, if it came from ``store.load`` / ``store.session``."""
-    return session._run if isinstance(session, StoredSession) else None
 
 
 class _Landed(Exception):
@@ -184,20 +165,10 @@ class Run:
         fast = fast_commit.applies(self, retry=retry)
         held, self._held = self._held, None  # a serialized run's lock ends with this commit, either way
         with telemetry.operation("commit", session_id=self.session.session_id) as span:
-            written: Any = None
-            attempts = 1 if held is not None else 2  # a dead pooled connection: once more on a fresh one
+            written, attempts = None, 1 if held is not None else 2  # a dead pooled connection: once more
             if fast:  # PostgreSQL, the common case: one round trip, or nothing written and the checked path
-                try:
-                    version = await fast_commit.commit(self, delta, self._started_at - ERASURE_MARGIN)
-                except StorageUnavailableError as exc:
-                    if not exc.connection_lost:
-                        raise
-                    logger.info(
-                        "session %r: the commit met a dropped connection; trying once more", self.session.session_id
-                    )
-                    version, retry, attempts = None, True, 1  # the checked path, as a retry: it may have landed
-                if version is not None:
-                    attempts, written = 0, (version, len(delta.messages), len(delta.changed_keys))
+                written, lost = await fast_commit.attempt(self, delta, self._started_at - ERASURE_MARGIN)
+                attempts, retry = (0 if written else 1 if lost else 2), retry or lost
             incarnation = snap.incarnation or 0
             for attempt in range(attempts):
                 last_try = attempt == attempts - 1

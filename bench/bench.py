@@ -52,7 +52,7 @@ def pct(values: list[float], q: float) -> float:
 
 
 async def store_run(store: Store, sid: str, n: int) -> None:
-    run = await store.load(sid, user_id="bench", history_limit=20)
+    run = await store.load(sid, user_id=f"user-{sid}", history_limit=20)  # S2: 200 users, one session each
     run.history.extend(messages(n))
     run.session.state["counter"] = n
     run.session.state["user:last_seen"] = n

@@ -28,7 +28,6 @@ DDL = [
     "PRIMARY KEY (user_id, key))",
 ]
 TABLES = ["floor_sessions", "floor_messages", "floor_state", "floor_user_state"]
-USER = "bench"
 STATE = (
     "SELECT key, value FROM floor_state WHERE session_id = ? "
     "UNION ALL SELECT 'user:' || key, value FROM floor_user_state WHERE user_id = ?"
@@ -90,7 +89,7 @@ class Floor:
             if self.postgres:
                 async with c.transaction(isolation="repeatable_read", readonly=True):
                     row = await c.fetchrow("SELECT version, next_seq FROM floor_sessions WHERE id = $1", sid)
-                    state = await c.fetch(STATE.replace("?", "$1", 1).replace("?", "$2"), sid, USER)
+                    state = await c.fetch(STATE.replace("?", "$1", 1).replace("?", "$2"), sid, f"user-{sid}")
                     bodies = await c.fetch(
                         "SELECT body FROM floor_messages WHERE session_id = $1 AND seq >= $2 ORDER BY seq",
                         sid, (row["next_seq"] - limit) if row and limit else 0,
@@ -102,7 +101,7 @@ class Floor:
             try:
                 cur = await c.execute("SELECT version, next_seq FROM floor_sessions WHERE id = ?", (sid,))
                 row = await cur.fetchone()
-                cur = await c.execute(STATE, (sid, USER))
+                cur = await c.execute(STATE, (sid, f"user-{sid}"))
                 state = await cur.fetchall()
                 start = (row[1] - limit) if row and limit else 0
                 cur = await c.execute(
@@ -139,7 +138,7 @@ class Floor:
                     )  # fmt: skip
                     await c.execute(
                         "INSERT INTO floor_user_state VALUES ($1, 'last_seen', $2) ON CONFLICT (user_id, key) "
-                        "DO UPDATE SET value = excluded.value", USER, json.dumps(value),
+                        "DO UPDATE SET value = excluded.value", f"user-{sid}", json.dumps(value),
                     )  # fmt: skip
                 return
             await c.execute("BEGIN IMMEDIATE")
@@ -166,7 +165,7 @@ class Floor:
                 await c.execute(
                     "INSERT INTO floor_user_state VALUES (?, 'last_seen', ?) "
                     "ON CONFLICT (user_id, key) DO UPDATE SET value = excluded.value",
-                    (USER, json.dumps(value)),
+                    (f"user-{sid}", json.dumps(value)),
                 )
             except BaseException:
                 await c.execute("ROLLBACK")

@@ -15,6 +15,7 @@ import gc
 import os
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from agent_framework import Agent, AgentSession
 from sqlalchemy import text
@@ -42,6 +43,9 @@ class SoakReport:
     pool_checked_in: int = -1
     messages: int = 0
     counter_total: int = 0
+    p99_ms: float = 0.0  # one run's latency (conflict retries included)
+    pool_wait_ms: float = 0.0  # total time runs waited for a pooled connection
+    pool_waits: int = 0  # checkouts that waited at all (over 1 ms)
 
 
 async def soak(url: str, *, runs: int, sessions: int, workers: int, fresh: bool = True) -> SoakReport:
@@ -65,14 +69,31 @@ async def soak(url: str, *, runs: int, sessions: int, workers: int, fresh: bool 
             session.state["counter"] = session.state.get("counter", 0) + 1
             await agent.run("soak", session=session)
 
+        latencies: list[float] = []
+        pool = store.engine.sync_engine.pool
+        waiting = pool._do_get  # type: ignore[attr-defined]  # where QueuePool waits for a free connection
+
+        def timed_get() -> Any:
+            started = time.perf_counter()
+            try:
+                return waiting()
+            finally:
+                waited = time.perf_counter() - started
+                report.pool_wait_ms += waited * 1e3
+                report.pool_waits += waited > 0.001
+
+        pool._do_get = timed_get  # type: ignore[attr-defined]
+
         async def worker() -> None:
             nonlocal done
             while not jobs.empty():
                 n = jobs.get_nowait()
+                started = time.perf_counter()
                 try:
                     await retry_on_conflict(store, f"soak-{n}", one_run, user_id="soak", history_limit=20, attempts=100)
                 except Exception as exc:  # counted and reported: the soak's verdict is "zero errors"
                     report.errors.append(f"{type(exc).__name__}: {exc}")
+                latencies.append(time.perf_counter() - started)
                 done += 1
                 if done % max(1, runs // 10) == 0:
                     gc.collect()
@@ -82,6 +103,7 @@ async def soak(url: str, *, runs: int, sessions: int, workers: int, fresh: bool 
         await asyncio.gather(*(worker() for _ in range(workers)))
         report.seconds = time.perf_counter() - started
         report.retries = attempts - runs
+        report.p99_ms = sorted(latencies)[int(0.99 * (len(latencies) - 1))] * 1e3
         pool = store.engine.pool
         report.pool_checked_out, report.pool_checked_in = pool.checkedout(), pool.checkedin()  # type: ignore[attr-defined]
         async with store.engine.connect() as conn:
@@ -102,10 +124,12 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=32)
     args = parser.parse_args()
     r = asyncio.run(soak(args.url, runs=args.runs, sessions=args.sessions, workers=args.workers))
-    print("| runs | sessions | workers | seconds | runs/s | retries | errors | messages | counters | pool out/in |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    cells = [r.runs, args.sessions, args.workers, f"{r.seconds:.1f}", f"{r.runs / r.seconds:.0f}", r.retries,
-             len(r.errors), r.messages, r.counter_total, f"{r.pool_checked_out}/{r.pool_checked_in}"]  # fmt: skip
+    print("| runs | sessions | workers | seconds | runs/s | p99 ms/run | pool wait ms (waits) | retries | errors | "
+          "messages | counters | pool out/in |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    cells = [r.runs, args.sessions, args.workers, f"{r.seconds:.1f}", f"{r.runs / r.seconds:.0f}", f"{r.p99_ms:.1f}",
+             f"{r.pool_wait_ms:.0f} ({r.pool_waits})", r.retries, len(r.errors), r.messages, r.counter_total,
+             f"{r.pool_checked_out}/{r.pool_checked_in}"]  # fmt: skip
     print("| " + " | ".join(map(str, cells)) + " |")
     print("\nRSS (MiB) after N runs: " + ", ".join(f"{n}: {m}" for n, m in r.rss_mib))
     for error in r.errors[:10]:

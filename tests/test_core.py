@@ -293,8 +293,10 @@ async def test_tables_are_readable_with_orm_rows(store: Store, agent: Agent) -> 
     async with store.engine.connect() as conn:
         session_row = (await conn.execute(select(sessions_t))).one()
         assert session_row.created_at.tzinfo is not None and session_row.version == 1
-        bodies = (await conn.execute(select(messages_t.c.body).order_by(messages_t.c.seq))).scalars().all()
-        assert bodies[0]["contents"][0]["text"] == "我叫李明"
+        rows = (await conn.execute(select(messages_t).order_by(messages_t.c.seq))).all()
+        assert (rows[0].role, rows[0].text) == ("user", "我叫李明")
+        # The body leaves out what the columns hold: a plain text message is the text column, nothing more.
+        assert rows[0].body == {"$text": 1}
         assert (await conn.execute(select(state_t.c.value))).scalar_one() == {"a": 1}
         assert (await conn.execute(select(func.count()).select_from(runs_t))).scalar_one() == 1
 
