@@ -228,9 +228,9 @@ def message_record(
         columns["text"] = ""
         columns["body"] = dumps({ENCRYPTED: cipher.encrypt(full)}, where=where, max_bytes=2**62)
     else:
-        columns["body"] = dumps(_without_columns(body, columns), where=where, max_bytes=2**62)
+        stored = columns["body"] = dumps(_without_columns(body, columns), where=where, max_bytes=2**62)
         # What left the body for the columns is checked here: the limit is on the message as stored.
-        size = len(columns["body"].encode()) + sum(
+        size = len(stored.encode()) + sum(
             _column_bytes(columns[name] or "", where) for name in ("message_id", "role", "author_name", "text")
         )
         if size > max_bytes:
