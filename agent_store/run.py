@@ -167,7 +167,11 @@ class Run:
         with telemetry.operation("commit", session_id=self.session.session_id) as span:
             written, attempts = None, 1 if held is not None else 2  # a dead pooled connection: once more
             if fast:  # PostgreSQL, the common case: one round trip, or nothing written and the checked path
-                written, lost = await fast_commit.attempt(self, delta, self._started_at - ERASURE_MARGIN)
+                try:
+                    written, lost = await fast_commit.attempt(self, delta, self._started_at - ERASURE_MARGIN)
+                except InvalidValueError:
+                    self._pending = None  # refused while building the call: nothing was sent
+                    raise
                 attempts, retry = (0 if written else 1 if lost else 2), retry or lost
             incarnation = snap.incarnation or 0
             for attempt in range(attempts):

@@ -378,3 +378,20 @@ async def test_a_resave_reports_only_the_messages_it_wrote(store: Store) -> None
     assert ((await first.commit()).messages_written, (await again.commit()).messages_written) == (2, 1)
     assert await rows(store, "SELECT text FROM agent_messages ORDER BY seq") == [("a",), ("b",), ("c",)]
     assert await rows(store, "SELECT messages_written FROM agent_runs ORDER BY version") == [(2,), (1,)]
+
+
+async def test_a_service_session_id_that_cannot_be_stored_is_refused_and_the_run_can_go_on(store: Store) -> None:
+    """Refused before anything is sent (on PostgreSQL while building the one-round-trip call too), and not kept
+    as a pending attempt: once the value is fixed the same run commits."""
+    async with store.session("s", user_id="u") as session:
+        session.state["k"] = 1
+    run = await store.load("s", user_id="u")
+    run.session.service_session_id = {"not": {1, 2}}  # a set: not JSON
+    run.session.state["k"] = 2
+    with pytest.raises(InvalidValueError, match="service_session_id"):
+        await run.commit()
+    assert (await store.load("s", user_id="u")).session.state["k"] == 1
+    run.session.service_session_id = "resp_1"
+    assert (await run.commit()).state_keys_written == 1
+    stored = (await store.load("s", user_id="u")).session
+    assert (stored.state["k"], stored.service_session_id) == (2, "resp_1")
