@@ -64,16 +64,21 @@ def _j(value: Any) -> str:
 
 
 def payload(run: Run, delta: Delta, since: datetime) -> str:
-    """The call's one argument, as JSON text: values and bodies are spliced in as the codec serialized them."""
+    """The call's one argument, as JSON text: values and bodies are spliced in as the codec serialized them.
+
+    Optional parts are present only when there is something to do: ``own`` / ``user`` / ``app`` (the changed
+    keys of each scope: value, or ``del``; shared scopes with the stamp this run loaded), ``tools``, ``ssid``.
+    """
     snap, settings, now = run._snapshot, run.db.settings, datetime.now(UTC)
     ttl = settings.idle_ttl_seconds
-    state = []
+    by_scope: dict[str, list[str]] = {"own": [], "user": [], "app": []}
     for key in delta.changed_keys:
         scope = scope_of(key, run._scopes)
         value = delta.upserts.get(key)
-        state.append(
-            f'{{"scope":{_j(scope.prefix)},"key":{_j(scope.stored_key(key))},"del":{_j(value is None)},'
-            f'"loaded":{_j(snap.state_stamp.get(key))},"value":{value if value is not None else "null"}}}'
+        part = "user" if scope.prefix == USER_PREFIX else "app" if scope.prefix == APP_PREFIX else "own"
+        by_scope[part].append(
+            f'{{"key":{_j(scope.stored_key(key))},"del":{_j(value is None)},"loaded":{_j(snap.state_stamp.get(key))}'
+            f',"value":{value if value is not None else "null"}}}'
         )
     messages, tools = [], []
     for i, record in enumerate(delta.messages):
@@ -84,19 +89,19 @@ def payload(run: Run, delta: Delta, since: datetime) -> str:
         )
         tools += [{"i": i, "call_id": call_id, "kind": kind, "tool_name": name} for call_id, kind, name in record.tools]
     log = runlog.run_log_row(run._log_ids(delta.run_id), 0, delta.messages, len(delta.changed_keys), delta.usage, "")
-    head = {
-        "sid": run.session.session_id, "uid": run.user_id, "agent": run.agent_id, "app": settings.app_id,
+    head: dict[str, Any] = {
+        "sid": run.session.session_id, "uid": run.user_id, "agent": run.agent_id, "app_id": settings.app_id,
         "incarnation": snap.incarnation, "version": snap.version, "stamp": delta.stamp, "run_id": delta.run_id,
         "now": now.isoformat(), "default_expires": (now + timedelta(seconds=ttl)).isoformat() if ttl else None,
         "ssid_changed": delta.service_session_id_changed,
-        "user_lock": any(k.startswith(USER_PREFIX) for k in delta.changed_keys),
-        "app_lock": any(k.startswith(APP_PREFIX) for k in delta.changed_keys),
-        "tools": tools,
         "log": {k: v.isoformat() if isinstance(v, datetime) else v for k, v in log.items()},
     }  # fmt: skip
-    if head["user_lock"]:
+    if tools:
+        head["tools"] = tools
+    if by_scope["user"]:  # the user's lock and the erasure fence
         head["user_key"], head["since"] = user_key(run.user_id or ""), since.isoformat()
-    parts = [_j(head)[:-1], ',"state":[', ",".join(state), '],"messages":[', ",".join(messages), "]"]
+    parts = [_j(head)[:-1], ',"messages":[', ",".join(messages), "]"]
+    parts += [f',"{part}":[{",".join(items)}]' for part, items in by_scope.items() if items]
     if delta.service_session_id_changed:
         parts.append(f',"ssid":{codec.dumps(delta.service_session_id, where="service_session_id")}')
         if snap.service_session_id is not None:  # absent: SQL NULL, as the checked path binds it

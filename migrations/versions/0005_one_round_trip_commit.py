@@ -36,7 +36,7 @@ DECLARE
     bumped record;
 BEGIN
     -- 1. The user's lock before any row lock (the one lock order), then the erasure fence.
-    IF (p->>'user_lock')::boolean THEN
+    IF p ? 'user' THEN
         PERFORM pg_advisory_xact_lock(2, hashtext(p->>'uid'));
         IF EXISTS (SELECT 1 FROM agent_erasures
                    WHERE user_key = p->>'user_key' AND erased_at >= (p->>'since')::timestamptz) THEN
@@ -58,61 +58,67 @@ BEGIN
         RAISE EXCEPTION 'agent_store: take the checked path' USING ERRCODE = 'AS000';
     END IF;
     -- 3. Shared keys: other sessions write them, so their stamps are checked (under the user's / app's lock).
-    IF (p->>'app_lock')::boolean THEN
-        PERFORM pg_advisory_xact_lock(3, hashtext(p->>'app'));
+    IF p ? 'app' THEN
+        PERFORM pg_advisory_xact_lock(3, hashtext(p->>'app_id'));
     END IF;
-    IF EXISTS (
-        SELECT 1 FROM jsonb_to_recordset(p->'state') AS k(scope text, key text, loaded bigint)
-        LEFT JOIN agent_user_state u ON k.scope = 'user:' AND u.user_id = p->>'uid' AND u.key = k.key
-        LEFT JOIN agent_app_state a ON k.scope = 'app:' AND a.app_id = p->>'app' AND a.key = k.key
-        WHERE k.scope <> '' AND CASE WHEN k.scope = 'user:' THEN u.version ELSE a.version END
-                                IS DISTINCT FROM k.loaded
-    ) THEN
+    IF EXISTS (SELECT 1 FROM jsonb_to_recordset(coalesce(p->'user', '[]')) AS k(key text, loaded bigint)
+               LEFT JOIN agent_user_state u ON u.user_id = p->>'uid' AND u.key = k.key
+               WHERE u.version IS DISTINCT FROM k.loaded)
+    OR EXISTS (SELECT 1 FROM jsonb_to_recordset(coalesce(p->'app', '[]')) AS k(key text, loaded bigint)
+               LEFT JOIN agent_app_state a ON a.app_id = p->>'app_id' AND a.key = k.key
+               WHERE a.version IS DISTINCT FROM k.loaded) THEN
         RAISE EXCEPTION 'agent_store: take the checked path' USING ERRCODE = 'AS000';
     END IF;
-    -- 4. State: deletes, then upserts stamped with this commit's stamp.
-    DELETE FROM agent_state WHERE session_id = sid AND key IN (
-        SELECT k.key FROM jsonb_to_recordset(p->'state') AS k(scope text, key text, del boolean)
-        WHERE k.scope = '' AND k.del);
-    DELETE FROM agent_user_state WHERE user_id = p->>'uid' AND key IN (
-        SELECT k.key FROM jsonb_to_recordset(p->'state') AS k(scope text, key text, del boolean)
-        WHERE k.scope = 'user:' AND k.del);
-    DELETE FROM agent_app_state WHERE app_id = p->>'app' AND key IN (
-        SELECT k.key FROM jsonb_to_recordset(p->'state') AS k(scope text, key text, del boolean)
-        WHERE k.scope = 'app:' AND k.del);
-    INSERT INTO agent_state (session_id, key, value, version, updated_at)
-        SELECT sid, k.key, k.value, (p->>'stamp')::bigint, now_
-        FROM jsonb_to_recordset(p->'state') AS k(scope text, key text, value jsonb, del boolean)
-        WHERE k.scope = '' AND NOT k.del
-    ON CONFLICT (session_id, key) DO UPDATE
-        SET value = excluded.value, version = excluded.version, updated_at = excluded.updated_at;
-    INSERT INTO agent_user_state (user_id, key, value, version, updated_at)
-        SELECT p->>'uid', k.key, k.value, (p->>'stamp')::bigint, now_
-        FROM jsonb_to_recordset(p->'state') AS k(scope text, key text, value jsonb, del boolean)
-        WHERE k.scope = 'user:' AND NOT k.del
-    ON CONFLICT (user_id, key) DO UPDATE
-        SET value = excluded.value, version = excluded.version, updated_at = excluded.updated_at;
-    INSERT INTO agent_app_state (app_id, key, value, version, updated_at)
-        SELECT p->>'app', k.key, k.value, (p->>'stamp')::bigint, now_
-        FROM jsonb_to_recordset(p->'state') AS k(scope text, key text, value jsonb, del boolean)
-        WHERE k.scope = 'app:' AND NOT k.del
-    ON CONFLICT (app_id, key) DO UPDATE
-        SET value = excluded.value, version = excluded.version, updated_at = excluded.updated_at;
+    -- 4. State, scope by scope: deletes, then upserts stamped with this commit's stamp. (Elements are read with
+    --    e->'value', which keeps a JSON null a JSON null.)
+    IF p ? 'own' THEN
+        DELETE FROM agent_state WHERE session_id = sid AND key IN (
+            SELECT e->>'key' FROM jsonb_array_elements(p->'own') e WHERE (e->>'del')::boolean);
+        INSERT INTO agent_state (session_id, key, value, version, updated_at)
+            SELECT sid, e->>'key', e->'value', (p->>'stamp')::bigint, now_
+            FROM jsonb_array_elements(p->'own') e WHERE NOT (e->>'del')::boolean
+        ON CONFLICT (session_id, key) DO UPDATE
+            SET value = excluded.value, version = excluded.version, updated_at = excluded.updated_at;
+    END IF;
+    IF p ? 'user' THEN
+        DELETE FROM agent_user_state WHERE user_id = p->>'uid' AND key IN (
+            SELECT e->>'key' FROM jsonb_array_elements(p->'user') e WHERE (e->>'del')::boolean);
+        INSERT INTO agent_user_state (user_id, key, value, version, updated_at)
+            SELECT p->>'uid', e->>'key', e->'value', (p->>'stamp')::bigint, now_
+            FROM jsonb_array_elements(p->'user') e WHERE NOT (e->>'del')::boolean
+        ON CONFLICT (user_id, key) DO UPDATE
+            SET value = excluded.value, version = excluded.version, updated_at = excluded.updated_at;
+    END IF;
+    IF p ? 'app' THEN
+        DELETE FROM agent_app_state WHERE app_id = p->>'app_id' AND key IN (
+            SELECT e->>'key' FROM jsonb_array_elements(p->'app') e WHERE (e->>'del')::boolean);
+        INSERT INTO agent_app_state (app_id, key, value, version, updated_at)
+            SELECT p->>'app_id', e->>'key', e->'value', (p->>'stamp')::bigint, now_
+            FROM jsonb_array_elements(p->'app') e WHERE NOT (e->>'del')::boolean
+        ON CONFLICT (app_id, key) DO UPDATE
+            SET value = excluded.value, version = excluded.version, updated_at = excluded.updated_at;
+    END IF;
     -- 5. Messages at the seq numbers the bump reserved, their tool calls, and the run log.
-    BEGIN
+    IF n > 0 THEN
+        -- An id already stored: the checked path says which. (No other commit of this session can insert
+        -- meanwhile: every one holds the session row's lock, as this one does from step 2 on.)
+        IF EXISTS (SELECT 1 FROM agent_messages WHERE session_id = sid AND message_id IN (
+                   SELECT e->>'message_id' FROM jsonb_array_elements(p->'messages') e)) THEN
+            RAISE EXCEPTION 'agent_store: take the checked path' USING ERRCODE = 'AS000';
+        END IF;
         INSERT INTO agent_messages (session_id, seq, message_id, run_id, role, author_name, text, created_at, body)
             SELECT sid, bumped.next_seq - n + m.i, m.message_id, p->>'run_id', m.role, m.author_name, m.text, now_,
                    m.body
             FROM jsonb_to_recordset(p->'messages')
                 AS m(i integer, message_id text, role text, author_name text, text text, body jsonb);
-    EXCEPTION WHEN unique_violation THEN  -- an id already stored: the checked path says which
-        RAISE EXCEPTION 'agent_store: take the checked path' USING ERRCODE = 'AS000';
-    END;
-    INSERT INTO agent_tool_calls (session_id, seq, call_id, kind, tool_name)
-        SELECT sid, bumped.next_seq - n + t.i, t.call_id, t.kind,
-               coalesce(t.tool_name, (SELECT c.tool_name FROM agent_tool_calls c
-                                      WHERE c.session_id = sid AND c.call_id = t.call_id AND c.kind = 'call' LIMIT 1))
-        FROM jsonb_to_recordset(p->'tools') AS t(i integer, call_id text, kind text, tool_name text);
+    END IF;
+    IF p ? 'tools' THEN
+        INSERT INTO agent_tool_calls (session_id, seq, call_id, kind, tool_name)
+            SELECT sid, bumped.next_seq - n + t.i, t.call_id, t.kind,
+                   coalesce(t.tool_name, (SELECT c.tool_name FROM agent_tool_calls c WHERE c.session_id = sid
+                                          AND c.call_id = t.call_id AND c.kind = 'call' LIMIT 1))
+            FROM jsonb_to_recordset(p->'tools') AS t(i integer, call_id text, kind text, tool_name text);
+    END IF;
     INSERT INTO agent_runs (session_id, run_id, version, messages_written, state_keys_written, started_at,
                             committed_at, agent_name, messages_in, messages_out, input_tokens, output_tokens, outcome)
         SELECT sid, p->>'run_id', bumped.version, n, r.state_keys_written, r.started_at, r.committed_at,
