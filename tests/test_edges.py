@@ -395,3 +395,18 @@ async def test_a_service_session_id_that_cannot_be_stored_is_refused_and_the_run
     assert (await run.commit()).state_keys_written == 1
     stored = (await store.load("s", user_id="u")).session
     assert (stored.state["k"], stored.service_session_id) == (2, "resp_1")
+
+
+async def test_none_is_a_value_and_deleting_a_key_is_not(store: Store) -> None:
+    """A key set to None stays, with the value None, in every scope (the one-round-trip commit reads a JSON null
+    as a JSON null, not as a delete); a deleted key is gone."""
+    async with store.session("s", user_id="u") as session:
+        session.state.update({"own": 1, "user:shared": 1, "app:global": 1, "gone": 1})
+    async with store.session("s", user_id="u") as session:
+        session.state.update({"own": None, "user:shared": None, "app:global": None})
+        del session.state["gone"]
+    state = (await store.load("s", user_id="u")).session.state
+    assert {k: state[k] for k in ("own", "user:shared", "app:global")} == dict.fromkeys(
+        ("own", "user:shared", "app:global")
+    )
+    assert "gone" not in state
