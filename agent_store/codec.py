@@ -49,8 +49,16 @@ def check_id(value: str | None, what: str, *, required: bool = False) -> None:
         return
     if not isinstance(value, str) or not value:
         raise InvalidValueError(f"{what} must be a non-empty string, not {value!r}")
-    if len(value) > ID_MAX or "\x00" in value:
-        raise InvalidValueError(f"{what} must be at most {ID_MAX} characters with no NUL characters")
+    if len(value) > ID_MAX or "\x00" in value or (not value.isprintable() and _has_surrogate(value)):
+        raise InvalidValueError(f"{what} must be at most {ID_MAX} characters with no NUL or lone surrogate characters")
+
+
+def _has_surrogate(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 INT32 = 2**31
@@ -220,6 +228,12 @@ def message_record(
             tools.append((content.call_id, "call", content.name))
         elif content.type == "function_result" and content.call_id:
             tools.append((content.call_id, "result", tool_names.get(content.call_id)))
+    # One row per call id and message: a message that holds a call and its result (or one id twice) is whole
+    # by itself, and its first mention is what the window-widening index needs.
+    first: dict[str, tuple[str, str, str | None]] = {}
+    for row in tools:
+        first.setdefault(row[0], row)
+    tools = list(first.values())
     columns = {"message_id": identity, "role": str(message.role), "author_name": message.author_name,
                "text": message.text or ""}  # fmt: skip
     body = compact_body(message.to_dict())
@@ -228,11 +242,11 @@ def message_record(
         columns["text"] = ""
         columns["body"] = dumps({ENCRYPTED: cipher.encrypt(full)}, where=where, max_bytes=2**62)
     else:
-        stored = columns["body"] = dumps(_without_columns(body, columns), where=where, max_bytes=2**62)
+        stripped = _without_columns(body, columns)
+        stored = columns["body"] = dumps(stripped, where=where, max_bytes=2**62)
         # What left the body for the columns is checked here: the limit is on the message as stored.
-        size = len(stored.encode()) + sum(
-            _column_bytes(columns[name] or "", where) for name in ("message_id", "role", "author_name", "text")
-        )
+        sizes = {n: _column_bytes(columns[n] or "", where) for n in ("message_id", "role", "author_name", "text")}
+        size = len(stored.encode()) + (sizes["text"] if TEXT_FROM_COLUMN in stripped else 0)
         if size > max_bytes:
             raise InvalidValueError(f"{where}: {size} bytes is over the limit of {max_bytes} (Store max_value_bytes)")
     return EncodedMessage(identity, columns, tools)
@@ -283,7 +297,7 @@ def full_body(
         return plain_body(body, cipher)
     filled = dict(body)
     if filled.pop(TEXT_FROM_COLUMN, None) is not None:
-        filled["contents"] = [{"type": "text", "text": text}]
+        filled["contents"] = [{"type": "text", "text": text, "additional_properties": {}}]
     filled.setdefault("type", "message")
     filled.setdefault("role", role)
     filled.setdefault("message_id", message_id)

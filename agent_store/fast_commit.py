@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from .run import Run
 
 logger = logging.getLogger("agent_store")
+# PostgreSQL caps one jsonb value at 256 MB: a run that large (characters; up to 4 bytes each) goes the checked way.
+LARGEST_CALL = 32 * 1024 * 1024
 CALL = text("SELECT agent_store_commit(CAST(:p AS jsonb))")
 
 
@@ -44,6 +46,8 @@ async def attempt(run: Run, delta: Delta, since: datetime) -> tuple[tuple[int, i
     Not committed: the function refused (the server said so: nothing kept), or the connection was found dead
     (then the call may have landed, and the checked path, as a retry, finds it by its run id).
     """
+    if sum(len(r.columns["body"]) + len(r.columns["text"]) for r in delta.messages) > LARGEST_CALL:
+        return None, False
     try:
         rows = await run.db.one_statement(
             CALL, {"p": payload(run, delta, since)}, doing="committing a run", committing=run._sent
@@ -90,6 +94,7 @@ def payload(run: Run, delta: Delta, since: datetime) -> str:
         tools += [{"i": i, "call_id": call_id, "kind": kind, "tool_name": name} for call_id, kind, name in record.tools]
     log = runlog.run_log_row(run._log_ids(delta.run_id), 0, delta.messages, len(delta.changed_keys), delta.usage, "")
     head: dict[str, Any] = {
+        "format": 1,  # what agent_store_commit() checks: a call of another shape takes the checked path
         "sid": run.session.session_id, "uid": run.user_id, "agent": run.agent_id, "app_id": settings.app_id,
         "incarnation": snap.incarnation, "version": snap.version, "stamp": delta.stamp, "run_id": delta.run_id,
         "now": now.isoformat(), "default_expires": (now + timedelta(seconds=ttl)).isoformat() if ttl else None,

@@ -89,14 +89,17 @@ def _statement(with_user: bool, window: str) -> Any:
         first = bindparam("start", type_=Integer())
     start: Any = select(first).where(_S.id == bindparam("sid"), owned).scalar_subquery()
     if window != "all":
+        # Each result in the window needs the nearest call with its id before it (providers reuse ids).
         result, call = tool_calls_t.alias("result"), tool_calls_t.alias("call")
+        its_call = (
+            select(func.max(call.c.seq))
+            .where(call.c.session_id == result.c.session_id, call.c.call_id == result.c.call_id)
+            .where(call.c.kind == "call", call.c.seq <= result.c.seq)
+            .scalar_subquery()
+        )
         earliest_call = (
-            select(func.min(call.c.seq))
-            .select_from(
-                result.join(call, (call.c.session_id == result.c.session_id) & (call.c.call_id == result.c.call_id))
-            )
+            select(func.min(its_call))
             .where(result.c.session_id == bindparam("sid"), result.c.kind == "result", result.c.seq >= start)
-            .where(call.c.kind == "call")
             .scalar_subquery()
         )
         start = case((earliest_call < start, earliest_call), else_=start)

@@ -57,6 +57,11 @@ KEY_MAX = 240  # a caller's idempotency key; later commits of the same run appen
 logger = logging.getLogger("agent_store")
 
 
+def _json_or_null(service_session_id: Any) -> str | None:
+    """A service session id as JSON text; None (no service-side conversation) as SQL NULL."""
+    return None if service_session_id is None else codec.dumps(service_session_id, where="service_session_id")
+
+
 class _Landed(Exception):
     """Raised inside a retried commit that finds its first attempt committed: roll back, report that one."""
 
@@ -250,11 +255,9 @@ class Run:
             db, session_id=sid, user_id=self.user_id, agent_id=self.agent_id,
             incarnation=bound, n_messages=len(delta.messages), now=now,
             default_expires=now + timedelta(seconds=ttl) if ttl else None,
-            service_session_id=codec.dumps(delta.service_session_id, where="service_session_id")
-            if delta.service_session_id_changed else None,
-            loaded_service_session_id=None  # SQL NULL, not JSON null, for a session that had none
-            if snap.service_session_id is None or not delta.service_session_id_changed
-            else codec.dumps(snap.service_session_id, where="service_session_id"),
+            move_service_session_id=delta.service_session_id_changed,
+            service_session_id=_json_or_null(delta.service_session_id),
+            loaded_service_session_id=_json_or_null(snap.service_session_id),
         )  # fmt: skip
         if check_landed and (landed := await runlog.run_recorded(db, sid, delta.run_id)) is not None:
             raise _Landed(landed, incarnation)  # under the row lock: an attempt still in flight has finished by now

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Table, bindparam, case, cast, delete, func, insert, select, update
+from sqlalchemy import Table, bindparam, case, cast, delete, func, insert, literal, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -73,7 +73,7 @@ def _bump(dialect: str, has_user: bool, check_incarnation: bool, service_session
         "last_run_at": bindparam("now"),
         "expires_at": _expires(dialect),
     }
-    if service_session_id:
+    if service_session_id:  # None is stored as SQL NULL (no conversation), never as a JSON null
         values["service_session_id"] = bindparam("service_session_id", type_=_S.service_session_id.type)
     where = [
         _S.id == bindparam("sid"),
@@ -85,20 +85,21 @@ def _bump(dialect: str, has_user: bool, check_incarnation: bool, service_session
         where.append(_S.incarnation == bindparam("loaded_incarnation"))
     if service_session_id:  # moving the service-side conversation on: only from where this run found it
         loaded = bindparam("loaded_service_session_id", type_=_S.service_session_id.type)
-        where.append(_S.service_session_id.is_not_distinct_from(loaded))
+        json_null = literal("null", _S.service_session_id.type)  # what earlier versions stored for None
+        where.append(func.coalesce(_S.service_session_id, json_null) == func.coalesce(loaded, json_null))
     return update(sessions_t).where(*where).values(values).returning(_S.incarnation, _S.version, _S.next_seq)
 
 
 async def bump_session(
     db: AsyncConnection, *, session_id: str, user_id: str | None, agent_id: str | None, incarnation: int | None,
-    n_messages: int, now: datetime, default_expires: datetime | None, service_session_id: str | None,
-    loaded_service_session_id: str | None = None,
+    n_messages: int, now: datetime, default_expires: datetime | None, move_service_session_id: bool = False,
+    service_session_id: str | None = None, loaded_service_session_id: str | None = None,
 ) -> tuple[int, int, int]:  # fmt: skip
     """Take the session row lock and advance it: (incarnation, new version, next_seq after this run's messages).
 
     The row must still be this user's and agent's, open, and (``incarnation`` given) the same life of the id.
     """
-    ssid = service_session_id is not None
+    ssid = move_service_session_id
     statement = _bump(db.dialect.name, user_id is not None, incarnation is not None, ssid)
     params: dict[str, Any] = {
         "sid": session_id, "uid": user_id, "agent": agent_id, "loaded_incarnation": incarnation, "n": n_messages,

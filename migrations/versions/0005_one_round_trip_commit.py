@@ -35,6 +35,10 @@ DECLARE
     n integer := jsonb_array_length(p->'messages');
     bumped record;
 BEGIN
+    -- 0. A call built for another version of this function (an older or newer agent_store): the checked path.
+    IF (p->>'format') IS DISTINCT FROM '1' THEN
+        RAISE EXCEPTION 'agent_store: take the checked path' USING ERRCODE = 'AS000';
+    END IF;
     -- 1. The user's lock before any row lock (the one lock order), then the erasure fence.
     IF p ? 'user' THEN
         PERFORM pg_advisory_xact_lock(2, hashtext(p->>'uid'));
@@ -48,11 +52,13 @@ BEGIN
         version = version + 1, next_seq = next_seq + n, updated_at = now_, last_run_at = now_,
         expires_at = CASE WHEN ttl_seconds IS NULL THEN (p->>'default_expires')::timestamptz
                           ELSE now_ + make_interval(secs => ttl_seconds) END,
-        service_session_id = CASE WHEN (p->>'ssid_changed')::boolean THEN p->'ssid' ELSE service_session_id END
+        service_session_id = CASE WHEN (p->>'ssid_changed')::boolean THEN nullif(p->'ssid', 'null'::jsonb)
+                                  ELSE service_session_id END
     WHERE id = sid AND incarnation = (p->>'incarnation')::bigint AND version = (p->>'version')::integer
       AND closed_at IS NULL AND user_id IS NOT DISTINCT FROM p->>'uid'
       AND (agent_id IS NULL OR agent_id = p->>'agent')
-      AND (NOT (p->>'ssid_changed')::boolean OR service_session_id IS NOT DISTINCT FROM p->'loaded_ssid')
+      AND (NOT (p->>'ssid_changed')::boolean  -- a JSON null (stored for None before 0005) is no conversation
+           OR coalesce(service_session_id, 'null'::jsonb) = coalesce(p->'loaded_ssid', 'null'::jsonb))
     RETURNING version, next_seq INTO bumped;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'agent_store: take the checked path' USING ERRCODE = 'AS000';

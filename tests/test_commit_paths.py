@@ -1,0 +1,108 @@
+"""The two commit paths store the same thing: PostgreSQL's one-round-trip call and the checked transaction.
+
+Every case runs on both backends; on PostgreSQL a run without an idempotency key takes the one-call path, one
+with a key the checked path, so each case is committed both ways and the stored rows must be the same.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from agent_framework import Content, Message
+from helpers import rows
+from sqlalchemy import event
+
+from agent_store import Store, fast_commit
+
+PATHS = [None, "key"]  # no idempotency key: the one-call path on PostgreSQL; a key: the checked path
+
+
+def call_and_result(call_id: str) -> list[Message]:
+    return [
+        Message(role="assistant", contents=[Content.from_function_call(call_id=call_id, name="f", arguments={})]),
+        Message(role="tool", contents=[Content.from_function_result(call_id=call_id, result="ok")]),
+    ]
+
+
+@pytest.mark.parametrize("key", PATHS)
+async def test_a_message_holding_a_call_and_its_result_is_stored(store: Store, key: str | None) -> None:
+    async with store.session("s", user_id="u") as session:
+        session.state["k"] = 0
+    whole = Message(
+        role="assistant",
+        contents=[
+            Content.from_function_call(call_id="c1", name="f", arguments={}),
+            Content.from_function_result(call_id="c1", result="ok"),
+        ],
+    )
+    run = await store.load("s", user_id="u", run_id=key)
+    run.history.append(whole)
+    assert (await run.commit()).messages_written == 1
+    loaded = (await store.load("s", user_id="u")).history
+    assert [c.type for c in loaded[0].contents] == ["function_call", "function_result"]
+
+
+@pytest.mark.parametrize("key", PATHS)
+async def test_a_moved_service_session_id_can_be_cleared_and_moved_again(store: Store, key: str | None) -> None:
+    """None is "no service-side conversation" (SQL NULL), and the next run may start one."""
+    for n, value in enumerate(["resp_1", None, "resp_2", None, "resp_3"]):
+        run = await store.load("s", user_id="u", run_id=f"{key}-{n}" if key else None)
+        run.session.service_session_id = value
+        await run.commit()
+        assert (await store.load("s", user_id="u")).session.service_session_id == value
+    assert await rows(store, "SELECT count(*) FROM agent_sessions WHERE service_session_id IS NULL") == [(0,)]
+
+
+async def test_a_window_over_reused_call_ids_stays_small(store: Store) -> None:
+    """Providers reuse call ids ("call_0" every turn): each result's nearest call is what the window needs."""
+    async with store.session("s", user_id="u") as session:
+        for turn in range(50):
+            session.state["in_memory"]["messages"] += [Message(role="user", contents=[f"t{turn}"])]
+            session.state["in_memory"]["messages"] += call_and_result("call_0")
+    history = (await store.load("s", user_id="u", history_limit=4)).history
+    assert 4 <= len(history) <= 5 and history[-1].contents[0].type == "function_result"
+    assert history[0].role == "assistant" or history[0].text.startswith("t")
+
+
+async def test_the_size_limit_counts_a_message_s_text_once(url: str) -> None:
+    """Text that stays in the body (a message that is not one plain text) is not counted again for its column."""
+    async with Store.from_url(url, max_value_bytes=1024 * 1024) as store:
+        await store.migrate()
+        text = "长" * (600 * 1024 // 3)  # 600 KiB: under 1 MiB once, over it twice
+        message = Message(role="assistant", contents=[text, Content.from_function_call(call_id="c", name="f")])
+        async with store.session("s", user_id="u") as session:
+            session.state["in_memory"]["messages"] += [message, *call_and_result("c")[1:]]
+        assert await rows(store, "SELECT length(text) FROM agent_messages WHERE seq = 0") == [(len(text),)]
+
+
+async def test_what_the_one_call_cannot_carry_goes_the_checked_way(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run over the call's size bound, or a call of another format (a stale or newer function), commits
+    through the checked transaction; nothing is lost either way."""
+    async with store.session("s", user_id="u") as session:
+        session.state["k"] = 0
+    statements: list[str] = []
+
+    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        statements.append(statement.split()[0].upper())
+
+    event.listen(store.engine.sync_engine, "before_cursor_execute", count)
+    monkeypatch.setattr(fast_commit, "LARGEST_CALL", 10)
+    async with store.session("s", user_id="u") as session:
+        session.state["k"] = 1
+        session.state["in_memory"]["messages"].append(Message(role="user", contents=["longer than ten"]))
+    monkeypatch.undo()
+    real = fast_commit.payload
+    monkeypatch.setattr(fast_commit, "payload", lambda *a: real(*a).replace('"format": 1', '"format": 2', 1))
+    async with store.session("s", user_id="u") as session:
+        session.state["k"] = 2
+        session.state["in_memory"]["messages"].append(Message(role="user", contents=["again"]))
+    event.remove(store.engine.sync_engine, "before_cursor_execute", count)
+    assert statements.count("UPDATE") == 2  # both commits bumped the row in the checked transaction
+    state = (await store.load("s", user_id="u")).session
+    assert state.state["k"] == 2 and [m.text for m in state.state["in_memory"]["messages"]] == [
+        "longer than ten",
+        "again",
+    ]
