@@ -28,7 +28,7 @@ async def load(
     if_expired: str = "error", serialized: bool = False, run_id: str | None = None,
     answered: frozenset[str] = frozenset(),
 ) -> Run:  # fmt: skip
-    """Read one session in a short read-only transaction and rebuild its ``AgentSession``.
+    """Read one session in one statement (its own snapshot) and rebuild its ``AgentSession``.
 
     An expired session raises :class:`SessionExpiredError`, or with ``if_expired="restart"`` is deleted and
     replaced by a fresh one; a closed session raises :class:`SessionClosedError`. A ``serialized`` run holds its
