@@ -155,17 +155,10 @@ def classify(exc: BaseException, where: str) -> AgentStoreError | None:
         orig = exc.orig
         state = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
         if isinstance(state, str):
-            if state == "AS000":  # raised by agent_store_commit() (migration 0005)
-                return CheckedPathNeeded(line)
-            if state in _PG_CONFIGURATION or (state == "08P01" and _POOLER_REFUSAL.search(str(orig))):
-                return ConfigurationError(line)
-            if state in _PG_READ_ONLY:
-                return StorageUnavailableError(line + " (the server is read-only: a standby?)", retryable=False)
-            if state in _PG_RETRYABLE or state[:2] in _PG_RETRYABLE_CLASSES:
+            by_state = _by_sqlstate(state, line, orig)
+            if isinstance(by_state, DatabaseError) and exc.connection_invalidated:
                 return StorageUnavailableError(line)
-            if exc.connection_invalidated:
-                return StorageUnavailableError(line)
-            return DatabaseError(line)
+            return by_state
         if isinstance(orig, sqlite3.Error):
             name = getattr(orig, "sqlite_errorname", "") or ""
             if name in _SQLITE_CONFIGURATION or "unable to open" in str(orig):
@@ -180,14 +173,29 @@ def classify(exc: BaseException, where: str) -> AgentStoreError | None:
         return DatabaseError(line)
     if isinstance(exc, (sa_exc.DisconnectionError, OSError, TimeoutError, ConnectionError)):
         return StorageUnavailableError(line)
-    if type(exc).__module__.startswith("asyncpg"):  # raised outside SQLAlchemy's wrapping (connect, close)
+    if type(exc).__module__.startswith("asyncpg"):  # outside SQLAlchemy's wrapping: connect, close, the hot path
         state = getattr(exc, "sqlstate", None)
-        if state in _PG_CONFIGURATION:
-            return ConfigurationError(line)
+        if isinstance(state, str) and state[:2] != "08":
+            if state.startswith("22"):  # the driver's text may quote the value: omit it
+                return InvalidValueError(f"{where}: a value is out of range or of the wrong type for its column")
+            return _by_sqlstate(state, line, exc)
         return StorageUnavailableError(line)
     if type(exc).__name__ == "CommandError" and type(exc).__module__.startswith("alembic"):
         return SchemaError(line)
     return None
+
+
+def _by_sqlstate(state: str, line: str, orig: object) -> AgentStoreError:
+    """PostgreSQL's answer, by SQLSTATE (the same rules through SQLAlchemy and on the driver's hot path)."""
+    if state == "AS000":  # raised by agent_store_commit() (migration 0005)
+        return CheckedPathNeeded(line)
+    if state in _PG_CONFIGURATION or (state == "08P01" and _POOLER_REFUSAL.search(str(orig))):
+        return ConfigurationError(line)
+    if state in _PG_READ_ONLY:
+        return StorageUnavailableError(line + " (the server is read-only: a standby?)", retryable=False)
+    if state in _PG_RETRYABLE or state[:2] in _PG_RETRYABLE_CLASSES:
+        return StorageUnavailableError(line)
+    return DatabaseError(line)
 
 
 def _is_data_error(exc: BaseException) -> bool:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import event, text
+from sqlalchemy import text
 
-from agent_store import Store
+from agent_store import StorageUnavailableError, Store
 
 
 async def rows(store: Store, sql: str, **params: object) -> list[tuple[Any, ...]]:
@@ -17,31 +17,34 @@ async def rows(store: Store, sql: str, **params: object) -> list[tuple[Any, ...]
 
 
 def lose_the_reply(store: Store) -> None:
-    """The next commit reaches the database and commits; the caller is told the connection was lost.
+    """The next commit reaches the database and commits; the caller is told it failed (outcome unknown).
 
     A commit is a COMMIT (the checked path), or on PostgreSQL the one-round-trip ``agent_store_commit`` call,
-    which is its own transaction: whichever comes first is "lost", once.
+    which is its own transaction and runs on the driver: whichever comes first is "lost", once.
     """
-    engine = store.engine.sync_engine
-    dialect = engine.dialect
+    dialect = store.engine.sync_engine.dialect
     real_commit = dialect.do_commit
-    armed = [True]
+    db = store.db
+    real_call = db._on_driver
 
-    def lose() -> None:
-        armed[0] = False
+    def disarm() -> None:
         dialect.do_commit = real_commit  # type: ignore[method-assign]
-        raise dialect.loaded_dbapi.OperationalError("connection lost")  # ... but the caller never hears
+        db._on_driver = real_call  # type: ignore[method-assign]
 
     def commit_then_lose(dbapi_connection: object) -> None:
         real_commit(dbapi_connection)  # the database has the run ...
-        lose()
+        disarm()
+        raise dialect.loaded_dbapi.OperationalError("connection lost")  # ... but the caller never hears
 
-    def call_then_lose(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if armed[0] and "agent_store_commit" in statement:
-            lose()
+    async def call_then_lose(conn: Any, statement: Any, params: Any, doing: str) -> Any:
+        result = await real_call(conn, statement, params, doing)
+        if "agent_store_commit" in str(statement):
+            disarm()
+            raise StorageUnavailableError(f"{doing} failed: the reply was lost")
+        return result
 
     dialect.do_commit = commit_then_lose  # type: ignore[method-assign]
-    event.listen(engine, "after_cursor_execute", call_then_lose)
+    db._on_driver = call_then_lose  # type: ignore[method-assign]
 
 
 async def expire_now(store: Store, session_id: str) -> None:
