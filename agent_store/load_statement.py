@@ -34,6 +34,7 @@ from sqlalchemy import (
     literal_column,
     null,
     select,
+    true,
     union_all,
 )
 
@@ -87,9 +88,11 @@ def _statement(with_user: bool, window: str) -> Any:
         first = _S.next_seq - bindparam("limit", type_=Integer())
     elif window == "start":
         first = bindparam("start", type_=Integer())
-    start: Any = select(first).where(_S.id == bindparam("sid"), owned).scalar_subquery()
+    window_start = select(first.label("lo")).where(_S.id == bindparam("sid"), owned).cte("window_start")
+    start: Any = select(window_start.c.lo).scalar_subquery()
     if window != "all":
-        # Each result in the window needs the nearest call with its id before it (providers reuse ids).
+        # Each result in the window needs the nearest call with its id before it (providers reuse ids). Computed
+        # once, in CTEs: the statement stays cheap to plan (each connection plans it a few times).
         result, call = tool_calls_t.alias("result"), tool_calls_t.alias("call")
         its_call = (
             select(func.max(call.c.seq))
@@ -97,12 +100,13 @@ def _statement(with_user: bool, window: str) -> Any:
             .where(call.c.kind == "call", call.c.seq <= result.c.seq)
             .scalar_subquery()
         )
-        earliest_call = (
-            select(func.min(its_call))
+        calls = (
+            select(func.min(its_call).label("lo"))
             .where(result.c.session_id == bindparam("sid"), result.c.kind == "result", result.c.seq >= start)
-            .scalar_subquery()
+            .cte("calls")
         )
-        start = case((earliest_call < start, earliest_call), else_=start)
+        lowest = case((calls.c.lo < window_start.c.lo, calls.c.lo), else_=window_start.c.lo)
+        start = select(lowest).select_from(window_start.join(calls, true())).scalar_subquery()
     branches.append(
         select(
             *_branch(

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import text
+from sqlalchemy import event, text
 
 if TYPE_CHECKING:
     from agent_store.store import Store
@@ -52,6 +54,32 @@ async def fill(store: Store, *, sessions: int, messages_per_session: int, users:
         await conn.commit()
 
 
+@contextmanager
+def reads_sent(store: Store) -> Iterator[list[tuple[str, Any]]]:
+    """The read statements (SQL text, parameters) sent inside the block: through SQLAlchemy, and the hot ones
+    agent_store runs straight on the driver (PostgreSQL's load), which SQLAlchemy's events do not see."""
+    sent: list[tuple[str, Any]] = []
+
+    def capture(conn: Any, cursor: Any, statement: str, parameters: Any, *rest: Any) -> None:
+        if statement.lstrip().upper().startswith(("SELECT", "WITH")) and "alembic_version" not in statement:
+            sent.append((statement, parameters))
+
+    db, real = store.db, store.db._on_driver
+
+    async def on_driver(conn: Any, statement: Any, params: dict[str, Any], doing: str) -> Any:
+        sql, names, defaults, _ = db._compiled(statement)
+        sent.append((sql, [params[n] if n in params else defaults[n] for n in names]))
+        return await real(conn, statement, params, doing)
+
+    event.listen(store.engine.sync_engine, "before_cursor_execute", capture)
+    db._on_driver = on_driver  # type: ignore[method-assign]
+    try:
+        yield sent
+    finally:
+        event.remove(store.engine.sync_engine, "before_cursor_execute", capture)
+        db._on_driver = real  # type: ignore[method-assign]
+
+
 async def full_scans(store: Store, statement: str, parameters: Any) -> list[str]:
     """The big tables a statement reads whole, according to the database's own query plan."""
     async with store.engine.connect() as conn:
@@ -79,8 +107,6 @@ async def check_big(url: str, sessions: int, per_session: int, users: int) -> li
     import time
     from pathlib import Path
 
-    from sqlalchemy import event
-
     from agent_store import Store
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")  # noqa: ASYNC240
@@ -98,18 +124,9 @@ async def check_big(url: str, sessions: int, per_session: int, users: int) -> li
             "load a session, last 20 messages": lambda: store.load("session-7", user_id="user-7", history_limit=20),
         }  # fmt: skip
         for name, call in calls.items():
-            statements: list[tuple[str, Any]] = []
-
-            def capture(
-                conn: Any, cursor: Any, statement: str, parameters: Any, *rest: Any, sink: list[Any] = statements
-            ) -> None:
-                if statement.lstrip().upper().startswith("SELECT") and "alembic_version" not in statement:
-                    sink.append((statement, parameters))
-
             await call()
-            event.listen(store.engine.sync_engine, "before_cursor_execute", capture)
-            await call()
-            event.remove(store.engine.sync_engine, "before_cursor_execute", capture)
+            with reads_sent(store) as statements:
+                await call()
             scans = [scan for s, p in statements for scan in await full_scans(store, s, p)]
             timings = []
             for _ in range(30):

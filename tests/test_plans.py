@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import event, text
+from sqlalchemy import text
 
 from agent_store import Store
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-from big_tables import fill, full_scans
+from big_tables import fill, full_scans, reads_sent
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
 
@@ -29,18 +29,9 @@ async def big(store: Store) -> Store:
 
 
 async def captured(store: Store, call: Callable[[], Awaitable[Any]]) -> list[tuple[str, Any]]:
-    """The SELECT statements (with their parameters) that ``call`` sends."""
-    sent: list[tuple[str, Any]] = []
-
-    def capture(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool) -> None:
-        if statement.lstrip().upper().startswith("SELECT"):
-            sent.append((statement, parameters))
-
-    event.listen(store.engine.sync_engine, "before_cursor_execute", capture)
-    try:
+    """The read statements (with their parameters) that ``call`` sends, the driver's hot path included."""
+    with reads_sent(store) as sent:
         await call()
-    finally:
-        event.remove(store.engine.sync_engine, "before_cursor_execute", capture)
     return sent
 
 
