@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy import exc as sa_exc
 from sqlalchemy import func, select
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -156,9 +157,10 @@ class Database:
         try:
             records = await driver.fetch(sql, *[params[n] if n in params else defaults[n] for n in names])
         except BaseException as exc:
-            if not isinstance(exc, Exception) or driver.is_closed():  # cancelled mid-statement, or dead
+            if not isinstance(exc, Exception):  # cancelled mid-statement: the connection's state is unknown
                 await conn.invalidate()
-            if isinstance(exc, Exception) and driver.is_closed():
+            elif driver.is_closed():
+                await self._drop_dead_pool(conn)
                 why = f"{type(exc).__name__}: connection lost"
                 lost = StorageUnavailableError(f"{doing} failed on {redact(self.url)}: {why}")
                 lost.connection_lost = True
@@ -169,6 +171,15 @@ class Database:
         if row_type is None:  # the column names are known once a first row came back
             row_type = self._row_types[statement] = namedtuple("Row", list(records[0].keys()))
         return [row_type(*record) for record in records]
+
+    @staticmethod
+    async def _drop_dead_pool(conn: AsyncConnection) -> None:
+        """A dead connection usually means a server restart: every pooled connection of that age is dead too.
+        One statement through SQLAlchemy lets its own disconnect handling drop them all (not just this one)."""
+        try:
+            await conn.execute(select(1))
+        except sa_exc.DBAPIError:
+            pass  # expected: "connection is closed", now invalidated with the pool
 
     def _compiled(self, statement: Any) -> tuple[str, list[str], dict[str, Any], Any]:
         """(SQL text, parameter order, values of the statement's own literals, row type once known)."""

@@ -241,13 +241,21 @@ async def test_the_server_stops_between_load_and_commit_and_comes_back(own_postg
 
 async def test_a_server_restart_between_two_runs_surfaces_no_error(own_postgres: Any, agent: Agent) -> None:
     """No pre-ping: the pooled connections die with the restart; the next load and commit each try once more."""
-    async with Store.from_url(own_postgres.url(), connect_args={"timeout": 3}, pool_size=2) as store:
+    async with Store.from_url(own_postgres.url(), connect_args={"timeout": 3}, pool_size=8) as store:
         await store.migrate()
+
+        async def turn(sid: str) -> None:
+            async with store.session(sid, user_id="u") as session:
+                session.state["n"] = session.state.get("n", 0) + 1
+
+        await asyncio.gather(*(turn(f"warm-{i}") for i in range(8)))  # 8 pooled connections, all to die
         async with store.session("s", user_id="u") as session:
             await agent.run("我叫李明", session=session)
         await asyncio.to_thread(own_postgres.restart)
         await reachable(own_postgres.url())
-        async with store.session("s", user_id="u") as session:  # the load meets a dead connection
+        for i in range(8):  # one at a time: the first dead connection takes the whole pool's with it
+            await turn(f"warm-{i}")
+        async with store.session("s", user_id="u") as session:
             reply = await agent.run("我叫什么名字？", session=session)
         assert reply.text == "你叫李明。"
         run = await store.load("s", user_id="u")
@@ -260,7 +268,7 @@ async def test_a_server_restart_between_two_runs_surfaces_no_error(own_postgres:
         async with store.session("s", user_id="u", serialized=True) as session:  # so does a serialized run's lock
             session.state["serialized"] = True
         assert await rows(store, "SELECT count(*) FROM agent_messages") == [(4,)]
-        assert await rows(store, "SELECT count(*) FROM agent_runs WHERE outcome = 'committed'") == [(4,)]
+        assert await rows(store, "SELECT count(*) FROM agent_runs WHERE outcome = 'committed'") == [(20,)]
 
 
 @pytest.mark.parametrize("key", [None, "key-1"], ids=["one-round-trip", "checked"])
