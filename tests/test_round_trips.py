@@ -104,9 +104,6 @@ async def test_a_run_is_two_round_trips_on_postgresql(pg_url: str) -> None:
                 run.session.state["user:seen"] = run.session.state.get("user:seen", 0) + 1
                 await run.commit()
                 counts.append(proxy.round_trips - before)
-            # Behind PgBouncer in transaction pooling (?pgbouncer=true) no statement can stay prepared: each of
-            # the two is prepared and executed, two requests each.
-            per_statement = 2 if "pgbouncer=true" in pg_url else 1
-            assert counts == [2 * per_statement, 2 * per_statement]
+            assert counts == [2, 2]  # also behind PgBouncer (CI's second pass): unnamed statements, one request each
     finally:
         await proxy.stop()
