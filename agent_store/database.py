@@ -7,6 +7,7 @@ cleanup after a failure never replaces the caller's exception with its own.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import namedtuple
 from collections.abc import AsyncIterator, Callable
@@ -46,11 +47,24 @@ class Settings:
 
 
 async def quietly(action: Any, what: str) -> None:
-    """Run a cleanup step whose failure must not replace an exception already on its way to the caller."""
-    try:
-        await action()
-    except Exception:
-        logger.warning("agent_store: %s failed during cleanup", what, exc_info=True)
+    """Run a cleanup step whose failure must not replace an exception already on its way to the caller.
+
+    The step runs to its end even if the caller is cancelled (again) meanwhile: a rollback cut short would leave
+    a transaction, and its locks, open on a connection nobody holds. The cancellation is re-raised after.
+    """
+    step = asyncio.ensure_future(action())
+    cancelled = False
+    while not step.done():
+        try:
+            await asyncio.shield(step)
+        except asyncio.CancelledError:
+            cancelled = True
+        except Exception:
+            break
+    if not step.cancelled() and step.exception() is not None:
+        logger.warning("agent_store: %s failed during cleanup", what, exc_info=step.exception())
+    if cancelled:
+        raise asyncio.CancelledError
 
 
 class Database:

@@ -8,6 +8,7 @@ commit that meets a connection dropped by a server restart is tried once more in
 
 from __future__ import annotations
 
+import asyncio
 import os
 import uuid
 from collections.abc import AsyncIterator
@@ -99,6 +100,19 @@ def configure_sqlite(engine: AsyncEngine) -> None:
         return
     event.listen(sync_engine, "checkout", _sqlite_checkout)
     event.listen(sync_engine, "begin", _sqlite_begin)
+    event.listen(sync_engine, "handle_error", _sqlite_cancelled)
+
+
+def _sqlite_cancelled(context: Any) -> None:
+    """A statement whose caller was cancelled is not a lost connection on SQLite.
+
+    aiosqlite runs a connection's operations one after another in its own thread: the cancelled statement
+    finishes there, and the rollback our cleanup sends next runs after it. Treated as a disconnect (SQLAlchemy's
+    default for a cancellation), the connection would be terminated instead, and aiosqlite can then drop its
+    sqlite3 connection unclosed, holding the database's write lock until garbage collection.
+    """
+    if isinstance(context.original_exception, asyncio.CancelledError):
+        context.is_disconnect = False
 
 
 def _sqlite_checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:

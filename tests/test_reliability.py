@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import random
 import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -419,3 +421,30 @@ async def test_interleaved_saves_from_two_providers_never_corrupt_history(store:
         a.session.state["k"], b.session.state["k"] = 1, 2
         await a.commit()
         await b.commit()
+
+
+@pytest.mark.filterwarnings("ignore::sqlalchemy.exc.SAWarning")  # a connection cut mid-checkout is collected
+async def test_a_cancelled_run_never_leaves_a_lock_behind(store: Store) -> None:
+    """Runs cancelled at random moments (web servers cancel a request whose client went away), serialized or
+    not, once or again during their cleanup: the next run on another session is never kept waiting on a lock
+    (SQLite's write lock, PostgreSQL's advisory lock), and nothing of a cancelled run is half-stored."""
+    rng = random.Random(7)
+
+    async def turn(sid: str, serialized: bool) -> None:
+        async with store.session(sid, user_id="u", serialized=serialized) as session:
+            session.state["n"] = session.state.get("n", 0) + 1
+            session.state["in_memory"]["messages"].append(Message(role="user", contents=["hi"]))
+
+    await turn("other", False)
+    for _ in range(40):
+        task = asyncio.ensure_future(turn("busy", rng.random() < 0.5))
+        await asyncio.sleep(rng.uniform(0, 0.004))
+        for _ in range(rng.randint(1, 2)):
+            task.cancel()
+            await asyncio.sleep(0)
+        with contextlib.suppress(BaseException):
+            await task
+        await asyncio.wait_for(turn("other", rng.random() < 0.5), 5)  # never waits out a leaked lock
+    assert store.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+    busy = (await store.load("busy", user_id="u")).session
+    assert len(busy.state["in_memory"]["messages"]) == busy.state.get("n", 0)  # each run whole or absent
