@@ -67,6 +67,28 @@ async def quietly(action: Any, what: str) -> None:
         raise asyncio.CancelledError
 
 
+async def checkout(engine: AsyncEngine) -> AsyncConnection:
+    """A pooled connection. A caller cancelled while the pool hands it over does not strand it: the checkout
+    finishes in the background and the connection goes straight back (SQLAlchemy's ``connect()`` alone would
+    leave it checked out until garbage collection)."""
+    pending = asyncio.ensure_future(engine.connect())
+    try:
+        return await asyncio.shield(pending)
+    except asyncio.CancelledError:
+        pending.add_done_callback(_give_back)
+        raise
+
+
+def _give_back(pending: asyncio.Future[AsyncConnection]) -> None:
+    if not pending.cancelled() and pending.exception() is None:
+        closing = asyncio.ensure_future(quietly(pending.result().close, "returning a connection"))
+        _BACKGROUND.add(closing)
+        closing.add_done_callback(_BACKGROUND.discard)
+
+
+_BACKGROUND: set[asyncio.Future[None]] = set()  # give-backs in flight (the loop keeps only weak references)
+
+
 class Database:
     """One engine (its pool), an optional read replica, and the only ways agent_store uses them."""
 
@@ -131,7 +153,7 @@ class Database:
                 return
             await self.check_schema()
             source = self._writer if write else self._replica if replica and self._replica else self._reader
-            conn = await source.connect()
+            conn = await checkout(source)
             try:
                 await conn.begin()
                 yield conn
@@ -155,17 +177,20 @@ class Database:
             if held is not None:
                 return list((await held.execute(statement, params)).all())
             await self.check_schema()
-            async with self._single.connect() as conn:
+            conn = await checkout(self._single)
+            try:
                 if committing is not None:
                     committing()
                 if self.dialect == "postgresql":
                     return await self._on_driver(conn, statement, params, doing)
                 return list((await conn.execute(statement, params)).all())
+            finally:
+                await quietly(conn.close, "returning a connection")
 
     async def _on_driver(self, conn: AsyncConnection, statement: Any, params: dict[str, Any], doing: str) -> list[Any]:
         """A run's hot statement straight on asyncpg: compiled once by SQLAlchemy, without its per-execution layers
         (about a quarter of a run's CPU). The pool, the connection's set-up (its JSON codecs) stay SQLAlchemy's;
-        a connection found dead is invalidated, so the pool never hands it out again."""
+        a connection found dead lets SQLAlchemy drop every pooled connection of its age."""
         sql, names, defaults, row_type = self._compiled(statement)
         driver: Any = (await conn.get_raw_connection()).driver_connection
         try:
@@ -230,7 +255,7 @@ class Database:
     async def _hold(self, session_id: str) -> AsyncConnection:
         with translated(self.url, "locking a session"):
             await self.check_schema()
-            conn = await self._writer.connect()
+            conn = await checkout(self._writer)
             try:
                 await conn.begin()
                 if self.dialect == "postgresql":
