@@ -7,7 +7,6 @@ cleanup after a failure never replaces the caller's exception with its own.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections import namedtuple
 from collections.abc import AsyncIterator, Callable
@@ -21,6 +20,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from . import codec
+from .connections import checkout, once_more_if_dropped, quietly
 from .engine import check_schema, configure_sqlite, migration_connection, migrations_dir
 from .errors import (
     ConfigurationError,
@@ -44,49 +44,6 @@ class Settings:
     idle_ttl_seconds: int | None = None
     max_value_bytes: int = codec.DEFAULT_MAX_VALUE_BYTES
     message_cipher: codec.MessageCipher | None = None
-
-
-async def quietly(action: Any, what: str) -> None:
-    """Run a cleanup step whose failure must not replace an exception already on its way to the caller.
-
-    The step runs to its end even if the caller is cancelled (again) meanwhile: a rollback cut short would leave
-    a transaction, and its locks, open on a connection nobody holds. The cancellation is re-raised after.
-    """
-    step = asyncio.ensure_future(action())
-    cancelled = False
-    while not step.done():
-        try:
-            await asyncio.shield(step)
-        except asyncio.CancelledError:
-            cancelled = True
-        except Exception:
-            break
-    if not step.cancelled() and step.exception() is not None:
-        logger.warning("agent_store: %s failed during cleanup", what, exc_info=step.exception())
-    if cancelled:
-        raise asyncio.CancelledError
-
-
-async def checkout(engine: AsyncEngine) -> AsyncConnection:
-    """A pooled connection. A caller cancelled while the pool hands it over does not strand it: the checkout
-    finishes in the background and the connection goes straight back (SQLAlchemy's ``connect()`` alone would
-    leave it checked out until garbage collection)."""
-    pending = asyncio.ensure_future(engine.connect())
-    try:
-        return await asyncio.shield(pending)
-    except asyncio.CancelledError:
-        pending.add_done_callback(_give_back)
-        raise
-
-
-def _give_back(pending: asyncio.Future[AsyncConnection]) -> None:
-    if not pending.cancelled() and pending.exception() is None:
-        closing = asyncio.ensure_future(quietly(pending.result().close, "returning a connection"))
-        _BACKGROUND.add(closing)
-        closing.add_done_callback(_BACKGROUND.discard)
-
-
-_BACKGROUND: set[asyncio.Future[None]] = set()  # give-backs in flight (the loop keeps only weak references)
 
 
 class Database:
@@ -172,10 +129,19 @@ class Database:
     ) -> list[Any]:  # fmt: skip
         """All rows of one statement, run outside any explicit transaction: a single statement is its own
         snapshot (a run's load) and its own transaction (PostgreSQL's one-round-trip commit). On a serialized
-        run's ``held`` connection, inside its transaction. ``committing``: called before a write is sent."""
-        with translated(self.url, doing):
-            if held is not None:
+        run's ``held`` connection, inside its transaction. ``committing``: called before a write is sent (a
+        write is not repeated here; a read that meets a dead pooled connection is, once)."""
+        if held is not None:
+            with translated(self.url, doing):
                 return list((await held.execute(statement, params)).all())
+        if committing is not None:
+            return await self._on_fresh_connection(statement, params, doing, committing)
+        return await once_more_if_dropped(lambda: self._on_fresh_connection(statement, params, doing, None))
+
+    async def _on_fresh_connection(
+        self, statement: Any, params: dict[str, Any], doing: str, committing: Callable[[], None] | None
+    ) -> list[Any]:
+        with translated(self.url, doing):
             await self.check_schema()
             conn = await checkout(self._single)
             try:
@@ -241,16 +207,8 @@ class Database:
         await quietly(conn.close, "returning a connection")
 
     async def hold(self, session_id: str) -> AsyncConnection:
-        """Open a serialized run's transaction and take its session's lock (SQLite: the database write lock).
-
-        A pooled connection found dead (a server restart; there is no pre-ping) is replaced once.
-        """
-        try:
-            return await self._hold(session_id)
-        except StorageUnavailableError as exc:
-            if not exc.connection_lost:
-                raise
-        return await self._hold(session_id)
+        """Open a serialized run's transaction and take its session's lock (SQLite: the database write lock)."""
+        return await once_more_if_dropped(lambda: self._hold(session_id))
 
     async def _hold(self, session_id: str) -> AsyncConnection:
         with translated(self.url, "locking a session"):

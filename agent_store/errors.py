@@ -176,8 +176,6 @@ def classify(exc: BaseException, where: str) -> AgentStoreError | None:
     if type(exc).__module__.startswith("asyncpg"):  # outside SQLAlchemy's wrapping: connect, close, the hot path
         state = getattr(exc, "sqlstate", None)
         if isinstance(state, str) and state[:2] != "08":
-            if state.startswith("22"):  # the driver's text may quote the value: omit it
-                return InvalidValueError(f"{where}: a value is out of range or of the wrong type for its column")
             return _by_sqlstate(state, line, exc)
         return StorageUnavailableError(line)
     if type(exc).__name__ == "CommandError" and type(exc).__module__.startswith("alembic"):
@@ -202,7 +200,7 @@ def _is_data_error(exc: BaseException) -> bool:
     if isinstance(exc, sa_exc.DataError):
         return True
     orig = getattr(exc, "orig", None)
-    state = getattr(orig, "sqlstate", None)
+    state = getattr(exc if orig is None else orig, "sqlstate", None)  # raw driver errors (the hot path) have it
     driver = orig.__cause__ if orig is not None and orig.__cause__ is not None else orig
     return (isinstance(state, str) and state.startswith("22")) or type(driver).__name__ == "DataError"
 

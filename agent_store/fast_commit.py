@@ -11,7 +11,6 @@ anything is kept: then the caller takes the checked path, which names the precis
 from __future__ import annotations
 
 import json
-import logging
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +25,6 @@ if TYPE_CHECKING:
     from .delta import Delta
     from .run import Run
 
-logger = logging.getLogger("agent_store")
 # PostgreSQL caps one jsonb value at 256 MB: a run that large (characters; up to 4 bytes each) goes the checked way.
 LARGEST_CALL = 32 * 1024 * 1024
 CALL = text("SELECT agent_store_commit(CAST(:p AS jsonb))")
@@ -58,7 +56,6 @@ async def attempt(run: Run, delta: Delta, since: datetime) -> tuple[tuple[int, i
     except StorageUnavailableError as exc:
         if not exc.connection_lost:
             raise
-        logger.info("session %r: the commit met a dropped connection; trying once more", run.session.session_id)
         return None, True
     return (int(rows[0][0]), len(delta.messages), len(delta.changed_keys)), False
 

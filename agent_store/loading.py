@@ -18,7 +18,7 @@ from . import codec, telemetry
 from . import statements as sql
 from .database import Database
 from .delta import IdentifiedHistory, Snapshot, close_tool_pairs
-from .errors import InvalidValueError, SessionClosedError, SessionExpiredError, StorageUnavailableError
+from .errors import InvalidValueError, SessionClosedError, SessionExpiredError
 from .load_statement import MESSAGE, SESSION, STATE, load_statement
 from .run import HISTORY_KEY, KEY_MAX, Run, StoredSession
 
@@ -50,7 +50,7 @@ async def load(
         held = await db.hold(session_id) if serialized else None
         try:
             try:
-                run = await _read_once_more_if_dropped(db, session_id, user_id, agent_id, history_limit, held, answered)
+                run = await _read(db, session_id, user_id, agent_id, history_limit, held, answered)
             except SessionExpiredError:
                 if if_expired == "error":
                     raise
@@ -63,19 +63,6 @@ async def load(
             raise
     run._held, run._key = held, run_id
     return run
-
-
-async def _read_once_more_if_dropped(
-    db: Database, session_id: str, user_id: str | None, agent_id: str | None, history_limit: int | None,
-    held: AsyncConnection | None, answered: frozenset[str],
-) -> Run:  # fmt: skip
-    """A read meets a dead pooled connection after a server restart (there is no pre-ping): read again."""
-    try:
-        return await _read(db, session_id, user_id, agent_id, history_limit, held, answered)
-    except StorageUnavailableError as exc:
-        if held is not None or not exc.connection_lost:
-            raise
-    return await _read(db, session_id, user_id, agent_id, history_limit, held, answered)
 
 
 async def _read(

@@ -178,6 +178,8 @@ class Run:
                     self._pending = None  # refused while building the call: nothing was sent
                     raise
                 attempts, retry = (0 if written else 1 if lost else 2), retry or lost
+                if lost:
+                    self._trying_once_more()
             incarnation = snap.incarnation or 0
             for attempt in range(attempts):
                 last_try = attempt == attempts - 1
@@ -198,17 +200,18 @@ class Run:
                 except StorageUnavailableError as exc:
                     if last_try or not exc.connection_lost:
                         raise
-                    # A pooled connection was dead (no pre-ping): once more on a fresh one, as a retry, so an
-                    # attempt whose COMMIT did land is recognised by its run id and nothing is written twice.
-                    logger.info(
-                        "session %r: the commit met a dropped connection; trying once more", self.session.session_id
-                    )
+                    self._trying_once_more()
                     retry = True
             result = self._committed(delta, incarnation, written)
             span.set_attributes({"messages": result.messages_written, "state_keys": result.state_keys_written})
             telemetry.messages_written.add(result.messages_written)
             telemetry.state_keys_written.add(result.state_keys_written)
             return result
+
+    def _trying_once_more(self) -> None:
+        # A pooled connection was dead (no pre-ping): once more on a fresh one, as a retry, so an attempt whose
+        # COMMIT did land is recognised by its run id and nothing is written twice.
+        logger.info("session %r: the commit met a dropped connection; trying once more", self.session.session_id)
 
     def _sent(self) -> None:
         self._maybe_landed = True

@@ -18,12 +18,7 @@ from .codec import EncodedMessage
 from .database import APP_LOCK, USER_LOCK
 from .errors import ConflictError, SessionClosedError, SessionNotFoundError
 from .scopes import Scope, owner_is
-from .tables import (
-    UTCDateTime,
-    messages_t,
-    sessions_t,
-    tool_calls_t,
-)
+from .tables import UTCDateTime, messages_t, sessions_t, tool_calls_t
 
 
 def _insert(db: AsyncConnection, table: Table) -> Any:

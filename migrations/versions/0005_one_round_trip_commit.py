@@ -27,7 +27,7 @@ down_revision: str | None = "0004"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-COMMIT_FUNCTION = r"""
+_COMMIT_FUNCTION = r"""
 CREATE FUNCTION agent_store_commit(p jsonb) RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
     sid text := p->>'sid';
@@ -77,34 +77,7 @@ BEGIN
     END IF;
     -- 4. State, scope by scope: deletes, then upserts stamped with this commit's stamp. (Elements are read with
     --    e->'value', which keeps a JSON null a JSON null.)
-    IF p ? 'own' THEN
-        DELETE FROM agent_state WHERE session_id = sid AND key IN (
-            SELECT e->>'key' FROM jsonb_array_elements(p->'own') e WHERE (e->>'del')::boolean);
-        INSERT INTO agent_state (session_id, key, value, version, updated_at)
-            SELECT sid, e->>'key', e->'value', (p->>'stamp')::bigint, now_
-            FROM jsonb_array_elements(p->'own') e WHERE NOT (e->>'del')::boolean
-        ON CONFLICT (session_id, key) DO UPDATE
-            SET value = excluded.value, version = excluded.version, updated_at = excluded.updated_at;
-    END IF;
-    IF p ? 'user' THEN
-        DELETE FROM agent_user_state WHERE user_id = p->>'uid' AND key IN (
-            SELECT e->>'key' FROM jsonb_array_elements(p->'user') e WHERE (e->>'del')::boolean);
-        INSERT INTO agent_user_state (user_id, key, value, version, updated_at)
-            SELECT p->>'uid', e->>'key', e->'value', (p->>'stamp')::bigint, now_
-            FROM jsonb_array_elements(p->'user') e WHERE NOT (e->>'del')::boolean
-        ON CONFLICT (user_id, key) DO UPDATE
-            SET value = excluded.value, version = excluded.version, updated_at = excluded.updated_at;
-    END IF;
-    IF p ? 'app' THEN
-        DELETE FROM agent_app_state WHERE app_id = p->>'app_id' AND key IN (
-            SELECT e->>'key' FROM jsonb_array_elements(p->'app') e WHERE (e->>'del')::boolean);
-        INSERT INTO agent_app_state (app_id, key, value, version, updated_at)
-            SELECT p->>'app_id', e->>'key', e->'value', (p->>'stamp')::bigint, now_
-            FROM jsonb_array_elements(p->'app') e WHERE NOT (e->>'del')::boolean
-        ON CONFLICT (app_id, key) DO UPDATE
-            SET value = excluded.value, version = excluded.version, updated_at = excluded.updated_at;
-    END IF;
-    -- 5. Messages at the seq numbers the bump reserved, their tool calls, and the run log.
+{state_writes}    -- 5. Messages at the seq numbers the bump reserved, their tool calls, and the run log.
     IF n > 0 THEN
         -- An id already stored: the checked path says which. (No other commit of this session can insert
         -- meanwhile: every one holds the session row's lock, as this one does from step 2 on.)
@@ -136,6 +109,30 @@ BEGIN
 END
 $$
 """
+
+
+# Step 4 for each scope: the payload's part, its table, the owner column and the owner's value.
+_SCOPE_WRITES = r"""    IF p ? '{part}' THEN
+        DELETE FROM {table} WHERE {owner} = {value} AND key IN (
+            SELECT e->>'key' FROM jsonb_array_elements(p->'{part}') e WHERE (e->>'del')::boolean);
+        INSERT INTO {table} ({owner}, key, value, version, updated_at)
+            SELECT {value}, e->>'key', e->'value', (p->>'stamp')::bigint, now_
+            FROM jsonb_array_elements(p->'{part}') e WHERE NOT (e->>'del')::boolean
+        ON CONFLICT ({owner}, key) DO UPDATE
+            SET value = excluded.value, version = excluded.version, updated_at = excluded.updated_at;
+    END IF;
+"""
+_SCOPES = [
+    ("own", "agent_state", "session_id", "sid"),
+    ("user", "agent_user_state", "user_id", "p->>'uid'"),
+    ("app", "agent_app_state", "app_id", "p->>'app_id'"),
+]
+COMMIT_FUNCTION = _COMMIT_FUNCTION.replace(
+    "{state_writes}",
+    "".join(
+        _SCOPE_WRITES.format(part=part, table=table, owner=owner, value=value) for part, table, owner, value in _SCOPES
+    ),
+)
 
 
 def upgrade() -> None:
