@@ -20,7 +20,8 @@ async def test_a_reduced_soak(url: str) -> None:
     assert report.errors == []
     assert (report.messages, report.counter_total) == (3000, 1500)
     assert report.pool_checked_out == 0 and report.pool_checked_in > 0
-    assert 0 < report.p99_ms < report.seconds * 1e3 and report.pool_waits <= 1500  # measured, per run
+    assert 0 < report.p99_ms < report.seconds * 1e3  # measured, per run
+    assert report.pool_waits <= 16  # as many connections as workers: only the pool opening them may wait
     middle, last = report.rss_mib[len(report.rss_mib) // 2][1], report.rss_mib[-1][1]
     assert last - middle < 15, report.rss_mib  # MiB over the second half of the runs
 
