@@ -21,7 +21,9 @@ async def test_a_reduced_soak(url: str) -> None:
     assert (report.messages, report.counter_total) == (3000, 1500)
     assert report.pool_checked_out == 0 and report.pool_checked_in > 0
     assert 0 < report.p99_ms < report.seconds * 1e3  # measured, per run
-    assert report.pool_waits <= 16  # as many connections as workers: only the pool opening them may wait
+    # As many connections as workers: a run holds one at a time, so a checkout finds the pool full only in the
+    # moment a finished run's connection is still on its way back (a leak or a second connection per run: every run)
+    assert report.pool_waits <= report.runs // 100, report.pool_waits
     middle, last = report.rss_mib[len(report.rss_mib) // 2][1], report.rss_mib[-1][1]
     assert last - middle < 15, report.rss_mib  # MiB over the second half of the runs
 
