@@ -78,6 +78,11 @@ def check_ttl(ttl: Any, what: str) -> int | None:
     return seconds
 
 
+def service_session_json(service_session_id: Any) -> str | None:
+    """A service session id as JSON text; None (no service-side conversation) as SQL NULL."""
+    return None if service_session_id is None else dumps(service_session_id, where="service_session_id")
+
+
 def dumps(value: Any, *, where: str, max_bytes: int = DEFAULT_MAX_VALUE_BYTES) -> str:
     """Serialize an already-encoded JSON value, enforcing what every backend can store.
 

@@ -8,30 +8,29 @@ cleanup after a failure never replaces the caller's exception with its own.
 from __future__ import annotations
 
 import logging
-from collections import namedtuple
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from sqlalchemy import exc as sa_exc
 from sqlalchemy import func, select
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from . import codec
 from .connections import checkout, once_more_if_dropped, quietly
+from .driver_path import DriverPath
 from .engine import check_schema, configure_sqlite, migration_connection, migrations_dir
 from .errors import (
     ConfigurationError,
     InvalidValueError,
     SchemaTooNewError,
-    StorageUnavailableError,
     redact,
     translated,
 )
 
 logger = logging.getLogger("agent_store")
+T = TypeVar("T")
 # pg_advisory_xact_lock(class, key) namespaces: 1 serialized sessions, 2 users, 3 apps.
 SESSION_LOCK, USER_LOCK, APP_LOCK = 1, 2, 3
 
@@ -68,8 +67,7 @@ class Database:
             self._single = engine.execution_options(isolation_level="AUTOCOMMIT")
         self._replica: AsyncEngine | None = None
         self._schema_ok = not check_schema
-        self._driver_sql: dict[Any, tuple[str, list[str], dict[str, Any]]] = {}  # hot statement -> its SQL
-        self._row_types: dict[Any, Any] = {}
+        self.driver = DriverPath(engine.dialect)  # a run's load and commit, straight on the driver
 
     def use_replica(self, replica: AsyncEngine) -> None:
         configure_sqlite(replica)
@@ -147,53 +145,20 @@ class Database:
             try:
                 if committing is not None:
                     committing()
-                if self.dialect == "postgresql":
-                    return await self._on_driver(conn, statement, params, doing)
-                return list((await conn.execute(statement, params)).all())
+                return await self.driver.fetch(conn, statement, params, lost=f"{doing} failed on {redact(self.url)}")
             finally:
                 await quietly(conn.close, "returning a connection")
 
-    async def _on_driver(self, conn: AsyncConnection, statement: Any, params: dict[str, Any], doing: str) -> list[Any]:
-        """A run's hot statement straight on asyncpg: compiled once by SQLAlchemy, without its per-execution layers
-        (about a quarter of a run's CPU). The pool, the connection's set-up (its JSON codecs) stay SQLAlchemy's;
-        a connection found dead lets SQLAlchemy drop every pooled connection of its age."""
-        sql, names, defaults, row_type = self._compiled(statement)
-        driver: Any = (await conn.get_raw_connection()).driver_connection
-        try:
-            records = await driver.fetch(sql, *[params[n] if n in params else defaults[n] for n in names])
-        except BaseException as exc:
-            if not isinstance(exc, Exception):  # cancelled mid-statement: the connection's state is unknown
-                await conn.invalidate()
-            elif driver.is_closed():
-                await self._drop_dead_pool(conn)
-                why = f"{type(exc).__name__}: connection lost"
-                lost = StorageUnavailableError(f"{doing} failed on {redact(self.url)}: {why}")
-                lost.connection_lost = True
-                raise lost from exc
-            raise
-        if not records:
-            return []
-        if row_type is None:  # the column names are known once a first row came back
-            row_type = self._row_types[statement] = namedtuple("Row", list(records[0].keys()))
-        return [row_type(*record) for record in records]
-
-    @staticmethod
-    async def _drop_dead_pool(conn: AsyncConnection) -> None:
-        """A dead connection usually means a server restart: every pooled connection of that age is dead too.
-        One statement through SQLAlchemy lets its own disconnect handling drop them all (not just this one)."""
-        try:
-            await conn.execute(select(1))
-        except sa_exc.DBAPIError:
-            pass  # expected: "connection is closed", now invalidated with the pool
-
-    def _compiled(self, statement: Any) -> tuple[str, list[str], dict[str, Any], Any]:
-        """(SQL text, parameter order, values of the statement's own literals, row type once known)."""
-        found = self._driver_sql.get(statement)
-        if found is None:
-            compiled = statement.compile(dialect=self.engine.dialect)
-            found = (compiled.string, list(compiled.positiontup or ()), dict(compiled.params))
-            self._driver_sql[statement] = found
-        return *found, self._row_types.get(statement)
+    async def in_sqlite_thread(self, work: Callable[[Any], T], *, doing: str, committing: Callable[[], None]) -> T:
+        """``work(sqlite3 connection)`` on a pooled connection, in one hop to its thread (sqlite_commit.py)."""
+        with translated(self.url, doing):
+            await self.check_schema()
+            conn = await checkout(self._single)
+            try:
+                committing()
+                return await DriverPath.in_sqlite_thread(conn, work)
+            finally:
+                await quietly(conn.close, "returning a connection")
 
     async def release(self, conn: AsyncConnection, *, commit: bool) -> None:
         """End a held transaction. A commit's failure propagates; a rollback's is only logged."""

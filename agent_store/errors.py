@@ -160,19 +160,14 @@ def classify(exc: BaseException, where: str) -> AgentStoreError | None:
                 return StorageUnavailableError(line)
             return by_state
         if isinstance(orig, sqlite3.Error):
-            name = getattr(orig, "sqlite_errorname", "") or ""
-            if name in _SQLITE_CONFIGURATION or "unable to open" in str(orig):
-                return ConfigurationError(line)
-            if name.startswith("SQLITE_READONLY") or "readonly" in str(orig):
-                return StorageUnavailableError(line + " (the database file is read-only)", retryable=False)
-            if isinstance(orig, sqlite3.OperationalError):  # busy, locked, I/O, disk full, interrupted
-                return StorageUnavailableError(line)
-            return DatabaseError(line)
+            return _by_sqlite_error(orig, line)
         if isinstance(exc, (sa_exc.OperationalError, sa_exc.InterfaceError)) or exc.connection_invalidated:
             return StorageUnavailableError(line)
         return DatabaseError(line)
     if isinstance(exc, (sa_exc.DisconnectionError, OSError, TimeoutError, ConnectionError)):
         return StorageUnavailableError(line)
+    if isinstance(exc, sqlite3.Error):  # outside SQLAlchemy's wrapping: the hot path (driver_path.py)
+        return _by_sqlite_error(exc, line)
     if type(exc).__module__.startswith("asyncpg"):  # outside SQLAlchemy's wrapping: connect, close, the hot path
         state = getattr(exc, "sqlstate", None)
         if isinstance(state, str) and state[:2] != "08":
@@ -192,6 +187,17 @@ def _by_sqlstate(state: str, line: str, orig: object) -> AgentStoreError:
     if state in _PG_READ_ONLY:
         return StorageUnavailableError(line + " (the server is read-only: a standby?)", retryable=False)
     if state in _PG_RETRYABLE or state[:2] in _PG_RETRYABLE_CLASSES:
+        return StorageUnavailableError(line)
+    return DatabaseError(line)
+
+
+def _by_sqlite_error(orig: sqlite3.Error, line: str) -> AgentStoreError:
+    name = getattr(orig, "sqlite_errorname", "") or ""
+    if name in _SQLITE_CONFIGURATION or "unable to open" in str(orig):
+        return ConfigurationError(line)
+    if name.startswith("SQLITE_READONLY") or "readonly" in str(orig):
+        return StorageUnavailableError(line + " (the database file is read-only)", retryable=False)
+    if isinstance(orig, sqlite3.OperationalError):  # busy, locked, I/O, disk full, interrupted
         return StorageUnavailableError(line)
     return DatabaseError(line)
 

@@ -31,7 +31,7 @@ from sqlalchemy.engine import Row
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from . import codec, fast_commit, retention, runlog, telemetry
+from . import codec, fast_commit, retention, runlog, sqlite_commit, telemetry
 from . import statements as sql
 from .database import Database
 from .delta import Delta, IdentifiedHistory, Snapshot, assign_id, diff
@@ -55,11 +55,6 @@ HISTORY_KEY = InMemoryHistoryProvider.DEFAULT_SOURCE_ID
 ERASURE_MARGIN = timedelta(seconds=1)
 KEY_MAX = 240  # a caller's idempotency key; later commits of the same run append "#2", "#3", ...
 logger = logging.getLogger("agent_store")
-
-
-def _json_or_null(service_session_id: Any) -> str | None:
-    """A service session id as JSON text; None (no service-side conversation) as SQL NULL."""
-    return None if service_session_id is None else codec.dumps(service_session_id, where="service_session_id")
 
 
 class _Landed(Exception):
@@ -167,13 +162,14 @@ class Run:
                 "agent_store.agent_framework.StoreHistoryProvider to keep a local transcript", self.session.session_id
             )  # fmt: skip
         self._pending = delta
-        fast = fast_commit.applies(self, retry=retry)
+        one_call = fast_commit if self.db.dialect == "postgresql" else sqlite_commit
+        fast = one_call.applies(self, retry=retry)
         held, self._held = self._held, None  # a serialized run's lock ends with this commit, either way
         with telemetry.operation("commit", session_id=self.session.session_id) as span:
             written, attempts = None, 1 if held is not None else 2  # a dead pooled connection: once more
-            if fast:  # PostgreSQL, the common case: one round trip, or nothing written and the checked path
+            if fast:  # the common case: one round trip (SQLite: one hop), or nothing written and the checked path
                 try:
-                    written, lost = await fast_commit.attempt(self, delta, self._started_at - ERASURE_MARGIN)
+                    written, lost = await one_call.attempt(self, delta, self._started_at - ERASURE_MARGIN)
                 except InvalidValueError:
                     self._pending = None  # refused while building the call: nothing was sent
                     raise
@@ -259,8 +255,8 @@ class Run:
             incarnation=bound, n_messages=len(delta.messages), now=now,
             default_expires=now + timedelta(seconds=ttl) if ttl else None,
             move_service_session_id=delta.service_session_id_changed,
-            service_session_id=_json_or_null(delta.service_session_id),
-            loaded_service_session_id=_json_or_null(snap.service_session_id),
+            service_session_id=codec.service_session_json(delta.service_session_id),
+            loaded_service_session_id=codec.service_session_json(snap.service_session_id),
         )  # fmt: skip
         if check_landed and (landed := await runlog.run_recorded(db, sid, delta.run_id)) is not None:
             raise _Landed(landed, incarnation)  # under the row lock: an attempt still in flight has finished by now

@@ -57,27 +57,28 @@ async def fill(store: Store, *, sessions: int, messages_per_session: int, users:
 @contextmanager
 def reads_sent(store: Store) -> Iterator[list[tuple[str, Any]]]:
     """The read statements (SQL text, parameters) sent inside the block: through SQLAlchemy, and the hot ones
-    agent_store runs straight on the driver (PostgreSQL's load), which SQLAlchemy's events do not see."""
+    agent_store runs straight on the driver (a run's load), which SQLAlchemy's events do not see."""
     sent: list[tuple[str, Any]] = []
 
     def capture(conn: Any, cursor: Any, statement: str, parameters: Any, *rest: Any) -> None:
         if statement.lstrip().upper().startswith(("SELECT", "WITH")) and "alembic_version" not in statement:
             sent.append((statement, parameters))
 
-    db, real = store.db, store.db._on_driver
+    driver = store.db.driver
+    real = driver.fetch
 
-    async def on_driver(conn: Any, statement: Any, params: dict[str, Any], doing: str) -> Any:
-        sql, names, defaults, _ = db._compiled(statement)
+    async def fetch(conn: Any, statement: Any, params: dict[str, Any], *, lost: str) -> Any:
+        sql, names, defaults = driver.compiled(statement)
         sent.append((sql, [params[n] if n in params else defaults[n] for n in names]))
-        return await real(conn, statement, params, doing)
+        return await real(conn, statement, params, lost=lost)
 
     event.listen(store.engine.sync_engine, "before_cursor_execute", capture)
-    db._on_driver = on_driver  # type: ignore[method-assign]
+    driver.fetch = fetch  # type: ignore[method-assign]
     try:
         yield sent
     finally:
         event.remove(store.engine.sync_engine, "before_cursor_execute", capture)
-        db._on_driver = real  # type: ignore[method-assign]
+        driver.fetch = real  # type: ignore[method-assign]
 
 
 async def full_scans(store: Store, statement: str, parameters: Any) -> list[str]:

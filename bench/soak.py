@@ -125,8 +125,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=32)
     args = parser.parse_args()
     r = asyncio.run(soak(args.url, runs=args.runs, sessions=args.sessions, workers=args.workers))
-    print("| runs | sessions | workers | seconds | runs/s | p99 ms/run | pool ms (checkouts that found it full) | retries | errors | "
-          "messages | counters | pool out/in |")  # fmt: skip
+    print("| runs | sessions | workers | seconds | runs/s | p99 ms/run | pool ms (checkouts that found it full) | "
+          "retries | errors | messages | counters | pool out/in |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     cells = [r.runs, args.sessions, args.workers, f"{r.seconds:.1f}", f"{r.runs / r.seconds:.0f}", f"{r.p99_ms:.1f}",
              f"{r.pool_wait_ms:.0f} ({r.pool_waits})", r.retries, len(r.errors), r.messages, r.counter_total,

@@ -19,32 +19,38 @@ async def rows(store: Store, sql: str, **params: object) -> list[tuple[Any, ...]
 def lose_the_reply(store: Store) -> None:
     """The next commit reaches the database and commits; the caller is told it failed (outcome unknown).
 
-    A commit is a COMMIT (the checked path), or on PostgreSQL the one-round-trip ``agent_store_commit`` call,
-    which is its own transaction and runs on the driver: whichever comes first is "lost", once.
+    A commit is a COMMIT (the checked path), or the one-call commit of the common case (PostgreSQL: the
+    ``agent_store_commit`` call on the driver; SQLite: one hop to the connection's thread): whichever comes
+    first is "lost", once.
     """
     dialect = store.engine.sync_engine.dialect
     real_commit = dialect.do_commit
     db = store.db
-    real_call = db._on_driver
+    real_fetch, real_hop = db.driver.fetch, db.in_sqlite_thread
 
     def disarm() -> None:
         dialect.do_commit = real_commit  # type: ignore[method-assign]
-        db._on_driver = real_call  # type: ignore[method-assign]
+        db.driver.fetch, db.in_sqlite_thread = real_fetch, real_hop  # type: ignore[method-assign]
 
     def commit_then_lose(dbapi_connection: object) -> None:
         real_commit(dbapi_connection)  # the database has the run ...
         disarm()
         raise dialect.loaded_dbapi.OperationalError("connection lost")  # ... but the caller never hears
 
-    async def call_then_lose(conn: Any, statement: Any, params: Any, doing: str) -> Any:
-        result = await real_call(conn, statement, params, doing)
+    async def call_then_lose(conn: Any, statement: Any, params: Any, *, lost: str) -> Any:
+        result = await real_fetch(conn, statement, params, lost=lost)
         if "agent_store_commit" in str(statement):
             disarm()
-            raise StorageUnavailableError(f"{doing} failed: the reply was lost")
+            raise StorageUnavailableError(f"{lost}: the reply was lost (connection lost)")
         return result
 
+    async def hop_then_lose(work: Any, *, doing: str, committing: Any) -> Any:
+        await real_hop(work, doing=doing, committing=committing)
+        disarm()
+        raise StorageUnavailableError(f"{doing} failed: the reply was lost (connection lost)")
+
     dialect.do_commit = commit_then_lose  # type: ignore[method-assign]
-    db._on_driver = call_then_lose  # type: ignore[method-assign]
+    db.driver.fetch, db.in_sqlite_thread = call_then_lose, hop_then_lose  # type: ignore[method-assign]
 
 
 async def expire_now(store: Store, session_id: str) -> None:

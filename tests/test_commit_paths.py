@@ -1,7 +1,8 @@
-"""The two commit paths store the same thing: PostgreSQL's one-round-trip call and the checked transaction.
+"""The two commit paths store the same thing: the one-call commit of the common case (PostgreSQL: one round
+trip; SQLite: one hop to the connection's thread) and the checked transaction.
 
-Every case runs on both backends; on PostgreSQL a run without an idempotency key takes the one-call path, one
-with a key the checked path, so each case is committed both ways and the stored rows must be the same.
+Every case runs on both backends; a run without an idempotency key takes the one-call path, one with a key the
+checked path, so each case is committed both ways and the stored rows must be the same.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ from agent_framework import Content, Message
 from helpers import rows
 from sqlalchemy import event
 
-from agent_store import Store, fast_commit
+from agent_store import Store, fast_commit, sqlite_commit
+from agent_store.errors import CheckedPathNeeded
 
-PATHS = [None, "key"]  # no idempotency key: the one-call path on PostgreSQL; a key: the checked path
+PATHS = [None, "key"]  # no idempotency key: the one-call path; a key: the checked path
 
 
 def call_and_result(call_id: str) -> list[Message]:
@@ -79,8 +81,9 @@ async def test_the_size_limit_counts_a_message_s_text_once(url: str) -> None:
 async def test_what_the_one_call_cannot_carry_goes_the_checked_way(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A run over the call's size bound, or a call of another format (a stale or newer function), commits
-    through the checked transaction; nothing is lost either way."""
+    """PostgreSQL: a run over the call's size bound, or a call of another format (a stale or newer function).
+    SQLite: an aiosqlite without its one way into the connection's thread, or a one-call commit refused after it
+    wrote (rolled back whole). Each commits through the checked transaction; nothing is lost or written twice."""
     async with store.session("s", user_id="u") as session:
         session.state["k"] = 0
     statements: list[str] = []
@@ -89,13 +92,25 @@ async def test_what_the_one_call_cannot_carry_goes_the_checked_way(
         statements.append(statement.split()[0].upper())
 
     event.listen(store.engine.sync_engine, "before_cursor_execute", count)
-    monkeypatch.setattr(fast_commit, "LARGEST_CALL", 10)
+    if store.engine.dialect.name == "postgresql":
+        first = ("LARGEST_CALL", fast_commit, 10)
+        real = fast_commit.payload
+        second: Any = (fast_commit, "payload", lambda *a: real(*a).replace('"format": 1', '"format": 2', 1))
+    else:
+        first = ("_ONE_HOP", sqlite_commit, False)
+        real_write = sqlite_commit._Commit._write
+
+        def write_then_refuse(self: Any, conn: Any) -> int:
+            real_write(self, conn)  # every row of the run is written in the transaction ...
+            raise CheckedPathNeeded("refused late")  # ... and rolled back
+
+        second = (sqlite_commit._Commit, "_write", write_then_refuse)
+    monkeypatch.setattr(first[1], first[0], first[2])
     async with store.session("s", user_id="u") as session:
         session.state["k"] = 1
         session.state["in_memory"]["messages"].append(Message(role="user", contents=["longer than ten"]))
     monkeypatch.undo()
-    real = fast_commit.payload
-    monkeypatch.setattr(fast_commit, "payload", lambda *a: real(*a).replace('"format": 1', '"format": 2', 1))
+    monkeypatch.setattr(*second)
     async with store.session("s", user_id="u") as session:
         session.state["k"] = 2
         session.state["in_memory"]["messages"].append(Message(role="user", contents=["again"]))
@@ -106,3 +121,6 @@ async def test_what_the_one_call_cannot_carry_goes_the_checked_way(
         "longer than ten",
         "again",
     ]
+    assert await rows(store, "SELECT version, messages_written FROM agent_runs ORDER BY version") == [
+        (1, 0), (2, 1), (3, 1)
+    ]  # fmt: skip

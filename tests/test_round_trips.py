@@ -1,13 +1,17 @@
 """A run costs a fixed, small number of statements and round trips, whatever it writes.
 
 Statements are counted with SQLAlchemy events; PostgreSQL round trips on the wire, through a TCP proxy that
-counts the client's requests (each Sync or Query waits for the server's ReadyForQuery; BEGIN and COMMIT count).
+counts the client's requests (each Sync or Query waits for the server's ReadyForQuery; BEGIN and COMMIT count);
+SQLite hops to aiosqlite's thread at the one place aiosqlite makes them, with the statements each hop ran.
 """
 
 from __future__ import annotations
 
+from itertools import groupby
 from typing import Any
 
+import aiosqlite
+import pytest
 from agent_framework import Message
 from lost_reply_proxy import LostReplyProxy
 from sqlalchemy import event
@@ -18,22 +22,46 @@ from agent_store import Store
 
 class Counter:
     def __init__(self, store: Store) -> None:
-        self.statements: list[str] = []
+        self.statements: list[str] = []  # through SQLAlchemy
+        self.hops: list[list[str]] = []  # SQLite: each hop to aiosqlite's thread, and the SQL it ran there
         self.engine = store.engine.sync_engine
+        self.patch = pytest.MonkeyPatch()
 
     def __enter__(self) -> Counter:
         event.listen(self.engine, "before_cursor_execute", self.count)
+        real = aiosqlite.Connection._execute
+        hops = self.hops
+
+        async def hop(connection: aiosqlite.Connection, fn: Any, *args: Any, **kwargs: Any) -> Any:
+            ran: list[str] = []
+            hops.append(ran)
+
+            def traced() -> Any:
+                connection._conn.set_trace_callback(ran.append)
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    connection._conn.set_trace_callback(None)
+
+            return await real(connection, traced)
+
+        self.patch.setattr(aiosqlite.Connection, "_execute", hop)
         return self
 
     def __exit__(self, *exc: object) -> None:
         event.remove(self.engine, "before_cursor_execute", self.count)
+        self.patch.undo()
 
     def count(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
         self.statements.append(statement.split()[0].upper())
 
+    def in_thread(self) -> list[list[str]]:
+        """Each hop's statements (their first three words), an executemany's repeats counted once."""
+        return [[head for head, _ in groupby(" ".join(sql.split()[:3]) for sql in ran)] for ran in self.hops]
 
-async def one_run(store: Store, n_messages: int, n_keys: int) -> tuple[list[str], list[str]]:
-    """(statements of the load, statements of the commit) for a run writing n messages, n keys and a user: key."""
+
+async def one_run(store: Store, n_messages: int, n_keys: int) -> tuple[Counter, Counter]:
+    """(what the load sent, what the commit sent) for a run writing n messages, n keys and a user: key."""
     async with store.session("s", user_id="u") as session:
         session.state["doomed"] = True
     with Counter(store) as loading:
@@ -45,27 +73,29 @@ async def one_run(store: Store, n_messages: int, n_keys: int) -> tuple[list[str]
     del run.session.state["doomed"]
     with Counter(store) as committing:
         await run.commit()
-    return loading.statements, committing.statements
+    return loading, committing
 
 
 async def test_load_and_commit_take_a_constant_number_of_statements(store: Store) -> None:
     await one_run(store, 1, 1)  # the session exists from here on
-    small = await one_run(store, 1, 1)
-    large = await one_run(store, 200, 50)
+    small = [(c.statements, c.in_thread()) for c in await one_run(store, 1, 1)]
+    large = [(c.statements, c.in_thread()) for c in await one_run(store, 200, 50)]
     assert small == large
-    load, commit = small
-    # The load is one statement and no transaction (no BEGIN on SQLite either): session row, state rows of every
-    # scope and the windowed messages in one snapshot.
-    if store.engine.dialect.name == "postgresql":
-        # Both run on the driver connection, past SQLAlchemy's execution events: the load statement and
-        # SELECT agent_store_commit(...), one statement that is its own transaction (counted on the wire below).
-        assert (load, commit) == ([], [])
-    else:
-        assert load == ["WITH"]  # one statement: WITH (the window's bounds) SELECT ... UNION ALL ...
+    (load, load_hops), (commit, commit_hops) = small
+    # Both run on the driver connection, past SQLAlchemy's execution events: the load is one statement (no
+    # transaction: one statement is one snapshot), and the commit one call.
+    assert (load, commit) == ([], [])
+    if store.engine.dialect.name == "sqlite":
+        # One hop each, and one more for the pool's rollback as the connection goes back (it runs no SQL here).
+        assert load_hops == [["WITH window_start AS"], []]  # one statement: (the window bounds) SELECT ... UNION ALL
         # The erasure fence, the bump, the session's keys (no stamp check: no other commit came between this run's
         # load and its commit, see the next test), the user's keys (stamps checked: other sessions write them),
-        # the messages (one executemany), the run log.
-        assert commit == ["BEGIN", "SELECT", "UPDATE", "DELETE", "INSERT", "SELECT", "INSERT", "INSERT", "INSERT"]
+        # the messages (one executemany), the run log: one transaction, in one hop.
+        assert commit_hops == [[
+            "BEGIN IMMEDIATE", "SELECT 1 FROM", "UPDATE agent_sessions SET", "DELETE FROM agent_state",
+            "INSERT INTO agent_state", "SELECT key, version", "INSERT INTO agent_user_state",
+            "INSERT INTO agent_messages", "INSERT INTO agent_runs", "COMMIT",
+        ], []]  # fmt: skip
 
 
 async def test_the_stamp_check_runs_when_another_commit_came_between(store: Store) -> None:
