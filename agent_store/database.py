@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from . import codec
 from .connections import checkout, once_more_if_dropped, quietly
 from .driver_path import DriverPath
-from .engine import check_schema, configure_sqlite, migration_connection, migrations_dir
+from .engine import NO_TRANSACTION, check_schema, configure_sqlite, migration_connection, migrations_dir
 from .errors import (
     ConfigurationError,
     InvalidValueError,
@@ -145,7 +145,10 @@ class Database:
             try:
                 if committing is not None:
                     committing()
-                return await self.driver.fetch(conn, statement, params, lost=f"{doing} failed on {redact(self.url)}")
+                rows = await self.driver.fetch(conn, statement, params, lost=f"{doing} failed on {redact(self.url)}")
+                if self.dialect == "sqlite":  # no BEGIN was sent: nothing to roll back (engine._sqlite_reset)
+                    conn.info[NO_TRANSACTION] = True
+                return rows
             finally:
                 await quietly(conn.close, "returning a connection")
 
@@ -156,7 +159,9 @@ class Database:
             conn = await checkout(self._single)
             try:
                 committing()
-                return await DriverPath.in_sqlite_thread(conn, work)
+                done = await DriverPath.in_sqlite_thread(conn, work)
+                conn.info[NO_TRANSACTION] = True  # the work ended its own transaction
+                return done
             finally:
                 await quietly(conn.close, "returning a connection")
 

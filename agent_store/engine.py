@@ -27,6 +27,7 @@ from .tables import SCHEMA_REVISION
 DEFAULT_URL = "sqlite+aiosqlite:///agent_store.db"
 URL_ENV = "AGENT_STORE_URL"
 CONNECT_TIMEOUT_S = 10.0
+NO_TRANSACTION = "agent_store_no_transaction"  # set on a SQLite connection whose last hop left no transaction
 
 _DRIVERS = {"sqlite+aiosqlite": "sqlite", "postgresql+asyncpg": "postgresql"}
 _SYNC_HINT = {
@@ -73,8 +74,11 @@ def make_engine(url: str | URL | None = None, **engine_kwargs: Any) -> AsyncEngi
     if database in ("", ":memory:") or database.startswith("file::memory:"):
         raise ConfigurationError("an in-memory SQLite database cannot be shared by runs; give a file path")
     engine_kwargs.setdefault("hide_parameters", True)
+    engine_kwargs.setdefault("pool_reset_on_return", None)  # _sqlite_reset does it, skipping what needs none
     engine = _create(parsed, **engine_kwargs)
     configure_sqlite(engine)
+    if engine_kwargs["pool_reset_on_return"] is None:
+        event.listen(engine.sync_engine, "reset", _sqlite_reset)
     return engine
 
 
@@ -101,6 +105,20 @@ def configure_sqlite(engine: AsyncEngine) -> None:
     event.listen(sync_engine, "checkout", _sqlite_checkout)
     event.listen(sync_engine, "begin", _sqlite_begin)
     event.listen(sync_engine, "handle_error", _sqlite_cancelled)
+
+
+def _sqlite_reset(dbapi_connection: Any, record: Any, state: Any) -> None:
+    """The pool's rollback as a connection goes back, skipped after a hop known to leave no transaction.
+
+    A rollback on aiosqlite is a hop to the connection's thread; after a run's load (one statement, no
+    transaction) or its one-hop commit (which ends its own transaction) it would do nothing, twice per run. The
+    store marks those connections (``NO_TRANSACTION`` in the connection's info) only when the hop completed;
+    every other connection (a cancelled statement may still be running in that thread) is rolled back as the
+    pool would, the rollback queued behind it.
+    """
+    clean = record.info.pop(NO_TRANSACTION, False)
+    if state.asyncio_safe and not state.terminate_only and not state.transaction_was_reset and not clean:
+        dbapi_connection.rollback()
 
 
 def _sqlite_cancelled(context: Any) -> None:
