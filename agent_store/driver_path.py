@@ -48,7 +48,7 @@ class DriverPath:
 
         ``lost``: the message of the :class:`StorageUnavailableError` raised when the connection turns out dead.
         """
-        driver: Any = (await conn.get_raw_connection()).driver_connection
+        driver = _driver(conn)
         sql, values = self._values(statement, params)
         if self.dialect.name == "sqlite":
             return self._sqlite_rows(statement, await driver.execute_fetchall(sql, values))
@@ -92,8 +92,14 @@ class DriverPath:
         the store checks it is there (:meth:`sqlite_thread_available`) and takes the slower path if not. A
         caller cancelled meanwhile does not stop ``work``: it runs to its end in that thread, as a statement does.
         """
-        driver: Any = (await conn.get_raw_connection()).driver_connection
+        driver = _driver(conn)
         return await driver._execute(lambda: work(driver._conn))  # type: ignore[no-any-return]
+
+
+def _driver(conn: AsyncConnection) -> Any:
+    """The driver's connection (asyncpg's, aiosqlite's) of a connection just checked out of the pool: as
+    ``get_raw_connection()``, without its trip through a greenlet (it is there already; nothing to wait for)."""
+    return conn.sync_connection.connection.driver_connection  # type: ignore[union-attr]
 
 
 async def _drop_dead_pool(conn: AsyncConnection) -> None:
