@@ -25,6 +25,7 @@ from agent_framework import (
 from agent_framework._feature_stage import ExperimentalWarning
 
 from . import loading
+from .checkpoints import StoreCheckpointStorage
 from .delta import close_tool_pairs, pair_safe_tail
 from .errors import InvalidValueError, SessionNotFoundError
 from .run import Run, run_of
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MemoryProvider",
+    "StoreCheckpointStorage",
     "StoreHistoryProvider",
     "StoreSessionStore",
     "ToolResultTooLargeError",

@@ -68,6 +68,7 @@ class ErasureReport(_Model):
     messages: int
     state_rows: int
     user_state_rows: int
+    checkpoints: int = 0  # workflow checkpoints saved with this user_id
 
 
 class TransferReport(_Model):

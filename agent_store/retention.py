@@ -18,7 +18,15 @@ from . import codec, telemetry
 from .database import Database
 from .models import ErasureReport
 from .statements import lock_user
-from .tables import erasures_t, messages_t, sessions_t, state_t, user_state_t
+from .tables import (
+    checkpoint_workflows_t,
+    checkpoints_t,
+    erasures_t,
+    messages_t,
+    sessions_t,
+    state_t,
+    user_state_t,
+)
 
 S = sessions_t.c
 FENCE_KEPT = timedelta(days=7)
@@ -71,7 +79,8 @@ async def count_expired(db: Database) -> int:
 
 
 async def erase_user(db: Database, user_id: str) -> ErasureReport:
-    """Delete every session, message, state row and user-scoped key of ``user_id``, in one transaction."""
+    """Delete every session, message, state row, user-scoped key and workflow checkpoint of ``user_id``, in one
+    transaction."""
     codec.check_id(user_id, "user_id", required=True)
     mine = select(S.id).where(S.user_id == user_id)
     count = func.count()
@@ -89,10 +98,17 @@ async def erase_user(db: Database, user_id: str) -> ErasureReport:
         ).scalar_one()
         n_user = (await conn.execute(delete(user_state_t).where(user_state_t.c.user_id == user_id))).rowcount
         await conn.execute(delete(sessions_t).where(S.user_id == user_id))  # messages, state, runs cascade
+        n_checkpoints = (await conn.execute(delete(checkpoints_t).where(checkpoints_t.c.user_id == user_id))).rowcount
+        await conn.execute(delete(checkpoint_workflows_t).where(checkpoint_workflows_t.c.user_id == user_id))
         # A fence for runs still in flight: they loaded before now and may not write for this user after it.
         fence = {"user_key": user_key(user_id), "erased_at": datetime.now(UTC)}
         upsert = (postgresql if conn.dialect.name == "postgresql" else sqlite).insert(erasures_t)
         await conn.execute(upsert.on_conflict_do_update(index_elements=["user_key"], set_=fence), fence)
     return ErasureReport(
-        user_id=user_id, sessions=sessions, messages=n_messages, state_rows=n_state, user_state_rows=n_user
+        user_id=user_id,
+        sessions=sessions,
+        messages=n_messages,
+        state_rows=n_state,
+        user_state_rows=n_user,
+        checkpoints=n_checkpoints,
     )

@@ -29,7 +29,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeEngine
 
 # The Alembic revision this code expects; tests/test_migrations.py pins it to the scripts' head.
-SCHEMA_REVISION = "0005"
+SCHEMA_REVISION = "0006"
 ID_MAX = 255  # ids are bounded: longer ones are refused before any SQL runs
 
 NAMING_CONVENTION = {
@@ -238,6 +238,42 @@ class ErasureRow(Base):
     erased_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
+class CheckpointRow(Base):
+    """A workflow checkpoint (Agent Framework's ``WorkflowCheckpoint``), as its checkpoint encoding produced it.
+
+    ``user_id`` is ``''`` for checkpoints saved without a user. ``seq`` numbers a workflow's checkpoints in
+    commit order (per user and workflow name): "latest" is the highest, never a wall-clock timestamp.
+    """
+
+    __tablename__ = "agent_checkpoints"
+
+    user_id: Mapped[str] = mapped_column(String(ID_MAX), primary_key=True)
+    checkpoint_id: Mapped[str] = mapped_column(String(ID_MAX), primary_key=True)
+    workflow_name: Mapped[str] = mapped_column(String(ID_MAX))
+    seq: Mapped[int] = mapped_column(BigInteger)
+    previous_checkpoint_id: Mapped[str | None] = mapped_column(String(ID_MAX))
+    timestamp: Mapped[str] = mapped_column(String(64))  # the framework's ISO 8601 text, as it wrote it
+    iteration_count: Mapped[int] = mapped_column(Integer)
+    saved_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    payload: Mapped[Any] = mapped_column(JsonText())  # encode_checkpoint_value(checkpoint.to_dict())
+
+    __table_args__ = (
+        Index(None, "user_id", "workflow_name", "seq", unique=True),  # get_latest, list_*, in order
+        Index(None, "user_id", "previous_checkpoint_id"),  # walking a chain forwards
+        Index(None, "saved_at"),  # retention
+    )
+
+
+class CheckpointWorkflowRow(Base):
+    """The next checkpoint ``seq`` of one user's workflow: its row lock orders concurrent saves."""
+
+    __tablename__ = "agent_checkpoint_workflows"
+
+    user_id: Mapped[str] = mapped_column(String(ID_MAX), primary_key=True)
+    workflow_name: Mapped[str] = mapped_column(String(ID_MAX), primary_key=True)
+    next_seq: Mapped[int] = mapped_column(BigInteger)
+
+
 # Core tables for the run's batched statements (the ORM classes above document them).
 sessions_t = cast(Table, SessionRow.__table__)
 messages_t = cast(Table, MessageRow.__table__)
@@ -247,3 +283,5 @@ tool_calls_t = cast(Table, ToolCallRow.__table__)
 user_state_t = cast(Table, UserStateRow.__table__)
 app_state_t = cast(Table, AppStateRow.__table__)
 erasures_t = cast(Table, ErasureRow.__table__)
+checkpoints_t = cast(Table, CheckpointRow.__table__)
+checkpoint_workflows_t = cast(Table, CheckpointWorkflowRow.__table__)

@@ -1,0 +1,154 @@
+"""Workflow checkpoints in the store's database: Agent Framework's ``CheckpointStorage`` protocol.
+
+A workflow paused for a human's answer resumes from a checkpoint, often in another process and days later. Each
+checkpoint is one row of ``agent_checkpoints`` (migration 0006), its payload exactly what the framework's
+checkpoint encoding produces, as ``FileCheckpointStorage`` writes it to a file. Trust: reading a checkpoint
+back decodes only the framework's safe types plus those allowed here (``allowed_checkpoint_types``,
+``register_checkpoint_type``); a checkpoint that could not be read back that way is refused at ``save``.
+
+Saves of one workflow are numbered in commit order (the row lock of its ``agent_checkpoint_workflows`` row), so
+"latest" is the last one committed, never a wall-clock comparison. A ``user_id`` gives the storage its own
+namespace: another user's checkpoints answer as unknown ids do.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from agent_framework import WorkflowCheckpoint, WorkflowCheckpointException
+
+# The framework's own checkpoint encoding (what FileCheckpointStorage uses; not re-exported by the package).
+from agent_framework._workflows._checkpoint_encoding import decode_checkpoint_value, encode_checkpoint_value
+from sqlalchemy import delete, func, select
+from sqlalchemy.dialects import postgresql, sqlite
+
+from . import codec
+from .errors import InvalidValueError
+from .tables import checkpoint_workflows_t, checkpoints_t
+
+if TYPE_CHECKING:
+    from .store import Store
+
+__all__ = ["StoreCheckpointStorage"]
+logger = logging.getLogger("agent_store")
+C, W = checkpoints_t.c, checkpoint_workflows_t.c
+
+
+class StoreCheckpointStorage:
+    """``CheckpointStorage`` for ``WorkflowBuilder(..., checkpoint_storage=...)`` and ``workflow.run(...)``.
+
+    Args:
+        store: the :class:`~agent_store.Store` whose database keeps the checkpoints.
+        user_id: the user whose checkpoints these are (``None``: not scoped to a user).
+        allowed_checkpoint_types: ``"module:qualname"`` types, beyond the framework's safe set, that a
+            checkpoint may contain (as for ``FileCheckpointStorage``).
+    """
+
+    def __init__(
+        self, store: Store, *, user_id: str | None = None, allowed_checkpoint_types: list[str] | None = None
+    ) -> None:
+        codec.check_id(user_id, "user_id")
+        self._db, self._owner = store.db, user_id or ""
+        self._allowed: frozenset[str] = frozenset(allowed_checkpoint_types or [])
+
+    async def save(self, checkpoint: WorkflowCheckpoint) -> str:
+        """Store (or replace) a checkpoint; it becomes its workflow's latest.
+
+        Raises:
+            WorkflowCheckpointException: the checkpoint cannot be encoded, would not decode under this storage's
+                allowed types, has an invalid id or name, or is over the store's ``max_value_bytes``; nothing is
+                written.
+        """
+        ident = checkpoint.checkpoint_id
+        try:
+            for value, what in ((ident, "checkpoint_id"), (checkpoint.workflow_name, "workflow_name")):
+                codec.check_id(value, what, required=True)
+            codec.check_id(checkpoint.previous_checkpoint_id, "previous_checkpoint_id")
+            encoded = encode_checkpoint_value(checkpoint.to_dict())
+            decode_checkpoint_value(encoded, allowed_types=self._allowed)  # refused now, not at resume time
+            payload = codec.dumps(encoded, where=f"checkpoint {ident!r}", max_bytes=self._db.settings.max_value_bytes)
+        except WorkflowCheckpointException:
+            raise
+        except InvalidValueError as exc:
+            raise WorkflowCheckpointException(f"Checkpoint {ident} cannot be stored: {exc}") from exc
+        except Exception as exc:  # whatever the encoder or the restricted decoder raised
+            raise WorkflowCheckpointException(
+                f"Checkpoint {ident} cannot be encoded or restored under this storage's allowed types; "
+                "refusing to save."
+            ) from exc
+        row = {
+            "user_id": self._owner, "checkpoint_id": ident, "workflow_name": checkpoint.workflow_name,
+            "previous_checkpoint_id": checkpoint.previous_checkpoint_id, "timestamp": checkpoint.timestamp,
+            "iteration_count": checkpoint.iteration_count, "saved_at": datetime.now(UTC), "payload": payload,
+        }  # fmt: skip
+        async with self._db.transaction(write=True, doing="saving a workflow checkpoint") as conn:
+            insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
+            first = insert(checkpoint_workflows_t).values(
+                user_id=self._owner, workflow_name=checkpoint.workflow_name, next_seq=1
+            )
+            counter = first.on_conflict_do_update(
+                index_elements=[W.user_id, W.workflow_name], set_={"next_seq": W.next_seq + 1}
+            ).returning(W.next_seq)
+            row["seq"] = (await conn.execute(counter)).scalar_one()  # the row lock orders concurrent saves
+            upsert = insert(checkpoints_t).values(row)
+            columns = {k: upsert.excluded[k] for k in row if k not in ("user_id", "checkpoint_id")}
+            await conn.execute(upsert.on_conflict_do_update(index_elements=[C.user_id, C.checkpoint_id], set_=columns))
+        return ident
+
+    async def load(self, checkpoint_id: str) -> WorkflowCheckpoint:
+        """The checkpoint with this id. Raises ``WorkflowCheckpointException`` if there is none (for this user)."""
+        rows = await self._read(select(C.payload).where(*self._mine(), C.checkpoint_id == checkpoint_id))
+        if not rows:
+            raise WorkflowCheckpointException(f"No checkpoint found with ID {checkpoint_id}")
+        return self._decode(rows[0][0])
+
+    async def list_checkpoints(self, *, workflow_name: str) -> list[WorkflowCheckpoint]:
+        """A workflow's checkpoints, oldest first (commit order); those that no longer decode are left out."""
+        rows = await self._read(self._of(workflow_name, C.payload).order_by(C.seq))
+        return [found for (payload,) in rows if (found := self._decode_or_skip(payload)) is not None]
+
+    async def list_checkpoint_ids(self, *, workflow_name: str) -> list[str]:
+        """The ids of :meth:`list_checkpoints`, in the same order."""
+        return [checkpoint.checkpoint_id for checkpoint in await self.list_checkpoints(workflow_name=workflow_name)]
+
+    async def get_latest(self, *, workflow_name: str) -> WorkflowCheckpoint | None:
+        """The workflow's last committed checkpoint that decodes, or None."""
+        ids = await self._read(self._of(workflow_name, C.checkpoint_id).order_by(C.seq.desc()))
+        for (ident,) in ids:  # the first, unless it no longer decodes under this storage's allowed types
+            rows = await self._read(select(C.payload).where(*self._mine(), C.checkpoint_id == ident))
+            if rows and (found := self._decode_or_skip(rows[0][0])) is not None:
+                return found
+        return None
+
+    async def delete(self, checkpoint_id: str) -> bool:
+        """Delete one checkpoint; False if there is none with this id (for this user)."""
+        async with self._db.transaction(write=True, doing="deleting a workflow checkpoint") as conn:
+            done = await conn.execute(delete(checkpoints_t).where(*self._mine(), C.checkpoint_id == checkpoint_id))
+        return bool(done.rowcount)
+
+    async def count(self) -> int:
+        """How many checkpoints this storage holds (for this user)."""
+        rows = await self._read(select(func.count()).select_from(checkpoints_t).where(*self._mine()))
+        return int(rows[0][0])
+
+    def _mine(self) -> list[Any]:
+        return [C.user_id == self._owner]
+
+    def _of(self, workflow_name: str, column: Any) -> Any:
+        return select(column).where(*self._mine(), C.workflow_name == workflow_name)
+
+    async def _read(self, statement: Any) -> list[Any]:
+        async with self._db.transaction(write=False, doing="reading workflow checkpoints") as conn:
+            return list((await conn.execute(statement)).all())
+
+    def _decode(self, payload: Any) -> WorkflowCheckpoint:
+        return WorkflowCheckpoint.from_dict(decode_checkpoint_value(payload, allowed_types=self._allowed))
+
+    def _decode_or_skip(self, payload: Any) -> WorkflowCheckpoint | None:
+        try:
+            return self._decode(payload)
+        except WorkflowCheckpointException as exc:
+            logger.warning("a stored workflow checkpoint does not decode under the allowed types: %s", exc)
+            return None

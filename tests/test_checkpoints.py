@@ -1,0 +1,137 @@
+"""Issue 12: workflow checkpoints in the store's database (``StoreCheckpointStorage``), on both backends."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agent_framework import WorkflowCheckpoint, WorkflowCheckpointException
+from helpers import rows
+from review_workflow import NAME, Verdict
+
+from agent_store import Store
+from agent_store.agent_framework import StoreCheckpointStorage
+
+SCRIPT = str(Path(__file__).with_name("review_workflow.py"))
+
+
+def checkpoint(n: int, *, workflow: str = "wf", **fields: Any) -> WorkflowCheckpoint:
+    return WorkflowCheckpoint(
+        workflow_name=workflow, graph_signature_hash="g", checkpoint_id=f"cp-{n}", iteration_count=n, **fields
+    )
+
+
+def step(*args: str) -> dict[str, Any]:
+    done = subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def in_parallel(args: list[str], *, times: int) -> None:
+    procs = [subprocess.Popen([sys.executable, *args], stderr=subprocess.PIPE, text=True) for _ in range(times)]
+    for proc in procs:
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err[-3000:]
+
+
+async def test_the_protocol_behaves_as_the_framework_s_storages(store: Store) -> None:
+    storage = StoreCheckpointStorage(store)
+    with pytest.raises(WorkflowCheckpointException, match="No checkpoint found"):
+        await storage.load("missing")
+    assert await storage.delete("missing") is False
+    assert await storage.get_latest(workflow_name="wf") is None
+    assert await storage.list_checkpoints(workflow_name="wf") == []
+    later = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+    # Saved first, but with the newest wall-clock timestamp: "latest" is still the last one saved.
+    for n, stamp in ((1, later), (2, None), (3, None)):
+        extra = {"timestamp": stamp} if stamp else {}
+        assert await storage.save(checkpoint(n, previous_checkpoint_id=f"cp-{n - 1}" if n > 1 else None, **extra)) == (
+            f"cp-{n}"
+        )
+    await storage.save(checkpoint(9, workflow="other"))
+    assert await storage.list_checkpoint_ids(workflow_name="wf") == ["cp-1", "cp-2", "cp-3"]
+    latest = await storage.get_latest(workflow_name="wf")
+    assert latest is not None and latest.checkpoint_id == "cp-3" and latest.previous_checkpoint_id == "cp-2"
+    loaded = await storage.load("cp-1")
+    assert (loaded.timestamp, loaded.iteration_count, loaded.workflow_name) == (later, 1, "wf")
+    await storage.save(checkpoint(1, timestamp=later))  # saved again: replaced, and now the latest
+    assert await storage.list_checkpoint_ids(workflow_name="wf") == ["cp-2", "cp-3", "cp-1"]
+    assert await storage.delete("cp-1") is True and await storage.delete("cp-1") is False
+    latest = await storage.get_latest(workflow_name="wf")
+    assert latest is not None and latest.checkpoint_id == "cp-3"
+    assert await rows(store, "SELECT count(*) FROM agent_checkpoints") == [(3,)]
+
+
+async def test_a_checkpoint_that_could_not_be_read_back_is_refused_at_save(store: Store) -> None:
+    strict = StoreCheckpointStorage(store)
+    verdict = checkpoint(1, state={"verdict": Verdict(reviewer="ann", approved=True)})
+    with pytest.raises(WorkflowCheckpointException, match="blocked for type 'review_workflow:Verdict'"):
+        await strict.save(verdict)  # an application type the storage does not allow
+    with pytest.raises(WorkflowCheckpointException):
+        await strict.save(checkpoint(2, state={"f": lambda: 1}))  # nothing the encoding can write
+    with pytest.raises(WorkflowCheckpointException, match="checkpoint_id"):
+        await strict.save(WorkflowCheckpoint(workflow_name="wf", graph_signature_hash="g", checkpoint_id="x" * 300))
+    assert await rows(store, "SELECT count(*) FROM agent_checkpoints") == [(0,)]  # nothing written
+    trusting = StoreCheckpointStorage(store, allowed_checkpoint_types=["review_workflow:Verdict"])
+    await trusting.save(verdict)
+    assert (await trusting.load("cp-1")).state["verdict"] == Verdict(reviewer="ann", approved=True)
+    with pytest.raises(WorkflowCheckpointException):
+        await strict.load("cp-1")  # stored by a more trusting storage: still decoded only by the allow-list
+    assert await strict.list_checkpoints(workflow_name="wf") == []  # left out, as FileCheckpointStorage does
+
+
+async def test_a_user_sees_only_their_own_checkpoints_and_erasure_removes_them(store: Store) -> None:
+    ann, bob = StoreCheckpointStorage(store, user_id="ann"), StoreCheckpointStorage(store, user_id="bob")
+    for n in (1, 2):
+        await ann.save(checkpoint(n))
+    with pytest.raises(WorkflowCheckpointException, match="No checkpoint found with ID cp-1"):
+        await bob.load("cp-1")  # the same answer as for an id nobody used
+    assert await bob.list_checkpoint_ids(workflow_name="wf") == [] and await bob.get_latest(workflow_name="wf") is None
+    assert await bob.delete("cp-1") is False
+    await bob.save(checkpoint(1))  # the same id: bob's own
+    assert await ann.list_checkpoint_ids(workflow_name="wf") == ["cp-1", "cp-2"]
+    report = await store.erase_user("ann")
+    assert report.checkpoints == 2
+    assert await ann.list_checkpoint_ids(workflow_name="wf") == []
+    assert await bob.list_checkpoint_ids(workflow_name="wf") == ["cp-1"]
+    assert await rows(store, "SELECT user_id, count(*) FROM agent_checkpoints GROUP BY user_id") == [("bob", 1)]
+
+
+async def test_a_paused_workflow_resumes_in_another_process(url: str) -> None:
+    async with Store.from_url(url) as store:
+        await store.migrate()
+        started = step("start", url, "ann", "写一份周报")
+        assert len(started["requests"]) == 1  # paused, waiting for the human
+        resumed = step("resume", url, "ann", "同意")
+        assert resumed["outputs"] and resumed["outputs"][0].endswith("| human: 同意")
+        assert resumed["latest"] == resumed["checkpoints"][-1]
+        # The chain, with plain SQL: each checkpoint names the one before it.
+        chain = await rows(
+            store,
+            "SELECT checkpoint_id, previous_checkpoint_id FROM agent_checkpoints "
+            "WHERE user_id = 'ann' AND workflow_name = :w ORDER BY seq",
+            w=NAME,
+        )
+        assert len(chain) >= 3 and chain[0][1] is None
+        assert [prev for _, prev in chain[1:]] == [ident for ident, _ in chain[:-1]]
+        assert await StoreCheckpointStorage(store, user_id="bob").list_checkpoints(workflow_name=NAME) == []
+
+
+async def test_two_processes_saving_one_workflow_lose_none_and_order_them(url: str) -> None:
+    async with Store.from_url(url) as store:
+        await store.migrate()
+        in_parallel([SCRIPT, "flood", url, "ann", "40"], times=2)
+        seqs = await rows(store, "SELECT seq FROM agent_checkpoints WHERE workflow_name = :w ORDER BY seq", w=NAME)
+        assert [s for (s,) in seqs] == list(range(1, 81))  # distinct, gap-free, one per save
+        storage = StoreCheckpointStorage(store, user_id="ann", allowed_checkpoint_types=["review_workflow:Verdict"])
+        latest = await storage.get_latest(workflow_name=NAME)
+        last = await rows(
+            store, "SELECT checkpoint_id FROM agent_checkpoints WHERE seq = 80 AND workflow_name = :w", w=NAME
+        )
+        assert latest is not None and [(latest.checkpoint_id,)] == last
