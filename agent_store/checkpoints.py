@@ -14,14 +14,14 @@ namespace: another user's checkpoints answer as unknown ids do.
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from agent_framework import WorkflowCheckpoint, WorkflowCheckpointException
 
 # The framework's own checkpoint encoding (what FileCheckpointStorage uses; not re-exported by the package).
 from agent_framework._workflows._checkpoint_encoding import decode_checkpoint_value, encode_checkpoint_value
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, func, select, tuple_
 from sqlalchemy.dialects import postgresql, sqlite
 
 from . import codec
@@ -29,9 +29,10 @@ from .errors import InvalidValueError
 from .tables import checkpoint_workflows_t, checkpoints_t
 
 if TYPE_CHECKING:
+    from .database import Database
     from .store import Store
 
-__all__ = ["StoreCheckpointStorage"]
+__all__ = ["StoreCheckpointStorage", "purge_checkpoints"]
 logger = logging.getLogger("agent_store")
 C, W = checkpoints_t.c, checkpoint_workflows_t.c
 
@@ -152,3 +153,27 @@ class StoreCheckpointStorage:
         except WorkflowCheckpointException as exc:
             logger.warning("a stored workflow checkpoint does not decode under the allowed types: %s", exc)
             return None
+
+
+async def purge_checkpoints(db: Database, older_than: timedelta, *, keep_latest: bool, batch_size: int) -> int:
+    """Delete checkpoints saved more than ``older_than`` ago, ``batch_size`` per short transaction; with
+    ``keep_latest`` each workflow's latest checkpoint stays whatever its age (a paused workflow can resume)."""
+    codec.check_int(batch_size, "batch_size", low=1, high=100_001)
+    if not isinstance(older_than, timedelta) or older_than < timedelta(0):
+        raise InvalidValueError(f"older_than must be a non-negative timedelta, not {older_than!r}")
+    cutoff, total = datetime.now(UTC) - older_than, 0
+    later = checkpoints_t.alias("later")
+    newest = select(func.max(later.c.seq)).where(
+        later.c.user_id == C.user_id, later.c.workflow_name == C.workflow_name
+    )  # the unique (user_id, workflow_name, seq) index answers it
+    old = select(C.user_id, C.checkpoint_id).where(C.saved_at < cutoff).order_by(C.saved_at).limit(batch_size)
+    if keep_latest:
+        old = old.where(C.seq < newest.scalar_subquery())
+    while True:
+        async with db.transaction(write=True, doing="purging workflow checkpoints") as conn:
+            chosen = [tuple(r) for r in (await conn.execute(old)).all()]
+            if chosen:
+                await conn.execute(delete(checkpoints_t).where(tuple_(C.user_id, C.checkpoint_id).in_(chosen)))
+        total += len(chosen)
+        if len(chosen) < batch_size:
+            return total

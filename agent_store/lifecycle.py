@@ -20,7 +20,7 @@ from .errors import InvalidValueError
 from .models import MessageRecord, SessionInfo, SessionPage
 from .scopes import owner_is
 from .statements import not_found
-from .tables import JsonText, messages_t, runs_t, sessions_t, state_t, user_state_t
+from .tables import JsonText, checkpoints_t, messages_t, runs_t, sessions_t, state_t, user_state_t
 
 S = sessions_t.c
 _SCALARS = (str, int, float, bool)
@@ -203,7 +203,7 @@ async def stats(db: Database, top: int = 5) -> dict[str, Any]:
     async with db.transaction(write=False, replica=True, doing="reading statistics") as conn:
         counts = {
             t.name: (await conn.execute(select(func.count()).select_from(t))).scalar_one()
-            for t in (sessions_t, messages_t, state_t, user_state_t, runs_t)
+            for t in (sessions_t, messages_t, state_t, user_state_t, runs_t, checkpoints_t)
         }
         busiest = (await conn.execute(select(S.id, S.user_id, S.next_seq).order_by(S.next_seq.desc()).limit(top))).all()
         sizes: dict[str, int] = {}

@@ -223,6 +223,13 @@ class Store:
         """Delete every expired session, in batches of short transactions; returns how many were deleted."""
         return await retention.purge_expired(self.db, batch_size, progress)
 
+    async def purge_checkpoints(self, older_than: timedelta, *, keep_latest: bool = True, batch_size: int = 500) -> int:
+        """Delete workflow checkpoints saved more than ``older_than`` ago, in batches; each workflow's latest
+        stays (``keep_latest``), so a paused workflow can still resume. Returns how many were deleted."""
+        from .checkpoints import purge_checkpoints  # the workflow half of the framework, only when used
+
+        return await purge_checkpoints(self.db, older_than, keep_latest=keep_latest, batch_size=batch_size)
+
     async def count_expired(self) -> int:
         """How many sessions ``purge_expired`` would delete now."""
         return await retention.count_expired(self.db)

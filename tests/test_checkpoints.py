@@ -13,8 +13,9 @@ import pytest
 from agent_framework import WorkflowCheckpoint, WorkflowCheckpointException
 from helpers import rows
 from review_workflow import NAME, Verdict
+from sqlalchemy import text
 
-from agent_store import Store
+from agent_store import InvalidValueError, Store
 from agent_store.agent_framework import StoreCheckpointStorage
 
 SCRIPT = str(Path(__file__).with_name("review_workflow.py"))
@@ -135,3 +136,25 @@ async def test_two_processes_saving_one_workflow_lose_none_and_order_them(url: s
             store, "SELECT checkpoint_id FROM agent_checkpoints WHERE seq = 80 AND workflow_name = :w", w=NAME
         )
         assert latest is not None and [(latest.checkpoint_id,)] == last
+
+
+async def test_old_checkpoints_are_purged_but_each_workflow_keeps_its_latest(store: Store) -> None:
+    storage = StoreCheckpointStorage(store, user_id="ann")
+    for n in range(5):
+        await storage.save(checkpoint(n))
+    await storage.save(checkpoint(10, workflow="paused"))  # a workflow waiting for a human: one checkpoint
+    await storage.save(checkpoint(5))  # recent: younger than the cut
+    month_ago = datetime.now(UTC) - timedelta(days=30)
+    value = month_ago.replace(tzinfo=None) if store.engine.dialect.name == "sqlite" else month_ago
+    async with store.engine.begin() as conn:
+        await conn.execute(
+            text("UPDATE agent_checkpoints SET saved_at = :t WHERE checkpoint_id <> 'cp-5'"), {"t": value}
+        )
+    assert (await store.stats())["rows"]["agent_checkpoints"] == 7
+    assert await store.purge_checkpoints(timedelta(days=7), batch_size=2) == 5  # cp-0..cp-4; cp-10 is a latest
+    assert await storage.list_checkpoint_ids(workflow_name="wf") == ["cp-5"]
+    assert await storage.list_checkpoint_ids(workflow_name="paused") == ["cp-10"]
+    assert await store.purge_checkpoints(timedelta(days=7), keep_latest=False) == 1  # now the paused one too
+    assert (await store.stats())["rows"]["agent_checkpoints"] == 1
+    with pytest.raises(InvalidValueError):
+        await store.purge_checkpoints(-timedelta(days=1))
