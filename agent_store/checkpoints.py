@@ -129,6 +129,20 @@ class StoreCheckpointStorage:
             done = await conn.execute(delete(checkpoints_t).where(*self._mine(), C.checkpoint_id == checkpoint_id))
         return bool(done.rowcount)
 
+    async def describe(
+        self, *, workflow_name: str | None = None, checkpoint_id: str | None = None
+    ) -> list[dict[str, Any]]:
+        """The stored rows' facts, oldest first, without decoding any payload (what the CLI shows): of one
+        workflow, or one checkpoint (then with its ``payload`` as stored: the framework's encoding)."""
+        columns = [C.checkpoint_id, C.workflow_name, C.seq, C.previous_checkpoint_id, C.iteration_count,
+                   C.timestamp, C.saved_at]  # fmt: skip
+        query = select(*columns, *([C.payload] if checkpoint_id is not None else [])).where(*self._mine())
+        if workflow_name is not None:
+            query = query.where(C.workflow_name == workflow_name)
+        if checkpoint_id is not None:
+            query = query.where(C.checkpoint_id == checkpoint_id)
+        return [dict(row._mapping) for row in await self._read(query.order_by(C.seq))]
+
     async def count(self) -> int:
         """How many checkpoints this storage holds (for this user)."""
         rows = await self._read(select(func.count()).select_from(checkpoints_t).where(*self._mine()))

@@ -158,3 +158,24 @@ async def test_old_checkpoints_are_purged_but_each_workflow_keeps_its_latest(sto
     assert (await store.stats())["rows"]["agent_checkpoints"] == 1
     with pytest.raises(InvalidValueError):
         await store.purge_checkpoints(-timedelta(days=1))
+
+
+def test_the_cli_lists_shows_and_deletes_checkpoints(url: str) -> None:
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "agent_store", *args, "--url", url],
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+
+    assert cli("upgrade").returncode == 0
+    step("flood", url, "ann", "3")
+    listed = cli("checkpoints", "list", NAME, "--user", "ann", "--json")
+    assert listed.returncode == 0, listed.stderr
+    chain = json.loads(listed.stdout)
+    assert [c["seq"] for c in chain] == [1, 2, 3] and [c["iteration_count"] for c in chain] == [0, 1, 2]
+    assert json.loads(cli("checkpoints", "list", NAME, "--json").stdout) == []  # not another owner's
+    table = cli("checkpoints", "list", NAME, "--user", "ann").stdout.splitlines()
+    assert table[0].split() == ["seq", "checkpoint_id", "previous", "iteration", "timestamp"] and len(table) == 4
+    shown = cli("checkpoints", "show", chain[0]["checkpoint_id"], "--user", "ann")
+    assert json.loads(shown.stdout)["payload"]["workflow_name"] == NAME  # as stored, not decoded
+    assert cli("checkpoints", "delete", chain[0]["checkpoint_id"], "--user", "ann").returncode == 0
+    gone = cli("checkpoints", "show", chain[0]["checkpoint_id"], "--user", "ann")
+    assert gone.returncode == 1 and "no checkpoint" in gone.stderr
