@@ -25,6 +25,7 @@ from .tables import (
     messages_t,
     sessions_t,
     state_t,
+    ui_snapshots_t,
     user_state_t,
 )
 
@@ -79,8 +80,8 @@ async def count_expired(db: Database) -> int:
 
 
 async def erase_user(db: Database, user_id: str) -> ErasureReport:
-    """Delete every session, message, state row, user-scoped key and workflow checkpoint of ``user_id``, in one
-    transaction."""
+    """Delete every session, message, state row, user-scoped key, workflow checkpoint and AG-UI snapshot (scope
+    = the user id) of ``user_id``, in one transaction."""
     codec.check_id(user_id, "user_id", required=True)
     mine = select(S.id).where(S.user_id == user_id)
     count = func.count()
@@ -100,6 +101,7 @@ async def erase_user(db: Database, user_id: str) -> ErasureReport:
         await conn.execute(delete(sessions_t).where(S.user_id == user_id))  # messages, state, runs cascade
         n_checkpoints = (await conn.execute(delete(checkpoints_t).where(checkpoints_t.c.user_id == user_id))).rowcount
         await conn.execute(delete(checkpoint_workflows_t).where(checkpoint_workflows_t.c.user_id == user_id))
+        await conn.execute(delete(ui_snapshots_t).where(ui_snapshots_t.c.scope == user_id))  # AG-UI: scope = user
         # A fence for runs still in flight: they loaded before now and may not write for this user after it.
         fence = {"user_key": user_key(user_id), "erased_at": datetime.now(UTC)}
         upsert = (postgresql if conn.dialect.name == "postgresql" else sqlite).insert(erasures_t)

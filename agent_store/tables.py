@@ -274,6 +274,17 @@ class CheckpointWorkflowRow(Base):
     next_seq: Mapped[int] = mapped_column(BigInteger)
 
 
+class UISnapshotRow(Base):
+    """The latest AG-UI thread snapshot of one thread in one scope (the app's authorization boundary)."""
+
+    __tablename__ = "agent_ui_snapshots"
+
+    scope: Mapped[str] = mapped_column(String(ID_MAX), primary_key=True)
+    thread_id: Mapped[str] = mapped_column(String(ID_MAX), primary_key=True)
+    snapshot: Mapped[Any] = mapped_column(JsonText())  # the AGUIThreadSnapshot's fields
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
 # Core tables for the run's batched statements (the ORM classes above document them).
 sessions_t = cast(Table, SessionRow.__table__)
 messages_t = cast(Table, MessageRow.__table__)
@@ -285,3 +296,4 @@ app_state_t = cast(Table, AppStateRow.__table__)
 erasures_t = cast(Table, ErasureRow.__table__)
 checkpoints_t = cast(Table, CheckpointRow.__table__)
 checkpoint_workflows_t = cast(Table, CheckpointWorkflowRow.__table__)
+ui_snapshots_t = cast(Table, UISnapshotRow.__table__)

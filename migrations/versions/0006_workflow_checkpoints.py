@@ -1,9 +1,10 @@
-"""Workflow checkpoints: Agent Framework's ``CheckpointStorage`` in the same database as the sessions.
+"""Workflow checkpoints and AG-UI thread snapshots, in the same database as the sessions.
 
 - ``agent_checkpoints``: one row per checkpoint, its payload as the framework's checkpoint encoding produced it
   (JSONB on PostgreSQL), keyed by (user_id, checkpoint_id): each user has a namespace of their own.
 - ``agent_checkpoint_workflows``: the next sequence number of one user's workflow; saves take its row lock, so
   a workflow's checkpoints are numbered in commit order.
+- ``agent_ui_snapshots``: the latest AG-UI thread snapshot per (scope, thread_id) (the ``ag-ui`` extra).
 
 Revision ID: 0006
 Revises: 0005
@@ -59,8 +60,17 @@ def upgrade() -> None:
         sa.Column("next_seq", sa.BigInteger(), nullable=False),
         sa.PrimaryKeyConstraint("user_id", "workflow_name", name="pk_agent_checkpoint_workflows"),
     )
+    op.create_table(
+        "agent_ui_snapshots",
+        sa.Column("scope", sa.String(255), nullable=False),
+        sa.Column("thread_id", sa.String(255), nullable=False),
+        sa.Column("snapshot", JSON_DOC, nullable=False),
+        sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+        sa.PrimaryKeyConstraint("scope", "thread_id", name="pk_agent_ui_snapshots"),
+    )
 
 
 def downgrade() -> None:
+    op.drop_table("agent_ui_snapshots")
     op.drop_table("agent_checkpoint_workflows")
     op.drop_table("agent_checkpoints")
