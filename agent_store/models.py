@@ -76,3 +76,4 @@ class TransferReport(_Model):
 
     imported: int
     skipped: int
+    checkpoints: int = 0  # workflow checkpoints written (those whose id existed are skipped)

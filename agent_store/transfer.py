@@ -2,8 +2,8 @@
 
 The file is one JSON object per line: a header, then for each session its ``session`` row followed by its
 ``state``, ``run``, ``message`` and ``tool_call`` rows, then (for a whole-user export) the user's
-``user_state`` rows, and last a ``trailer`` with the counts. Every column is kept: ids, seq, timestamps
-(ISO 8601, UTC), JSON values as JSON.
+``user_state`` rows and workflow ``checkpoint`` rows, and last a ``trailer`` with the counts. Every column is
+kept: ids, seq, timestamps (ISO 8601, UTC), JSON values as JSON.
 
 - Export reads in short transactions and yields only between them: a consumer that pauses holds no
   connection. Each session is read as of one moment (its row, state and run log together; its messages
@@ -11,6 +11,8 @@ The file is one JSON object per line: a header, then for each session its ``sess
 - Import is all-or-nothing per file: one transaction, committed only after the trailer matched. A
   truncated file writes nothing. Existing sessions are skipped, never duplicated; imported sessions and
   state rows get fresh incarnations and stamps (a runner of the old database cannot commit into them).
+  Checkpoints are skipped when their (user, id) exists; the others are numbered after the workflow's own,
+  in the file's order.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, Integer, Table, insert, select
+from sqlalchemy import BigInteger, Integer, Table, insert, select, tuple_
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -35,6 +37,8 @@ from .tables import (
     SCHEMA_REVISION,
     JsonText,
     UTCDateTime,
+    checkpoint_workflows_t,
+    checkpoints_t,
     messages_t,
     runs_t,
     sessions_t,
@@ -47,7 +51,9 @@ FORMAT = "agent_store.jsonl"
 # Insertion order: messages before the tool calls that reference them.
 _SESSION_TABLES: dict[str, Table] = {"state": state_t, "run": runs_t, "message": messages_t, "tool_call": tool_calls_t}
 PAGE = 1000  # messages per short read transaction
-_TABLES: dict[str, Table] = {"session": sessions_t, **_SESSION_TABLES, "user_state": user_state_t}
+_TABLES: dict[str, Table] = {
+    "session": sessions_t, **_SESSION_TABLES, "user_state": user_state_t, "checkpoint": checkpoints_t
+}  # fmt: skip
 
 
 def _to_json(table: Table, row: Any) -> dict[str, Any]:
@@ -108,7 +114,29 @@ async def export(db: Database, *, user_id: str | None, session_id: str | None = 
         for row in rows:
             written += 1
             yield _line("user_state", _to_json(user_state_t, row))
+    if session_id is None:
+        async for line in _export_checkpoints(db, user_id or ""):
+            written += 1
+            yield line
     yield json.dumps({"kind": "trailer", "sessions": sessions, "lines": written + 1})
+
+
+async def _export_checkpoints(db: Database, owner: str) -> AsyncIterator[str]:
+    """The owner's workflow checkpoints, by workflow and sequence, a page per short read transaction."""
+    C, after = checkpoints_t.c, ("", 0)
+    while True:
+        async with db.transaction(write=False, replica=True, doing="exporting workflow checkpoints") as conn:
+            page = (
+                await conn.execute(
+                    select(checkpoints_t).where(C.user_id == owner, tuple_(C.workflow_name, C.seq) > after)
+                    .order_by(C.workflow_name, C.seq).limit(PAGE)
+                )
+            ).all()  # fmt: skip
+        for row in page:
+            yield _line("checkpoint", _to_json(checkpoints_t, row))
+        if len(page) < PAGE:
+            return
+        after = (page[-1].workflow_name, page[-1].seq)
 
 
 async def _export_session(db: Database, sid: str) -> AsyncIterator[str]:
@@ -150,7 +178,7 @@ async def import_lines(
     db: Database, lines: Iterable[str], progress: Callable[[int], None] | None = None
 ) -> TransferReport:
     """Insert the sessions in ``lines`` (as written by :func:`export`), all or nothing; existing ones are skipped."""
-    imported = skipped = 0
+    imported = skipped = checkpoints = 0
     pending: list[tuple[str, dict[str, Any]]] = []
     async with db.transaction(write=True, doing="importing sessions") as conn:
 
@@ -194,8 +222,11 @@ async def import_lines(
                 continue
             if kind not in _TABLES or not isinstance(row, dict):
                 raise InvalidValueError(f"import: line {number}: unknown record kind {kind!r}")
-            if kind in ("session", "user_state"):
+            if kind in ("session", "user_state", "checkpoint"):
                 await flush()
+            if kind == "checkpoint":
+                checkpoints += await _insert_checkpoint(conn, _from_json(checkpoints_t, row))
+                continue
             if kind == "user_state":
                 values = {**_from_json(user_state_t, row), "version": new_stamp()}
                 await conn.execute(_insert_ignoring_existing(conn, user_state_t), values)
@@ -207,7 +238,22 @@ async def import_lines(
             raise InvalidValueError(
                 f"import: the file ends at line {number} without its trailer (truncated?); nothing was imported"
             )
-    return TransferReport(imported=imported, skipped=skipped)
+    return TransferReport(imported=imported, skipped=skipped, checkpoints=checkpoints)
+
+
+async def _insert_checkpoint(conn: AsyncConnection, row: dict[str, Any]) -> bool:
+    C, W = checkpoints_t.c, checkpoint_workflows_t.c
+    key = (C.user_id == row.get("user_id"), C.checkpoint_id == row.get("checkpoint_id"))
+    if (await conn.execute(select(C.seq).where(*key))).first() is not None:
+        return False
+    upsert = (postgresql if conn.dialect.name == "postgresql" else sqlite).insert(checkpoint_workflows_t)
+    counter = upsert.values(user_id=row.get("user_id"), workflow_name=row.get("workflow_name"), next_seq=1)
+    bumped = counter.on_conflict_do_update(
+        index_elements=[W.user_id, W.workflow_name], set_={"next_seq": W.next_seq + 1}
+    )
+    row["seq"] = (await conn.execute(bumped.returning(W.next_seq))).scalar_one()
+    await conn.execute(insert(checkpoints_t), row)
+    return True
 
 
 def _insert_ignoring_existing(conn: AsyncConnection, table: Table) -> Any:

@@ -179,3 +179,21 @@ def test_the_cli_lists_shows_and_deletes_checkpoints(url: str) -> None:
     assert cli("checkpoints", "delete", chain[0]["checkpoint_id"], "--user", "ann").returncode == 0
     gone = cli("checkpoints", "show", chain[0]["checkpoint_id"], "--user", "ann")
     assert gone.returncode == 1 and "no checkpoint" in gone.stderr
+
+
+async def test_a_user_s_export_carries_their_checkpoints_and_import_skips_existing_ones(url: str) -> None:
+    async with Store.from_url(url) as store:
+        await store.migrate()
+        storage = StoreCheckpointStorage(store, user_id="ann", allowed_checkpoint_types=["review_workflow:Verdict"])
+        for n in range(3):
+            await storage.save(checkpoint(n, state={"v": Verdict(reviewer="李", approved=n == 2)}))
+        await StoreCheckpointStorage(store, user_id="bob").save(checkpoint(7))
+        lines = [line async for line in store.export(user_id="ann")]
+        assert sum('"kind": "checkpoint"' in line for line in lines) == 3  # bob's is not in ann's export
+        await store.erase_user("ann")
+        await storage.save(checkpoint(9))  # ann starts again before the import: the import comes after it
+        report = await store.import_lines(lines)
+        assert report.checkpoints == 3
+        assert await storage.list_checkpoint_ids(workflow_name="wf") == ["cp-9", "cp-0", "cp-1", "cp-2"]
+        assert (await storage.load("cp-2")).state["v"] == Verdict(reviewer="李", approved=True)
+        assert (await store.import_lines(lines)).checkpoints == 0  # all there: skipped, never duplicated
