@@ -34,8 +34,8 @@ def run_cli(*args: str, cwd: Path, url: str | None = None) -> subprocess.Complet
 
 
 def test_the_readme_has_the_blocks_these_tests_run() -> None:
-    assert len(blocks("python")) == len(EXAMPLES) == 10
-    assert len(blocks("sql")) == 4
+    assert len(blocks("python")) == len(EXAMPLES) == 12
+    assert len(blocks("sql")) == 5
 
 
 def run_example(source: str, url: str, cwd: Path) -> list[str]:
@@ -78,7 +78,7 @@ def test_each_readme_example_prints_what_it_says(
 
 async def test_the_readme_sql_runs_on_the_quick_starts_data(url: str, tmp_path: Path) -> None:
     run_example(blocks("python")[0], url, tmp_path)
-    transcript, sessions, matching, state = blocks("sql")
+    _checkpoints, transcript, sessions, matching, state = blocks("sql")
     async with Store.from_url(url) as store, store.engine.connect() as conn:
 
         def run(sql: str) -> list[tuple[object, ...]]:
@@ -101,6 +101,15 @@ async def test_the_readme_sql_runs_on_the_quick_starts_data(url: str, tmp_path: 
             for r in await conn.run_sync(lambda _: run(state))
         ]
         assert values == [("turns", 2)]
+
+
+async def test_the_readme_checkpoint_chain_query_runs_on_its_example_s_data(url: str, tmp_path: Path) -> None:
+    (example,) = [source for source in blocks("python") if "StoreCheckpointStorage(store" in source]
+    run_example(example, url, tmp_path)
+    async with Store.from_url(url) as store, store.engine.connect() as conn:
+        chain = (await conn.execute(text(blocks("sql")[0].strip().rstrip(";")))).all()
+    assert [r[0] for r in chain] == list(range(1, len(chain) + 1)) and len(chain) >= 2
+    assert chain[0][2] is None and [r[2] for r in chain[1:]] == [r[1] for r in chain[:-1]]
 
 
 def test_the_demo_runs_offline_and_remembers_across_processes(url: str, tmp_path: Path) -> None:
