@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from datetime import timedelta
 from typing import Any
 
 import click
@@ -199,14 +200,24 @@ async def import_(url: str | None, source: Any, as_json: bool) -> None:
 @main.command()
 @url_option
 @click.option("--batch-size", default=500, show_default=True)
+@click.option(
+    "--checkpoints-older-than", "checkpoint_days", type=click.IntRange(min=0), default=None, metavar="DAYS",
+    help="Also delete workflow checkpoints saved more than DAYS ago (each workflow's latest is kept).",
+)  # fmt: skip
 @json_option
 @runs_async
-async def purge(url: str | None, batch_size: int, as_json: bool) -> None:
-    """Delete expired sessions in small batches."""
+async def purge(url: str | None, batch_size: int, checkpoint_days: int | None, as_json: bool) -> None:
+    """Delete expired sessions (and, if asked, old workflow checkpoints) in small batches."""
     async with Store.from_url(url) as store:
         with progress("purging", await store.count_expired()) as advance:
             removed = await store.purge_expired(batch_size=batch_size, progress=advance)
-    print_json({"purged": removed}) if as_json else click.echo(f"purged {removed} expired sessions")
+        old = None
+        if checkpoint_days is not None:
+            old = await store.purge_checkpoints(timedelta(days=checkpoint_days), batch_size=batch_size)
+    if as_json:
+        print_json({"purged": removed, **({"checkpoints": old} if old is not None else {})})
+        return
+    click.echo(f"purged {removed} expired sessions" + (f" and {old} workflow checkpoints" if old is not None else ""))
 
 
 @main.command(name="erase-user")
