@@ -57,7 +57,7 @@ async def test_listing_paging_and_loading_use_indexes(big: Store) -> None:
 
 async def test_the_readme_sql_uses_indexes(big: Store) -> None:
     queries = re.findall(r"```sql\n(.*?)```", README, flags=re.S)
-    assert len(queries) == 4
+    assert len(queries) == 5
     for sql in queries:
         sql = sql.strip().rstrip(";").replace("'chat-42'", "'session-7'").replace("'u1'", "'user-7'")
         assert await full_scans(big, sql, None) == [], sql
