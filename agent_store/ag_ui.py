@@ -45,7 +45,7 @@ class StoreThreadSnapshotStore:
         key = _key(scope, thread_id)
         text = codec.dumps(
             dataclasses.asdict(snapshot), where=f"snapshot of thread {thread_id!r}",
-            max_bytes=self._db.settings.max_value_bytes,
+            max_bytes=self._db.settings.max_value_bytes, sort_keys=False,
         )  # fmt: skip
         row = {"scope": key[0], "thread_id": key[1], "snapshot": text, "updated_at": datetime.now(UTC)}
         async with self._db.transaction(write=True, doing="saving an AG-UI thread snapshot") as conn:

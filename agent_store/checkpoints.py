@@ -8,7 +8,9 @@ back decodes only the framework's safe types plus those allowed here (``allowed_
 
 Saves of one workflow are numbered in commit order (the row lock of its ``agent_checkpoint_workflows`` row), so
 "latest" is the last one committed, never a wall-clock comparison. A ``user_id`` gives the storage its own
-namespace: another user's checkpoints answer as unknown ids do.
+namespace: another user's checkpoints answer as unknown ids do. A save takes the user's lock (before the
+workflow's row, the one lock order) and is refused after the user was erased (``erase_user``) since the
+storage was made, as a run loaded before an erasure cannot write for the user after it.
 """
 
 from __future__ import annotations
@@ -25,7 +27,10 @@ from sqlalchemy import delete, func, select, tuple_
 from sqlalchemy.dialects import postgresql, sqlite
 
 from . import codec
-from .errors import InvalidValueError
+from .errors import AgentStoreError, InvalidValueError
+from .retention import erased_since
+from .run import ERASURE_MARGIN
+from .statements import lock_user
 from .tables import checkpoint_workflows_t, checkpoints_t
 
 if TYPE_CHECKING:
@@ -51,8 +56,9 @@ class StoreCheckpointStorage:
         self, store: Store, *, user_id: str | None = None, allowed_checkpoint_types: list[str] | None = None
     ) -> None:
         codec.check_id(user_id, "user_id")
-        self._db, self._owner = store.db, user_id or ""
+        self._db, self._user, self._owner = store.db, user_id, user_id or ""
         self._allowed: frozenset[str] = frozenset(allowed_checkpoint_types or [])
+        self._since = datetime.now(UTC) - ERASURE_MARGIN  # saves after an erasure later than this are refused
 
     async def save(self, checkpoint: WorkflowCheckpoint) -> str:
         """Store (or replace) a checkpoint; it becomes its workflow's latest.
@@ -67,9 +73,15 @@ class StoreCheckpointStorage:
             for value, what in ((ident, "checkpoint_id"), (checkpoint.workflow_name, "workflow_name")):
                 codec.check_id(value, what, required=True)
             codec.check_id(checkpoint.previous_checkpoint_id, "previous_checkpoint_id")
+            codec.check_int(checkpoint.iteration_count, "iteration_count", low=0, high=codec.INT32)
+            if not isinstance(checkpoint.timestamp, str) or len(checkpoint.timestamp) > 64:
+                raise InvalidValueError("timestamp must be the framework's ISO 8601 text (at most 64 characters)")
             encoded = encode_checkpoint_value(checkpoint.to_dict())
             decode_checkpoint_value(encoded, allowed_types=self._allowed)  # refused now, not at resume time
-            payload = codec.dumps(encoded, where=f"checkpoint {ident!r}", max_bytes=self._db.settings.max_value_bytes)
+            # Key order kept (the framework iterates pending requests in order); NaN / Infinity refused (not JSON).
+            payload = codec.dumps(
+                encoded, where=f"checkpoint {ident!r}", max_bytes=self._db.settings.max_value_bytes, sort_keys=False
+            )
         except WorkflowCheckpointException:
             raise
         except InvalidValueError as exc:
@@ -84,10 +96,21 @@ class StoreCheckpointStorage:
             "previous_checkpoint_id": checkpoint.previous_checkpoint_id, "timestamp": checkpoint.timestamp,
             "iteration_count": checkpoint.iteration_count, "saved_at": datetime.now(UTC), "payload": payload,
         }  # fmt: skip
+        try:
+            await self._write(row)
+        except InvalidValueError as exc:  # a value the database refused (both backends check the same first)
+            raise WorkflowCheckpointException(f"Checkpoint {ident} cannot be stored: {exc}") from exc
+        return ident
+
+    async def _write(self, row: dict[str, Any]) -> None:
         async with self._db.transaction(write=True, doing="saving a workflow checkpoint") as conn:
+            if self._user is not None:  # erase_user takes the same lock: a save lands wholly before or after it
+                await lock_user(conn, self._user, exclusive=False)
+                if await erased_since(conn, self._user, self._since):
+                    raise WorkflowCheckpointException(f"user {self._user!r} was erased; the checkpoint was not saved")
             insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
             first = insert(checkpoint_workflows_t).values(
-                user_id=self._owner, workflow_name=checkpoint.workflow_name, next_seq=1
+                user_id=self._owner, workflow_name=row["workflow_name"], next_seq=1
             )
             counter = first.on_conflict_do_update(
                 index_elements=[W.user_id, W.workflow_name], set_={"next_seq": W.next_seq + 1}
@@ -96,11 +119,12 @@ class StoreCheckpointStorage:
             upsert = insert(checkpoints_t).values(row)
             columns = {k: upsert.excluded[k] for k in row if k not in ("user_id", "checkpoint_id")}
             await conn.execute(upsert.on_conflict_do_update(index_elements=[C.user_id, C.checkpoint_id], set_=columns))
-        return ident
 
     async def load(self, checkpoint_id: str) -> WorkflowCheckpoint:
         """The checkpoint with this id. Raises ``WorkflowCheckpointException`` if there is none (for this user)."""
-        rows = await self._read(select(C.payload).where(*self._mine(), C.checkpoint_id == checkpoint_id))
+        rows = []
+        if _storable(checkpoint_id):  # anything else was never stored: the same answer as an unknown id
+            rows = await self._read(select(C.payload).where(*self._mine(), C.checkpoint_id == checkpoint_id))
         if not rows:
             raise WorkflowCheckpointException(f"No checkpoint found with ID {checkpoint_id}")
         return self._decode(rows[0][0])
@@ -125,6 +149,8 @@ class StoreCheckpointStorage:
 
     async def delete(self, checkpoint_id: str) -> bool:
         """Delete one checkpoint; False if there is none with this id (for this user)."""
+        if not _storable(checkpoint_id):
+            return False  # never stored: no such checkpoint
         async with self._db.transaction(write=True, doing="deleting a workflow checkpoint") as conn:
             done = await conn.execute(delete(checkpoints_t).where(*self._mine(), C.checkpoint_id == checkpoint_id))
         return bool(done.rowcount)
@@ -138,9 +164,9 @@ class StoreCheckpointStorage:
                    C.timestamp, C.saved_at]  # fmt: skip
         query = select(*columns, *([C.payload] if checkpoint_id is not None else [])).where(*self._mine())
         if workflow_name is not None:
-            query = query.where(C.workflow_name == workflow_name)
+            query = query.where(C.workflow_name == (workflow_name if _storable(workflow_name) else None))
         if checkpoint_id is not None:
-            query = query.where(C.checkpoint_id == checkpoint_id)
+            query = query.where(C.checkpoint_id == (checkpoint_id if _storable(checkpoint_id) else None))
         return [dict(row._mapping) for row in await self._read(query.order_by(C.seq))]
 
     async def count(self) -> int:
@@ -152,7 +178,8 @@ class StoreCheckpointStorage:
         return [C.user_id == self._owner]
 
     def _of(self, workflow_name: str, column: Any) -> Any:
-        return select(column).where(*self._mine(), C.workflow_name == workflow_name)
+        name = workflow_name if _storable(workflow_name) else None  # never stored: matches nothing
+        return select(column).where(*self._mine(), C.workflow_name == name)
 
     async def _read(self, statement: Any) -> list[Any]:
         async with self._db.transaction(write=False, doing="reading workflow checkpoints") as conn:
@@ -169,6 +196,18 @@ class StoreCheckpointStorage:
             return None
 
 
+def _storable(value: Any) -> bool:
+    """Whether ``value`` could be a stored id or name (others are answered as unknown, without SQL)."""
+    if not isinstance(value, str):
+        return False
+    try:
+        codec.check_id(value, "id", required=True)
+        codec.dumps(value, where="id")  # NUL characters and lone surrogates are never stored
+    except AgentStoreError:
+        return False
+    return True
+
+
 async def purge_checkpoints(db: Database, older_than: timedelta, *, keep_latest: bool, batch_size: int) -> int:
     """Delete checkpoints saved more than ``older_than`` ago, ``batch_size`` per short transaction; with
     ``keep_latest`` each workflow's latest checkpoint stays whatever its age (a paused workflow can resume)."""
@@ -183,11 +222,10 @@ async def purge_checkpoints(db: Database, older_than: timedelta, *, keep_latest:
     old = select(C.user_id, C.checkpoint_id).where(C.saved_at < cutoff).order_by(C.saved_at).limit(batch_size)
     if keep_latest:
         old = old.where(C.seq < newest.scalar_subquery())
+    batch = delete(checkpoints_t).where(tuple_(C.user_id, C.checkpoint_id).in_(old))
     while True:
         async with db.transaction(write=True, doing="purging workflow checkpoints") as conn:
-            chosen = [tuple(r) for r in (await conn.execute(old)).all()]
-            if chosen:
-                await conn.execute(delete(checkpoints_t).where(tuple_(C.user_id, C.checkpoint_id).in_(chosen)))
-        total += len(chosen)
-        if len(chosen) < batch_size:
+            deleted = (await conn.execute(batch)).rowcount
+        total += deleted
+        if deleted < batch_size:
             return total

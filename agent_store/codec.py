@@ -83,7 +83,7 @@ def service_session_json(service_session_id: Any) -> str | None:
     return None if service_session_id is None else dumps(service_session_id, where="service_session_id")
 
 
-def dumps(value: Any, *, where: str, max_bytes: int = DEFAULT_MAX_VALUE_BYTES) -> str:
+def dumps(value: Any, *, where: str, max_bytes: int = DEFAULT_MAX_VALUE_BYTES, sort_keys: bool = True) -> str:
     """Serialize an already-encoded JSON value, enforcing what every backend can store.
 
     Raises:
@@ -91,9 +91,10 @@ def dumps(value: Any, *, where: str, max_bytes: int = DEFAULT_MAX_VALUE_BYTES) -
             or a document larger than ``max_bytes``.
     """
     try:
-        text = json.dumps(value, ensure_ascii=False, allow_nan=False, sort_keys=True, separators=(",", ":"))
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False, sort_keys=sort_keys, separators=(",", ":"))
     except (TypeError, ValueError) as exc:  # a non-JSON object or NaN inside a message body
-        raise InvalidValueError(f"{where}: {exc}") from exc
+        why = "NaN or Infinity, which JSON cannot hold" if "Out of range float" in str(exc) else str(exc)
+        raise InvalidValueError(f"{where}: {why}") from exc
     if "\\u0000" in text and _NUL_ESCAPE.search(text):
         raise InvalidValueError(f"{where}: text contains a NUL character (\\x00), which cannot be stored")
     try:

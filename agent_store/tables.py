@@ -24,7 +24,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
 )
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import JSON, JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeEngine
 
@@ -43,6 +43,13 @@ NAMING_CONVENTION = {
 
 class _JSONBText(JSONB):
     """JSONB that takes already-serialized JSON text (the codec serializes once, with its own rules)."""
+
+    def bind_processor(self, dialect: Dialect) -> None:
+        return None
+
+
+class _JSONText(JSON):
+    """PostgreSQL ``json`` (the text as written) taking already-serialized JSON text."""
 
     def bind_processor(self, dialect: Dialect) -> None:
         return None
@@ -71,6 +78,18 @@ class JsonText(TypeDecorator[Any]):
         if dialect.name == "postgresql" or value is None:
             return value
         return json.loads(value)
+
+
+class ExactJsonText(JsonText):
+    """A JSON document kept exactly as written: PostgreSQL ``json``, not ``jsonb``, which would reorder keys and
+    rewrite numbers (1e20 comes back as an integer). For documents that must round-trip unchanged."""
+
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
+        if dialect.name == "postgresql":
+            return dialect.type_descriptor(_JSONText())
+        return dialect.type_descriptor(Text())
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -255,7 +274,7 @@ class CheckpointRow(Base):
     timestamp: Mapped[str] = mapped_column(String(64))  # the framework's ISO 8601 text, as it wrote it
     iteration_count: Mapped[int] = mapped_column(Integer)
     saved_at: Mapped[datetime] = mapped_column(UTCDateTime())
-    payload: Mapped[Any] = mapped_column(JsonText())  # encode_checkpoint_value(checkpoint.to_dict())
+    payload: Mapped[Any] = mapped_column(ExactJsonText())  # encode_checkpoint_value(checkpoint.to_dict()), as written
 
     __table_args__ = (
         Index(None, "user_id", "workflow_name", "seq", unique=True),  # get_latest, list_*, in order
@@ -281,7 +300,7 @@ class UISnapshotRow(Base):
 
     scope: Mapped[str] = mapped_column(String(ID_MAX), primary_key=True)
     thread_id: Mapped[str] = mapped_column(String(ID_MAX), primary_key=True)
-    snapshot: Mapped[Any] = mapped_column(JsonText())  # the AGUIThreadSnapshot's fields
+    snapshot: Mapped[Any] = mapped_column(ExactJsonText())  # the AGUIThreadSnapshot's fields, as written
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 

@@ -11,8 +11,8 @@ kept: ids, seq, timestamps (ISO 8601, UTC), JSON values as JSON.
 - Import is all-or-nothing per file: one transaction, committed only after the trailer matched. A
   truncated file writes nothing. Existing sessions are skipped, never duplicated; imported sessions and
   state rows get fresh incarnations and stamps (a runner of the old database cannot commit into them).
-  Checkpoints are skipped when their (user, id) exists; the others are numbered after the workflow's own,
-  in the file's order.
+  A workflow's checkpoints are restored (in the file's order) only where that user's workflow has none: one
+  that went on here is skipped whole, so an older backup never becomes its latest.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from .scopes import owner_is
 from .statements import lock_user, not_found
 from .tables import (
     SCHEMA_REVISION,
+    ExactJsonText,
     JsonText,
     UTCDateTime,
     checkpoint_workflows_t,
@@ -78,7 +79,8 @@ def _from_json(table: Table, data: dict[str, Any]) -> dict[str, Any]:
             elif isinstance(column.type, UTCDateTime):
                 values[column.name] = datetime.fromisoformat(value).astimezone(UTC)
             elif isinstance(column.type, JsonText):
-                values[column.name] = codec.dumps(value, where=f"{table.name}.{column.name}")
+                exact = isinstance(column.type, ExactJsonText)  # kept as written: key order included
+                values[column.name] = codec.dumps(value, where=f"{table.name}.{column.name}", sort_keys=not exact)
     except (KeyError, TypeError, ValueError) as exc:
         raise InvalidValueError(f"import: a {table.name} row is malformed: {exc}") from exc
     return values
@@ -180,6 +182,7 @@ async def import_lines(
     """Insert the sessions in ``lines`` (as written by :func:`export`), all or nothing; existing ones are skipped."""
     imported = skipped = checkpoints = 0
     pending: list[tuple[str, dict[str, Any]]] = []
+    restoring: set[tuple[Any, Any]] = set()  # (user, workflow) whose checkpoints this import writes
     async with db.transaction(write=True, doing="importing sessions") as conn:
 
         async def flush() -> None:
@@ -225,7 +228,7 @@ async def import_lines(
             if kind in ("session", "user_state", "checkpoint"):
                 await flush()
             if kind == "checkpoint":
-                checkpoints += await _insert_checkpoint(conn, _from_json(checkpoints_t, row))
+                checkpoints += await _insert_checkpoint(conn, _from_json(checkpoints_t, row), restoring)
                 continue
             if kind == "user_state":
                 values = {**_from_json(user_state_t, row), "version": new_stamp()}
@@ -241,8 +244,18 @@ async def import_lines(
     return TransferReport(imported=imported, skipped=skipped, checkpoints=checkpoints)
 
 
-async def _insert_checkpoint(conn: AsyncConnection, row: dict[str, Any]) -> bool:
+async def _insert_checkpoint(conn: AsyncConnection, row: dict[str, Any], restoring: set[tuple[Any, Any]]) -> bool:
+    """Restore a checkpoint of a workflow that has none here (or that this import is restoring); a workflow that
+    went on here is skipped whole: an older backup never becomes its latest."""
     C, W = checkpoints_t.c, checkpoint_workflows_t.c
+    workflow = (row.get("user_id"), row.get("workflow_name"))
+    if workflow not in restoring:
+        if row.get("user_id"):
+            await lock_user(conn, row["user_id"], exclusive=False)  # as a save does: never beside an erasure
+        present = select(C.seq).where(C.user_id == workflow[0], C.workflow_name == workflow[1]).limit(1)
+        if (await conn.execute(present)).first() is not None:
+            return False
+        restoring.add(workflow)
     key = (C.user_id == row.get("user_id"), C.checkpoint_id == row.get("checkpoint_id"))
     if (await conn.execute(select(C.seq).where(*key))).first() is not None:
         return False

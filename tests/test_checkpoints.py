@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from sqlalchemy import text
 
 from agent_store import InvalidValueError, Store
 from agent_store.agent_framework import StoreCheckpointStorage
+from agent_store.run import ERASURE_MARGIN
 
 SCRIPT = str(Path(__file__).with_name("review_workflow.py"))
 
@@ -193,9 +195,82 @@ async def test_a_user_s_export_carries_their_checkpoints_and_import_skips_existi
         lines = [line async for line in store.export(user_id="ann")]
         assert sum('"kind": "checkpoint"' in line for line in lines) == 3  # bob's is not in ann's export
         await store.erase_user("ann")
-        await storage.save(checkpoint(9))  # ann starts again before the import: the import comes after it
+        await asyncio.sleep(ERASURE_MARGIN.total_seconds() + 0.1)  # a storage made after the erasure may write
+        storage = StoreCheckpointStorage(store, user_id="ann", allowed_checkpoint_types=["review_workflow:Verdict"])
         report = await store.import_lines(lines)
         assert report.checkpoints == 3
-        assert await storage.list_checkpoint_ids(workflow_name="wf") == ["cp-9", "cp-0", "cp-1", "cp-2"]
+        assert await storage.list_checkpoint_ids(workflow_name="wf") == ["cp-0", "cp-1", "cp-2"]
         assert (await storage.load("cp-2")).state["v"] == Verdict(reviewer="李", approved=True)
+        await storage.save(checkpoint(9))  # the workflow goes on after the restore ...
+        await storage.delete("cp-1")
+        assert (await store.import_lines(lines)).checkpoints == 0  # ... so a backup never rewinds it
+        latest = await storage.get_latest(workflow_name="wf")
+        assert latest is not None and latest.checkpoint_id == "cp-9"
         assert (await store.import_lines(lines)).checkpoints == 0  # all there: skipped, never duplicated
+
+
+async def test_a_checkpoint_comes_back_exactly_as_the_framework_wrote_it(store: Store) -> None:
+    storage = StoreCheckpointStorage(store)
+    state = {"zeta": 1e20, "alpha": {"b": 1, "a": [1.5, None, "长"]}, "mid": 2**40}
+    pending = {"r-zz": 1, "r-aa": 2}  # the framework resumes requests in this dict's order
+    await storage.save(checkpoint(1, state=state, metadata=pending))
+    loaded = await storage.load("cp-1")
+    assert loaded.state == state and list(loaded.state) == ["zeta", "alpha", "mid"]
+    assert type(loaded.state["zeta"]) is float and list(loaded.metadata) == ["r-zz", "r-aa"]
+    with pytest.raises(WorkflowCheckpointException, match="NaN"):
+        await storage.save(checkpoint(2, state={"x": float("nan")}))  # JSON cannot hold it: refused, not lost later
+    assert await storage.list_checkpoint_ids(workflow_name="wf") == ["cp-1"]
+
+
+async def test_odd_ids_get_the_unknown_id_answer(store: Store) -> None:
+    storage = StoreCheckpointStorage(store)
+    for odd in ("a\x00b", "\ud800", "x" * 300, ""):
+        with pytest.raises(WorkflowCheckpointException, match="No checkpoint found"):
+            await storage.load(odd)
+        assert await storage.delete(odd) is False
+        assert await storage.get_latest(workflow_name=odd) is None
+    with pytest.raises(WorkflowCheckpointException):  # the same refusal on both backends
+        await storage.save(WorkflowCheckpoint(workflow_name="wf", graph_signature_hash="g", iteration_count=2**31))
+
+
+async def test_saves_racing_an_erasure_land_wholly_before_it_or_are_refused(store: Store) -> None:
+    """A save takes the user's lock, as erase_user does: none survives the erasure half-counted, and a storage
+    made before the erasure cannot write for the user after it; one made after can, from seq 1."""
+    before = StoreCheckpointStorage(store, user_id="ann")
+    refused = 0
+
+    async def saver(k: int) -> None:
+        nonlocal refused
+        for n in range(15):
+            try:
+                await before.save(checkpoint(100 * k + n))
+            except WorkflowCheckpointException:
+                refused += 1
+
+    async def eraser() -> None:
+        await asyncio.sleep(0.05)
+        await store.erase_user("ann")
+
+    await asyncio.gather(*(saver(k) for k in range(3)), eraser())
+    assert refused > 0 and await rows(store, "SELECT count(*) FROM agent_checkpoints") == [(0,)]
+    await asyncio.sleep(ERASURE_MARGIN.total_seconds() + 0.1)  # the clock-skew margin runs also use
+    after = StoreCheckpointStorage(store, user_id="ann")
+    for n in range(3):
+        await after.save(checkpoint(n))
+    assert await rows(store, "SELECT seq FROM agent_checkpoints ORDER BY seq") == [(1,), (2,), (3,)]
+
+
+async def test_a_purge_batch_larger_than_a_statement_s_parameter_limit(store: Store) -> None:
+    old = datetime.now(UTC) - timedelta(days=60)
+    value = old.replace(tzinfo=None) if store.engine.dialect.name == "sqlite" else old
+    async with store.engine.begin() as conn:
+        await conn.execute(
+            text(
+                "INSERT INTO agent_checkpoints (user_id, checkpoint_id, workflow_name, seq, previous_checkpoint_id, "
+                "timestamp, iteration_count, saved_at, payload) "
+                "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 40000) "
+                "SELECT '', 'cp-' || i, 'wf', i, NULL, 't', 0, :t, '{}' FROM n"
+            ),
+            {"t": value},
+        )
+    assert await store.purge_checkpoints(timedelta(days=1), batch_size=100_000) == 39_999  # the latest stays

@@ -140,7 +140,11 @@ async def test_every_command_answers_in_json(filled: Store, url: str, tmp_path: 
     ]  # fmt: skip
     for command in commands:
         assert isinstance(json.loads(ok(cli(*command, "--json", url=url, cwd=tmp_path))), dict), command
-    assert json.loads(ok(cli("import", str(dump), "--json", url=url, cwd=tmp_path))) == {"imported": 0, "skipped": 2, "checkpoints": 0}
+    assert json.loads(ok(cli("import", str(dump), "--json", url=url, cwd=tmp_path))) == {
+        "imported": 0,
+        "skipped": 2,
+        "checkpoints": 0,
+    }
     demo = json.loads(ok(cli("demo", "--json", url=f"sqlite+aiosqlite:///{tmp_path}/demo.db", cwd=tmp_path)))
     assert demo["ok"] is True and any("李明" in line for line in demo["output"])
 

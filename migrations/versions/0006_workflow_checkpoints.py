@@ -1,7 +1,7 @@
 """Workflow checkpoints and AG-UI thread snapshots, in the same database as the sessions.
 
 - ``agent_checkpoints``: one row per checkpoint, its payload as the framework's checkpoint encoding produced it
-  (JSONB on PostgreSQL), keyed by (user_id, checkpoint_id): each user has a namespace of their own.
+  (PostgreSQL ``json``: kept as written), keyed by (user_id, checkpoint_id): each user has a namespace of their own.
 - ``agent_checkpoint_workflows``: the next sequence number of one user's workflow; saves take its row lock, so
   a workflow's checkpoints are numbered in commit order.
 - ``agent_ui_snapshots``: the latest AG-UI thread snapshot per (scope, thread_id) (the ``ag-ui`` extra).
@@ -24,7 +24,9 @@ down_revision: str | None = "0005"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-JSON_DOC = sa.Text().with_variant(postgresql.JSONB(), "postgresql")  # as in 0001
+# A checkpoint's payload (and an AG-UI snapshot) must come back exactly as written: json keeps the text (key order, 1e20
+# as a float); jsonb would normalize both.
+EXACT_JSON = sa.Text().with_variant(postgresql.JSON(), "postgresql")
 
 
 def upgrade() -> None:
@@ -38,7 +40,7 @@ def upgrade() -> None:
         sa.Column("timestamp", sa.String(64), nullable=False),
         sa.Column("iteration_count", sa.Integer(), nullable=False),
         sa.Column("saved_at", sa.DateTime(timezone=True), nullable=False),
-        sa.Column("payload", JSON_DOC, nullable=False),
+        sa.Column("payload", EXACT_JSON, nullable=False),
         sa.PrimaryKeyConstraint("user_id", "checkpoint_id", name="pk_agent_checkpoints"),
     )
     op.create_index(
@@ -64,7 +66,7 @@ def upgrade() -> None:
         "agent_ui_snapshots",
         sa.Column("scope", sa.String(255), nullable=False),
         sa.Column("thread_id", sa.String(255), nullable=False),
-        sa.Column("snapshot", JSON_DOC, nullable=False),
+        sa.Column("snapshot", EXACT_JSON, nullable=False),
         sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
         sa.PrimaryKeyConstraint("scope", "thread_id", name="pk_agent_ui_snapshots"),
     )
