@@ -173,8 +173,10 @@ class Database:
             finally:
                 await quietly(conn.close, "returning a connection")
             return
-        await quietly(conn.rollback, "rollback")
-        await quietly(conn.close, "returning a connection")
+        try:
+            await quietly(conn.rollback, "rollback")
+        finally:  # a second cancellation during the rollback still returns the connection
+            await quietly(conn.close, "returning a connection")
 
     async def hold(self, session_id: str) -> AsyncConnection:
         """Open a serialized run's transaction and take its session's lock (SQLite: the database write lock)."""

@@ -67,6 +67,9 @@ def message_record(
     columns = {"message_id": identity, "role": str(message.role), "author_name": message.author_name,
                "text": message.text or ""}  # fmt: skip
     body = compact_body(message.to_dict())
+    for name in ("message_id", "role", "author_name"):  # e.g. an author_name of 5: refused by name, never str()-ed
+        if columns[name] is not None and not isinstance(columns[name], str):
+            raise InvalidValueError(f"{where}: {name} must be text, not {type(columns[name]).__name__}")
     if cipher is not None:  # content leaves the process encrypted; ids, roles, authors, tool names stay readable
         full = dumps(body, where=where, max_bytes=max_bytes)
         columns["text"] = ""

@@ -268,7 +268,7 @@ class Run:
                 await sql.lock_app_scope(db, scope.owner)
             # Every write of a session's own keys bumps its version in this incarnation: if ours is the only
             # bump since the load, nobody else wrote them, and the stamp check is skipped.
-            if scope.prefix or not snap.exists or version != snap.version + 1:
+            if scope.prefix or not snap.exists or snap.verify_new_ids or version != snap.version + 1:
                 stored = await sql.stored_stamps(db, scope, [scope.stored_key(k) for k in keys])
                 if lost := sorted(k for k in keys if stored.get(k) != snap.state_stamp.get(k)):
                     raise ConflictError(sid, lost)
@@ -294,6 +294,10 @@ class Run:
         """Make the snapshot describe the database as this run left it, so a later commit writes only news."""
         version, messages, keys = written
         snap = self._snapshot
+        if not snap.exists and int(version) != 1:
+            # It joined a session another run created meanwhile, whose keys this run never read: its later
+            # commits check every key's stamp (a blind write over one is a conflict) and skip the one-call path.
+            snap.verify_new_ids = True
         snap.exists, snap.incarnation, snap.version = True, incarnation, int(version)
         snap.service_session_id = delta.service_session_id
         for key in delta.deletes:

@@ -100,19 +100,20 @@ async def attempt(run: Run, delta: Delta, since: datetime) -> tuple[tuple[int, i
 
 
 class _Commit:
-    """The transaction's parameters, built on the event loop; ``__call__`` runs in the connection's thread."""
+    """The transaction's parameters, built on the event loop; ``__call__`` runs in the connection's thread.
+
+    The commit's time is read there, once the write lock is held (as the checked path reads it): a commit that
+    waited for the lock is stamped, and its expiry pushed forward, from when it wrote.
+    """
 
     def __init__(self, run: Run, delta: Delta, since: datetime) -> None:
-        snap, settings, now = run._snapshot, run.db.settings, datetime.now(UTC)
-        ttl, sid, when = settings.idle_ttl_seconds, run.session.session_id, _time(now)
-        expires = _time(now + timedelta(seconds=ttl)) if ttl else None
+        snap, sid = run._snapshot, run.session.session_id
+        self.ttl = run.db.settings.idle_ttl_seconds
         ssid, loaded_ssid = (service_session_json(v) for v in (delta.service_session_id, snap.service_session_id))
         self.bump = _BUMPS[delta.service_session_id_changed]
         self.bump_params = {
             "sid": sid, "uid": run.user_id, "agent": run.agent_id, "incarnation": snap.incarnation,
-            "version": snap.version, "n": len(delta.messages), "now": when, "now_epoch": int(now.timestamp()),
-            "now_frac": f".{now.microsecond:06d}", "default_expires": expires,
-            "ssid": ssid, "loaded_ssid": loaded_ssid,
+            "version": snap.version, "n": len(delta.messages), "ssid": ssid, "loaded_ssid": loaded_ssid,
         }  # fmt: skip
         self.fence = {"user_key": user_key(run.user_id or ""), "since": _time(since)}
         # Per scope: (its statements, owner, the loaded stamps to check (shared scopes), deletes, upsert rows)
@@ -127,32 +128,23 @@ class _Commit:
             if part != "own":
                 loaded[stored] = snap.state_stamp.get(key)
             if key in delta.upserts:
-                rows.append((scope.owner, stored, delta.upserts[key], delta.stamp, when))
+                rows.append((scope.owner, stored, delta.upserts[key], delta.stamp))
             else:
                 deletes.append(stored)
         self.messages = [
-            (
-                sid,
-                i,
-                r.message_id,
-                delta.run_id,
-                r.columns["role"],
-                r.columns["author_name"],
-                r.columns["text"],
-                when,
-                r.columns["body"],
-            )
-            for i, r in enumerate(delta.messages)
-        ]  # fmt: skip (seq is made absolute under the lock)
+            (sid, r.message_id, delta.run_id, r.columns["role"], r.columns["author_name"], r.columns["text"],
+             r.columns["body"])
+            for r in delta.messages
+        ]  # fmt: skip
         self.tools = [(sid, i, *call) for i, r in enumerate(delta.messages) for call in r.tools]
-        log = runlog.run_log_row(run._log_ids(delta.run_id), 0, delta.messages, len(delta.changed_keys), delta.usage,
-                                 "committed")  # fmt: skip
-        self.log = {k: _time(v) if isinstance(v, datetime) else v for k, v in log.items()}
+        self.log = runlog.run_log_row(
+            run._log_ids(delta.run_id), 0, delta.messages, len(delta.changed_keys), delta.usage, "committed"
+        )
 
     def __call__(self, conn: sqlite3.Connection) -> int:
         conn.execute("BEGIN IMMEDIATE")
         try:
-            version = self._write(conn)
+            version = self._write(conn, datetime.now(UTC))
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
@@ -160,10 +152,14 @@ class _Commit:
             raise
         return version
 
-    def _write(self, conn: sqlite3.Connection) -> int:
+    def _write(self, conn: sqlite3.Connection, now: datetime) -> int:
+        when = _time(now)
         if "user" in self.scopes and conn.execute(_FENCE, self.fence).fetchone() is not None:
             raise CheckedPathNeeded("the user was erased since the run loaded")
-        bumped = conn.execute(self.bump, self.bump_params).fetchone()
+        bumped = conn.execute(self.bump, {
+            **self.bump_params, "now": when, "now_epoch": int(now.timestamp()), "now_frac": f".{now.microsecond:06d}",
+            "default_expires": _time(now + timedelta(seconds=self.ttl)) if self.ttl else None,
+        }).fetchone()  # fmt: skip
         if bumped is None:
             raise CheckedPathNeeded("the session row moved on since the run loaded")
         version, next_seq = bumped
@@ -175,14 +171,15 @@ class _Commit:
             if deletes:
                 conn.execute(delete, (owner, _json_list(deletes)))
             if rows:
-                conn.executemany(upsert, rows)
+                conn.executemany(upsert, [(*row, when) for row in rows])
         first = next_seq - len(self.messages)
         try:
-            conn.executemany(_MESSAGE, [(m[0], first + m[1], *m[2:]) for m in self.messages])
+            conn.executemany(_MESSAGE, [(m[0], first + i, *m[1:6], when, m[6]) for i, m in enumerate(self.messages)])
             conn.executemany(_TOOL, [(t[0], first + t[1], *t[2:]) for t in self.tools])
         except sqlite3.IntegrityError as exc:  # a message id stored already: the checked path says which
             raise CheckedPathNeeded("a message id is stored already") from exc
-        conn.execute(_RUN, {**self.log, "version": version})
+        log = {**self.log, "committed_at": now, "version": version}
+        conn.execute(_RUN, {k: _time(v) if isinstance(v, datetime) else v for k, v in log.items()})
         return int(version)
 
 

@@ -7,6 +7,10 @@ checked path, so each case is committed both ways and the stored rows must be th
 
 from __future__ import annotations
 
+import sqlite3
+import threading
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,7 +18,7 @@ from agent_framework import Content, Message
 from helpers import rows
 from sqlalchemy import event
 
-from agent_store import Store, fast_commit, sqlite_commit
+from agent_store import ConflictError, InvalidValueError, Store, fast_commit, sqlite_commit
 from agent_store.errors import CheckedPathNeeded
 
 PATHS = [None, "key"]  # no idempotency key: the one-call path; a key: the checked path
@@ -100,8 +104,8 @@ async def test_what_the_one_call_cannot_carry_goes_the_checked_way(
         first = ("_ONE_HOP", sqlite_commit, False)
         real_write = sqlite_commit._Commit._write
 
-        def write_then_refuse(self: Any, conn: Any) -> int:
-            real_write(self, conn)  # every row of the run is written in the transaction ...
+        def write_then_refuse(self: Any, conn: Any, now: Any) -> int:
+            real_write(self, conn, now)  # every row of the run is written in the transaction ...
             raise CheckedPathNeeded("refused late")  # ... and rolled back
 
         second = (sqlite_commit._Commit, "_write", write_then_refuse)
@@ -124,3 +128,51 @@ async def test_what_the_one_call_cannot_carry_goes_the_checked_way(
     assert await rows(store, "SELECT version, messages_written FROM agent_runs ORDER BY version") == [
         (1, 0), (2, 1), (3, 1)
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize("key", PATHS)
+async def test_a_run_that_joined_a_new_session_never_overwrites_keys_it_did_not_read(
+    store: Store, key: str | None
+) -> None:
+    """Two runs load a session that does not exist yet; one creates it, the other joins it. The joiner never
+    read the creator's keys: a later commit of it that writes one of them is a conflict, not a silent overwrite."""
+    joiner = await store.load("s", user_id="u", run_id=key)
+    creator = await store.load("s", user_id="u")
+    creator.session.state["k"] = 1
+    await creator.commit()
+    joiner.session.state["a"] = 1
+    await joiner.commit()  # joins the session the creator made
+    joiner.session.state["k"] = 2
+    with pytest.raises(ConflictError):
+        await joiner.commit()
+    assert (await store.load("s", user_id="u")).session.state["k"] == 1
+
+
+async def test_a_sqlite_commit_that_waited_for_the_write_lock_is_stamped_when_it_wrote(tmp_path: Path) -> None:
+    """The one-hop commit reads its clock once the write lock is held: a commit that waited longer than the
+    session's idle TTL leaves the session alive, stamped from when it wrote (as the checked path does)."""
+    path = tmp_path / "wait.db"
+    async with Store.from_url(f"sqlite+aiosqlite:///{path}", idle_ttl=timedelta(seconds=1)) as store:
+        await store.migrate()
+        async with store.session("s", user_id="u") as session:
+            session.state["n"] = 0
+        run = await store.load("s", user_id="u")
+        run.session.state["n"] = 1
+        holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        holder.execute("BEGIN IMMEDIATE")  # another writer holds the lock for longer than the TTL
+        threading.Timer(1.5, lambda: holder.execute("COMMIT")).start()
+        started = datetime.now(UTC)
+        await run.commit()
+        holder.close()
+        assert datetime.now(UTC) - started >= timedelta(seconds=1.4)  # it did wait
+        loaded = await store.load("s", user_id="u")  # not expired: its expiry counts from the write
+        assert loaded.session.state["n"] == 1
+
+
+@pytest.mark.parametrize("author", [5, {"name": "x"}])
+async def test_an_author_name_that_is_not_text_is_refused_by_name(store: Store, author: Any) -> None:
+    run = await store.load("s", user_id="u")
+    run.history.append(Message(role="assistant", contents=["hi"], author_name=author))
+    with pytest.raises(InvalidValueError, match="must be text"):
+        await run.commit()
+    assert await rows(store, "SELECT count(*) FROM agent_messages") == [(0,)]
