@@ -169,11 +169,6 @@ class StoreCheckpointStorage:
             query = query.where(C.checkpoint_id == (checkpoint_id if _storable(checkpoint_id) else None))
         return [dict(row._mapping) for row in await self._read(query.order_by(C.seq))]
 
-    async def count(self) -> int:
-        """How many checkpoints this storage holds (for this user)."""
-        rows = await self._read(select(func.count()).select_from(checkpoints_t).where(*self._mine()))
-        return int(rows[0][0])
-
     def _mine(self) -> list[Any]:
         return [C.user_id == self._owner]
 

@@ -237,22 +237,26 @@ async def test_saves_racing_an_erasure_land_wholly_before_it_or_are_refused(stor
     """A save takes the user's lock, as erase_user does: none survives the erasure half-counted, and a storage
     made before the erasure cannot write for the user after it; one made after can, from seq 1."""
     before = StoreCheckpointStorage(store, user_id="ann")
-    refused = 0
+    refused, erased = 0, asyncio.Event()
 
     async def saver(k: int) -> None:
         nonlocal refused
-        for n in range(15):
+        after = 0
+        for n in range(10_000):  # saves until the erasure is done, and three after it
+            if erased.is_set() and (after := after + 1) > 3:
+                return
             try:
-                await before.save(checkpoint(100 * k + n))
+                await before.save(checkpoint(100_000 * k + n))
             except WorkflowCheckpointException:
                 refused += 1
 
     async def eraser() -> None:
         await asyncio.sleep(0.05)
         await store.erase_user("ann")
+        erased.set()
 
     await asyncio.gather(*(saver(k) for k in range(3)), eraser())
-    assert refused > 0 and await rows(store, "SELECT count(*) FROM agent_checkpoints") == [(0,)]
+    assert refused >= 9 and await rows(store, "SELECT count(*) FROM agent_checkpoints") == [(0,)]
     await asyncio.sleep(ERASURE_MARGIN.total_seconds() + 0.1)  # the clock-skew margin runs also use
     after = StoreCheckpointStorage(store, user_id="ann")
     for n in range(3):
