@@ -18,6 +18,7 @@ import asyncpg
 import pytest
 from agent_framework import Agent
 from sqlalchemy.engine import make_url
+from standby_pair import StandbyPair
 from throwaway_pg import ThrowawayCluster
 
 from agent_store import Store
@@ -105,6 +106,21 @@ def own_postgres() -> Iterator[ThrowawayCluster]:
 
 
 @pytest.fixture
+def standby_pair() -> Iterator[StandbyPair]:
+    """A private primary with a synchronous hot standby (tests/standby_pair.py), torn down afterwards."""
+    try:
+        pair = StandbyPair().start()
+    except (FileNotFoundError, RuntimeError) as exc:
+        if IN_CI:
+            pytest.fail(f"cannot start a throwaway primary and standby: {exc}")
+        pytest.skip(f"cannot start a throwaway primary and standby: {exc}")
+    try:
+        yield pair
+    finally:
+        pair.destroy()
+
+
+@pytest.fixture
 def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite+aiosqlite:///{tmp_path}/store.db"
 
@@ -135,7 +151,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Give backend-specific tests their backend's name as a keyword, so `-k postgresql` selects them too."""
     for item in items:
         fixtures = getattr(item, "fixturenames", ())
-        if "pg_url" in fixtures or "own_postgres" in fixtures:
+        if {"pg_url", "own_postgres", "standby_pair"} & set(fixtures):
             item.add_marker(pytest.mark.postgresql)
         if "sqlite_url" in fixtures:
             item.add_marker(pytest.mark.sqlite)

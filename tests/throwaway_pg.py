@@ -45,9 +45,10 @@ def _env() -> dict[str, str]:
 class ThrowawayCluster:
     """initdb + pg_ctl in a temp dir. ``with ThrowawayCluster() as pg:`` starts it and destroys it afterwards."""
 
-    def __init__(self) -> None:
+    def __init__(self, extra_opts: str = "") -> None:
         self.tmpdir: Path | None = None
         self.port: int = 0  # chosen by the first start(), then kept across stop()/start()/restart()
+        self.extra_opts = extra_opts  # more "-c name=value" server options
 
     @property
     def datadir(self) -> Path:
@@ -107,7 +108,7 @@ class ThrowawayCluster:
                            "-E", "UTF8", "--locale=C"], timeout=TIMEOUT)  # fmt: skip
                 self.port = _free_port()
             if not self.running():
-                opts = f"-p {self.port} -k {self.tmpdir} {SERVER_OPTS}"
+                opts = f"-p {self.port} -k {self.tmpdir} {SERVER_OPTS} {self.extra_opts}"
                 self._run([pg_bin("pg_ctl"), "start", "-w", "-t", str(TIMEOUT), "-D", str(self.datadir),
                            "-l", str(self.logfile), "-o", opts])  # fmt: skip
         except BaseException:
