@@ -69,6 +69,7 @@ class ErasureReport(_Model):
     state_rows: int
     user_state_rows: int
     checkpoints: int = 0  # workflow checkpoints saved with this user_id
+    batches: int = 0  # transactions it took (the last one deletes the user's own rows and leaves the fence)
 
 
 class TransferReport(_Model):

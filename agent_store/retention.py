@@ -7,10 +7,11 @@ a run committing at the same moment, and a racing commit lands wholly before the
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import ColumnElement, Row, Table, delete, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -31,6 +32,8 @@ from .tables import (
 
 S = sessions_t.c
 FENCE_KEPT = timedelta(days=7)
+BATCH_MESSAGES = 10_000  # messages one retention transaction deletes at most (see _within)
+ERASE_BATCH = 500  # sessions one erasure transaction deletes at most
 
 
 def user_key(user_id: str) -> str:
@@ -45,30 +48,51 @@ async def erased_since(db: AsyncConnection, user_id: str, since: datetime) -> bo
     return found.first() is not None
 
 
-async def purge_expired(db: Database, batch_size: int, progress: Callable[[int], None] | None) -> int:
-    """Delete expired sessions, ``batch_size`` per short transaction; returns how many were deleted."""
-    codec.check_int(batch_size, "batch_size", low=1, high=100_001)
+def _within(picked: Sequence[Row[Any, Any]], batch_messages: int) -> list[str]:
+    """The first sessions of ``picked`` (id, next_seq) whose messages fit ``batch_messages``; at least one.
+
+    ``next_seq`` counts every message a session ever had (truncated ones too): an upper bound, so a batch never
+    deletes more than the budget, except a single session larger than it, which is a batch of its own."""
+    ids: list[str] = []
+    messages = 0
+    for session_id, next_seq in picked:
+        if ids and messages + next_seq > batch_messages:
+            break
+        ids.append(session_id)
+        messages += next_seq
+    return ids
+
+
+async def purge_expired(
+    db: Database, batch_size: int, batch_messages: int, progress: Callable[[int], None] | None
+) -> int:
+    """Delete expired sessions in short transactions of at most ``batch_size`` sessions and ``batch_messages``
+    messages; returns how many were deleted."""
+    codec.check_int(batch_size, "batch_size", low=1, high=10_001)
+    codec.check_int(batch_messages, "batch_messages", low=1, high=10_000_001)
     total = 0
     with telemetry.operation("purge") as span:
         while True:
             async with db.transaction(write=True, doing="purging expired sessions") as conn:
                 # SKIP LOCKED (PostgreSQL): a session a live run is committing to is left for the next purge.
-                batch = (
-                    select(S.id)
+                picked = await conn.execute(
+                    select(S.id, S.next_seq)
                     .where(S.expires_at <= datetime.now(UTC))
-                    .order_by(S.expires_at)
+                    .order_by(S.expires_at, S.id)
                     .limit(batch_size)
                     .with_for_update(skip_locked=True)
                 )
-                deleted = (await conn.execute(delete(sessions_t).where(S.id.in_(batch.scalar_subquery())))).rowcount
+                ids = _within(picked.all(), batch_messages)
+                if ids:  # messages, state, runs and tool calls cascade
+                    await conn.execute(delete(sessions_t).where(S.id.in_(ids)))
                 if not total:  # erasure fences older than any run can be in flight
                     old = datetime.now(UTC) - FENCE_KEPT
                     await conn.execute(delete(erasures_t).where(erasures_t.c.erased_at < old))
-            total += deleted
-            if progress is not None:
-                progress(deleted)
-            if deleted < batch_size:
+            if not ids:
                 break
+            total += len(ids)
+            if progress is not None:
+                progress(len(ids))
         span.set_attribute("sessions", total)
     telemetry.sessions_purged.add(total)
     return total
@@ -79,38 +103,67 @@ async def count_expired(db: Database) -> int:
         return int((await conn.execute(select(func.count()).where(S.expires_at <= datetime.now(UTC)))).scalar_one())
 
 
-async def erase_user(db: Database, user_id: str) -> ErasureReport:
+async def erase_user(
+    db: Database, user_id: str, batch_messages: int, progress: Callable[[int], None] | None
+) -> ErasureReport:
     """Delete every session, message, state row, user-scoped key, workflow checkpoint and AG-UI snapshot (scope
-    = the user id) of ``user_id``, in one transaction."""
+    = the user id) of ``user_id``.
+
+    Sessions go in short transactions of at most ``ERASE_BATCH`` sessions and ``batch_messages`` messages, so no
+    lock is held for long; the last transaction finds no session left and deletes the user's own rows and
+    leaves the fence. Every transaction takes the user's lock first (commits that create a session of the user
+    or write its ``user:`` keys take it first too), then the session rows: a commit in flight on one of them
+    lands wholly before its batch (and is erased) or finds the session gone. Sessions created while the erasure
+    runs are erased by a later batch; after the last one, the fence refuses runs that loaded before it. An
+    interrupted erasure leaves whole sessions only: run it again to finish.
+    """
     codec.check_id(user_id, "user_id", required=True)
-    mine = select(S.id).where(S.user_id == user_id)
-    count = func.count()
-    async with db.transaction(write=True, doing="erasing a user") as conn:
-        # The user's lock first (commits writing user: keys or creating a session of the user take it first
-        # too), then the session rows: a commit in flight on one of them finishes before the counts below.
-        await lock_user(conn, user_id, exclusive=True)
-        sessions = len((await conn.execute(mine.with_for_update())).all())
-        ids = mine.scalar_subquery()
-        n_messages = (
-            await conn.execute(select(count).select_from(messages_t).where(messages_t.c.session_id.in_(ids)))
-        ).scalar_one()
-        n_state = (
-            await conn.execute(select(count).select_from(state_t).where(state_t.c.session_id.in_(ids)))
-        ).scalar_one()
-        n_user = (await conn.execute(delete(user_state_t).where(user_state_t.c.user_id == user_id))).rowcount
-        await conn.execute(delete(sessions_t).where(S.user_id == user_id))  # messages, state, runs cascade
-        n_checkpoints = (await conn.execute(delete(checkpoints_t).where(checkpoints_t.c.user_id == user_id))).rowcount
-        await conn.execute(delete(checkpoint_workflows_t).where(checkpoint_workflows_t.c.user_id == user_id))
-        await conn.execute(delete(ui_snapshots_t).where(ui_snapshots_t.c.scope == user_id))  # AG-UI: scope = user
-        # A fence for runs still in flight: they loaded before now and may not write for this user after it.
-        fence = {"user_key": user_key(user_id), "erased_at": datetime.now(UTC)}
-        upsert = (postgresql if conn.dialect.name == "postgresql" else sqlite).insert(erasures_t)
-        await conn.execute(upsert.on_conflict_do_update(index_elements=["user_key"], set_=fence), fence)
-    return ErasureReport(
-        user_id=user_id,
-        sessions=sessions,
-        messages=n_messages,
-        state_rows=n_state,
-        user_state_rows=n_user,
-        checkpoints=n_checkpoints,
-    )
+    codec.check_int(batch_messages, "batch_messages", low=1, high=10_000_001)
+    n = dict.fromkeys(("sessions", "messages", "state_rows", "batches"), 0)
+    with telemetry.operation("erase_user"):
+        while True:
+            async with db.transaction(write=True, doing="erasing a user") as conn:
+                await lock_user(conn, user_id, exclusive=True)
+                picked = await conn.execute(
+                    select(S.id, S.next_seq)
+                    .where(S.user_id == user_id)
+                    .order_by(S.id)
+                    .limit(ERASE_BATCH)
+                    .with_for_update()
+                )
+                if ids := _within(picked.all(), batch_messages):
+                    # The batch is the user's sessions up to the last id picked (the user's lock keeps others
+                    # from creating one meanwhile): a range of the user's index, not a list of ids.
+                    batch = (S.user_id == user_id) & (S.id <= ids[-1])
+                    n["messages"] += await _count(conn, messages_t, batch)
+                    n["state_rows"] += await _count(conn, state_t, batch)
+                    await conn.execute(delete(sessions_t).where(batch))  # messages, state, runs cascade
+                else:
+                    user_rows, checkpoints = await _erase_user_rows(conn, user_id)
+            n["batches"] += 1
+            if not ids:
+                return ErasureReport(user_id=user_id, user_state_rows=user_rows, checkpoints=checkpoints, **n)
+            n["sessions"] += len(ids)
+            if progress is not None:
+                progress(len(ids))
+
+
+async def _count(conn: AsyncConnection, table: Table, sessions: ColumnElement[bool]) -> int:
+    """Rows of ``table`` in these sessions, counted session by session (an index range each, as the cascade
+    deletes them): one count over hundreds of sessions may be planned as a scan of the whole table."""
+    per_session = select(func.count()).where(table.c.session_id == S.id).scalar_subquery()
+    found = await conn.execute(select(func.coalesce(func.sum(per_session), 0)).where(sessions))
+    return int(found.scalar_one())
+
+
+async def _erase_user_rows(conn: AsyncConnection, user_id: str) -> tuple[int, int]:
+    """The user's rows outside sessions, and the fence (the erasure's last transaction): (user: keys, checkpoints)."""
+    user_rows = (await conn.execute(delete(user_state_t).where(user_state_t.c.user_id == user_id))).rowcount
+    checkpoints = (await conn.execute(delete(checkpoints_t).where(checkpoints_t.c.user_id == user_id))).rowcount
+    await conn.execute(delete(checkpoint_workflows_t).where(checkpoint_workflows_t.c.user_id == user_id))
+    await conn.execute(delete(ui_snapshots_t).where(ui_snapshots_t.c.scope == user_id))  # AG-UI: scope = user
+    # A fence for runs still in flight: they loaded before now and may not write for this user after it.
+    fence = {"user_key": user_key(user_id), "erased_at": datetime.now(UTC)}
+    upsert = (postgresql if conn.dialect.name == "postgresql" else sqlite).insert(erasures_t)
+    await conn.execute(upsert.on_conflict_do_update(index_elements=["user_key"], set_=fence), fence)
+    return user_rows, checkpoints

@@ -219,9 +219,16 @@ class Store:
         """Delete a session's messages, keeping the session and its state; returns how many were deleted."""
         return await lifecycle.clear(self.db, session_id, user_id)
 
-    async def purge_expired(self, *, batch_size: int = 500, progress: Callable[[int], None] | None = None) -> int:
-        """Delete every expired session, in batches of short transactions; returns how many were deleted."""
-        return await retention.purge_expired(self.db, batch_size, progress)
+    async def purge_expired(
+        self,
+        *,
+        batch_size: int = 500,
+        batch_messages: int = retention.BATCH_MESSAGES,
+        progress: Callable[[int], None] | None = None,
+    ) -> int:
+        """Delete every expired session, in short transactions of at most ``batch_size`` sessions and
+        ``batch_messages`` messages (``progress`` is called with each batch's count); returns how many."""
+        return await retention.purge_expired(self.db, batch_size, batch_messages, progress)
 
     async def purge_checkpoints(self, older_than: timedelta, *, keep_latest: bool = True, batch_size: int = 500) -> int:
         """Delete workflow checkpoints saved more than ``older_than`` ago, in batches; each workflow's latest
@@ -234,9 +241,16 @@ class Store:
         """How many sessions ``purge_expired`` would delete now."""
         return await retention.count_expired(self.db)
 
-    async def erase_user(self, user_id: str) -> ErasureReport:
-        """Delete every session, message and state row of a user, user-scoped memory included."""
-        return await retention.erase_user(self.db, user_id)
+    async def erase_user(
+        self,
+        user_id: str,
+        *,
+        batch_messages: int = retention.BATCH_MESSAGES,
+        progress: Callable[[int], None] | None = None,
+    ) -> ErasureReport:
+        """Delete every session, message and state row of a user, user-scoped memory, workflow checkpoints and
+        AG-UI snapshots included, in short transactions (see ``retention.erase_user``); run again if interrupted."""
+        return await retention.erase_user(self.db, user_id, batch_messages, progress)
 
     async def fork(
         self, session_id: str, *, user_id: str | None = None, at_seq: int | None = None, new_id: str | None = None

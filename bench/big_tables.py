@@ -101,6 +101,34 @@ async def full_scans(store: Store, statement: str, parameters: Any) -> list[str]
         return [d for d in details if d.startswith("SCAN") and "USING" not in d and any(t in d for t in tables)]
 
 
+async def retention_at_size(store: Store, *, heavy: int, expired: int) -> dict[str, tuple[list[float], list[str]]]:
+    """Give ``user-heavy`` the first ``heavy`` sessions and expire the next ``expired``; then erase that user and
+    purge. Returns, per operation, each batch's duration (seconds, from one batch's end to the next) and the
+    tables its reads scanned whole."""
+    import itertools
+    import time
+
+    async with store.engine.begin() as conn:
+        await conn.execute(text("UPDATE agent_sessions SET user_id = 'user-heavy' WHERE id IN"
+                                " (SELECT id FROM agent_sessions ORDER BY id LIMIT :n)"), {"n": heavy})  # fmt: skip
+        await conn.execute(text("UPDATE agent_sessions SET expires_at = :t WHERE id IN (SELECT id FROM agent_sessions"
+                                " WHERE user_id <> 'user-heavy' ORDER BY id LIMIT :n)"),
+                           {"n": expired, "t": datetime(2000, 1, 1, tzinfo=UTC)})  # fmt: skip
+    results: dict[str, tuple[list[float], list[str]]] = {}
+    operations = {
+        f"erase_user ({heavy} sessions)": lambda progress: store.erase_user("user-heavy", progress=progress),
+        f"purge_expired ({expired} sessions)": lambda progress: store.purge_expired(progress=progress),
+    }
+    for name, operation in operations.items():
+        ends = [time.perf_counter()]
+        with reads_sent(store) as statements:
+            await operation(lambda count, ends=ends: ends.append(time.perf_counter()))
+        durations = [b - a for a, b in itertools.pairwise(ends)]
+        scans = [scan for s, p in statements for scan in await full_scans(store, s, p)]
+        results[name] = (durations, scans)
+    return results
+
+
 async def check_big(url: str, sessions: int, per_session: int, users: int) -> list[tuple[str, float, list[str]]]:
     """Fill a fresh store, then time each hot read and report the tables it reads whole (none, hopefully)."""
     import re
@@ -146,6 +174,11 @@ async def check_big(url: str, sessions: int, per_session: int, users: int) -> li
             results.append(
                 ("README: " + sql[:60] + "...", statistics.median(timings) * 1e3, await full_scans(store, sql, None))
             )
+        heavy, expired = sessions // 20, sessions // 10
+        for name, (durations, scans) in (await retention_at_size(store, heavy=heavy, expired=expired)).items():
+            each = ", ".join(f"{d * 1e3:.0f}" for d in durations)
+            results.append((f"{name}: {len(durations)} batches, max {max(durations) * 1e3:.0f} ms; each: {each}",
+                            statistics.median(durations) * 1e3, scans))  # fmt: skip
     return results
 
 

@@ -138,6 +138,49 @@ async def test_purge_expired_deletes_in_batches_and_spares_live_sessions(store: 
     assert await rows(store, "SELECT count(*) FROM agent_messages") == [(2,)]
 
 
+async def test_retention_batches_are_bounded_by_messages_too(store: Store, agent: Agent) -> None:
+    """Each expired session holds 2 messages: with room for 5 a batch takes 2 sessions; a session larger than
+    the room (4 messages, room for 3) is a batch of its own."""
+    for i in range(7):
+        await chat(store, agent, f"old{i}", "hi")
+    async with store.engine.begin() as conn:
+        past = datetime.now(UTC) - timedelta(minutes=5)
+        await conn.execute(text("UPDATE agent_sessions SET expires_at = :t"), {"t": past})
+    batches: list[int] = []
+    assert await store.purge_expired(batch_size=3, batch_messages=5, progress=batches.append) == 7
+    assert batches == [2, 2, 2, 1]
+
+    await chat(store, agent, "a", "hi", "there", user_id="li")
+    await chat(store, agent, "b", "hi", user_id="li")
+    erased: list[int] = []
+    report = await store.erase_user("li", batch_messages=3, progress=erased.append)
+    assert (erased, report.batches, report.sessions, report.messages) == ([1, 1], 3, 2, 6)
+    assert await rows(store, "SELECT count(*) FROM agent_messages") == [(0,)]
+
+
+async def test_an_interrupted_erasure_leaves_whole_sessions_and_finishes_when_run_again(
+    store: Store, agent: Agent
+) -> None:
+    await chat(store, agent, "a", "hi", user_id="li")
+    await chat(store, agent, "b", "hi", "there", user_id="li")
+    async with store.session("a", user_id="li") as session:
+        session.state["user:name"] = "李明"
+
+    def interrupt(count: int) -> None:
+        raise KeyboardInterrupt  # after the first batch committed: the process is stopped
+
+    with pytest.raises(KeyboardInterrupt):
+        await store.erase_user("li", batch_messages=1, progress=interrupt)
+    assert await rows(store, "SELECT id, next_seq FROM agent_sessions") == [("b", 4)]
+    assert await rows(store, "SELECT count(*) FROM agent_messages") == [(4,)]  # b whole, a wholly gone
+    assert await rows(store, "SELECT count(*) FROM agent_user_state") == [(1,)]
+    report = await store.erase_user("li")
+    assert (report.sessions, report.messages, report.user_state_rows) == (1, 4, 1)
+    assert await rows(
+        store, "SELECT (SELECT count(*) FROM agent_sessions) + (SELECT count(*) FROM agent_user_state)"
+    ) == [(0,)]
+
+
 async def test_erase_user_removes_everything_of_that_user_only(store: Store, agent: Agent) -> None:
     await chat(store, agent, "a", "hi", "there", user_id="li")
     await chat(store, agent, "b", "hi", user_id="li")

@@ -12,12 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import rows
 from sqlalchemy import text
 
 from agent_store import Store
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-from big_tables import fill, full_scans, reads_sent
+from big_tables import fill, full_scans, reads_sent, retention_at_size
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
 
@@ -63,3 +64,15 @@ async def test_the_readme_sql_uses_indexes(big: Store) -> None:
         assert await full_scans(big, sql, None) == [], sql
         async with big.engine.connect() as conn:
             await conn.execute(text(sql))
+
+
+async def test_retention_at_size_runs_in_bounded_index_served_batches(big: Store) -> None:
+    """1,000 sessions (5,000 messages) erased with their user and 2,000 purged: every batch deletes at most
+    BATCH_MESSAGES messages (5 per session here) and 500 sessions, and no read scans a big table whole."""
+    results = await retention_at_size(big, heavy=1_000, expired=2_000)
+    (erase_batches, erase_scans), (purge_batches, purge_scans) = results.values()
+    assert (erase_scans, purge_scans) == ([], [])
+    assert len(erase_batches) == 2 and len(purge_batches) == 4  # 500 sessions x 5 messages: the session bound
+    assert await rows(big, "SELECT count(*) FROM agent_sessions WHERE user_id = 'user-heavy'") == [(0,)]
+    assert await rows(big, "SELECT count(*) FROM agent_sessions") == [(17_000,)]
+    assert await rows(big, "SELECT count(*) FROM agent_messages") == [(85_000,)]
