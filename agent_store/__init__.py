@@ -13,7 +13,16 @@ from .errors import (
     SessionNotFoundError,
     StorageUnavailableError,
 )
-from .models import CommitResult, ErasureReport, MessageRecord, SessionInfo, SessionPage, TransferReport
+from .models import (
+    CommitResult,
+    ErasureReport,
+    MessageRecord,
+    SearchHit,
+    SearchPage,
+    SessionInfo,
+    SessionPage,
+    TransferReport,
+)
 from .retry import retry_on_conflict
 from .run import Run, run_of
 from .store import Store
@@ -30,6 +39,8 @@ __all__ = [
     "SchemaError",
     "SchemaOutOfDateError",
     "SchemaTooNewError",
+    "SearchHit",
+    "SearchPage",
     "SessionClosedError",
     "SessionExpiredError",
     "SessionInfo",

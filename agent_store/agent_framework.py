@@ -30,12 +30,14 @@ from .delta import close_tool_pairs, pair_safe_tail
 from .errors import InvalidValueError, SessionNotFoundError
 from .run import Run, run_of
 from .run_middleware import ContinueLocally, ResultSizeGuard, ToolResultTooLargeError, service_keeps_history
+from .search_tool import SearchHistoryProvider
 
 if TYPE_CHECKING:
     from .store import Store
 
 __all__ = [
     "MemoryProvider",
+    "SearchHistoryProvider",
     "StoreCheckpointStorage",
     "StoreHistoryProvider",
     "StoreSessionStore",

@@ -60,6 +60,27 @@ class MessageRecord(_Model):
     body: dict[str, Any]
 
 
+class SearchHit(_Model):
+    """One message that matched a search: where it is, who said it, and the text around the match."""
+
+    session_id: str
+    seq: int
+    role: str
+    author_name: str | None
+    created_at: datetime
+    title: str | None  # the session's
+    snippet: str  # up to ~120 characters around the first match ("…" where cut)
+    marks: list[tuple[int, int]]  # (start, end) of each match within ``snippet``
+    rank: int  # how many of the query's terms the message holds
+
+
+class SearchPage(_Model):
+    """A page of hits, best first; pass ``next_cursor`` back for the next page (None: no more)."""
+
+    items: list[SearchHit]
+    next_cursor: str | None
+
+
 class ErasureReport(_Model):
     """What ``erase_user`` removed."""
 

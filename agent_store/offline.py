@@ -8,6 +8,7 @@ given, which is what makes it a test of persistence: it can name the user only i
 - "我叫什么名字？" / "what is my name?" -> the name found in earlier user messages, or "I don't know"
 - instructions mentioning 翻译/translat -> "[译] <text>";  摘要/summar -> "摘要：<start of text>"
 - a user message "call <tool>" with that tool offered -> a function call, then a reply with its result
+- "search <words>" / "搜索 <words>" with a ``search_history`` tool offered -> search_history(query=<words>)
 - a name told while a ``remember`` tool is offered -> remember(key="name", value=<name>), then the greeting
 - asked the name with none in the history -> the name from remembered facts in the instructions ("- name: X")
 
@@ -39,6 +40,7 @@ _TELL = re.compile(r"(?:我叫(?!什么)|my name is\s+(?!what))([^\s，。,.!！
 _ASK = re.compile(r"我叫什么|what(?:'s| is) my name", re.IGNORECASE)
 _REMEMBERED = re.compile(r"^- name: (\S+)$", re.MULTILINE)  # MemoryProvider's instructions
 _CALL = re.compile(r"\bcall (\w+)", re.IGNORECASE)
+_SEARCH = re.compile(r"^(?:search(?: for)?|搜索|查找)\s*[:：]?\s*(.+)$", re.IGNORECASE)
 
 
 def answer(messages: Sequence[Message], instructions: str = "") -> str:
@@ -96,6 +98,8 @@ class OfflineChatClient(
         text = (last.text or "") if last is not None and last.role == "user" else ""
         if (call := _CALL.search(text)) and call.group(1) in tools:
             return _call(call.group(1), {})
+        if (asked := _SEARCH.search(text.strip())) and "search_history" in tools:
+            return _call("search_history", {"query": asked.group(1)})
         if (told := _TELL.search(text)) and "remember" in tools:
             return _call("remember", {"key": "name", "value": told.group(1)})
         return Message(role="assistant", contents=[answer(messages, instructions)])

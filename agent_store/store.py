@@ -13,12 +13,12 @@ from agent_framework import AgentSession
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from . import branching, codec, lifecycle, retention, transfer
+from . import branching, codec, lifecycle, retention, search, transfer
 from .database import Database, Settings
 from .engine import make_engine
 from .errors import InvalidValueError
 from .loading import load
-from .models import ErasureReport, MessageRecord, SessionInfo, SessionPage, TransferReport
+from .models import ErasureReport, MessageRecord, SearchPage, SessionInfo, SessionPage, TransferReport
 from .run import Run
 
 
@@ -194,6 +194,22 @@ class Store:
             self.db, user_id=user_id, all_users=all_users, agent_id=agent_id, metadata=metadata, limit=limit,
             cursor=cursor,
         )  # fmt: skip
+
+    async def search(
+        self,
+        query: str,
+        *,
+        user_id: str,
+        session_id: str | None = None,
+        agent_id: str | None = None,
+        limit: int = 20,
+        cursor: str | None = None,
+    ) -> SearchPage:
+        """Messages of ``user_id``'s sessions that match ``query``, best first (see ``agent_store.search``):
+        words, ``"phrases"``, ``OR``, ``-exclusions``; Chinese matches inside words. Reads from the replica."""
+        return await search.search(
+            self.db, query, user_id=user_id, session_id=session_id, agent_id=agent_id, limit=limit, cursor=cursor
+        )
 
     async def get(self, session_id: str, *, user_id: str | None = None) -> SessionInfo:
         """One session's summary. Raises ``SessionNotFoundError`` (also for another user's session)."""
