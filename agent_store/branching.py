@@ -80,7 +80,7 @@ async def fork(db: Database, session_id: str, user_id: str | None, at_seq: int |
         cut = await _paired_cut(conn, session_id, last if at_seq is None else at_seq)
         row = {c.name: getattr(source, c.name) for c in sessions_t.c}
         row.update(id=new_id, incarnation=new_stamp(), version=0, next_seq=cut + 1, created_at=now, updated_at=now,
-                   last_run_at=None, closed_at=None)  # fmt: skip
+                   last_run_at=None, closed_at=None, forked_from=session_id, forked_at_seq=cut)  # fmt: skip
         row["metadata"] = codec.dumps(row["metadata"] or {}, where="metadata")
         row["service_session_id"] = None  # a service-side thread cannot be branched from here
         insert = (postgresql if conn.dialect.name == "postgresql" else sqlite).insert(sessions_t)

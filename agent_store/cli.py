@@ -16,6 +16,7 @@ import click
 from .cli_checkpoints import checkpoints
 from .cli_search import search
 from .cli_support import json_option, print_json, print_table, progress, runs_async, url_option, user_option
+from .errors import redact
 from .store import Store
 
 
@@ -55,7 +56,7 @@ async def upgrade(url: str | None, revision: str, as_json: bool) -> None:
     async with Store.from_url(url, check_schema=False) as store:
         await store.migrate(revision)
         reached = await store.db.revision()
-        where = store.url.render_as_string(hide_password=True)
+        where = redact(store.url)
     print_json({"url": where, "revision": reached}) if as_json else click.echo(f"{where}: schema at {reached}")
 
 
@@ -69,7 +70,7 @@ async def check(url: str | None, as_json: bool) -> None:
 
     async with Store.from_url(url) as store:
         await store.db.check_schema()
-        where = store.url.render_as_string(hide_password=True)
+        where = redact(store.url)
     if as_json:
         print_json({"ok": True, "url": where, "revision": SCHEMA_REVISION})
     else:

@@ -66,7 +66,7 @@ class Database:
             self._writer = engine
             self._single = engine.execution_options(isolation_level="AUTOCOMMIT")
         self._replica: AsyncEngine | None = None
-        self._schema_ok = not check_schema
+        self._schema_ok = self._replica_schema_ok = not check_schema
         self.driver = DriverPath(engine.dialect)  # a run's load and commit, straight on the driver
 
     def use_replica(self, replica: AsyncEngine) -> None:
@@ -93,7 +93,9 @@ class Database:
         ``replica`` reads (listings, transcripts, exports, stats) go to the replica when there is one.
         ``committing`` is called just before COMMIT is sent: from then on, a failure leaves the outcome unknown.
         """
-        with translated(self.url, doing):
+        on_replica = replica and not write and self._replica is not None
+        # An error names the server it came from: the replica's URL for a replica read.
+        with translated(self._replica.url if on_replica and self._replica else self.url, doing):
             if held is not None:
                 try:
                     yield held
@@ -106,8 +108,10 @@ class Database:
                         committing()
                     await self.release(held, commit=True)
                 return
-            await self.check_schema()
-            source = self._writer if write else self._replica if replica and self._replica else self._reader
+            await self.check_schema(
+                replica=on_replica
+            )  # a replica read needs only the replica (the primary may be down)
+            source = self._replica if on_replica and self._replica else self._writer if write else self._reader
             conn = await checkout(source)
             try:
                 await conn.begin()
@@ -195,7 +199,14 @@ class Database:
                 raise
             return conn
 
-    async def check_schema(self) -> None:
+    async def check_schema(self, *, replica: bool = False) -> None:
+        if replica and self._replica is not None:
+            if not self._replica_schema_ok:
+                with translated(self._replica.url, "checking the replica's schema"):
+                    async with self._replica.connect() as conn:
+                        await check_schema(conn, self._replica.url)
+                self._replica_schema_ok = True
+            return
         if not self._schema_ok:
             with translated(self.url, "checking the schema"):
                 async with self.engine.connect() as conn:
@@ -236,7 +247,7 @@ class Database:
                     getattr(command, verb)(config, revision)
 
                 await conn.run_sync(run)
-        self._schema_ok = False
+        self._schema_ok = self._replica_schema_ok = False
 
     async def revision(self) -> str | None:
         with translated(self.url, "reading the schema revision"):

@@ -19,6 +19,7 @@ from typing import Any
 from agent_framework import Agent
 from sqlalchemy import text
 
+from .errors import redact
 from .offline import OfflineChatClient
 from .store import Store
 
@@ -37,7 +38,7 @@ async def turn_one(url: str | None, chat_id: str, say: Callable[[str], None]) ->
     agent = Agent(client=OfflineChatClient(), name="Assistant", instructions="友好的助手")
     async with Store.from_url(url) as store:
         await store.migrate()
-        say(f"database: {store.url.render_as_string(hide_password=True)} (migrated to head)")
+        say(f"database: {redact(store.url)} (migrated to head)")
         async with store.session(chat_id, user_id="li-ming") as session:
             session.state["preferences"] = {"theme": "dark", "language": "zh"}
             turn = count_turn(session.state)

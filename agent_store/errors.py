@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.engine import URL
+from sqlalchemy.engine import URL, make_url
 
 
 class AgentStoreError(Exception):
@@ -117,10 +117,15 @@ class DatabaseError(AgentStoreError):
 
 
 def redact(url: URL | str) -> str:
-    """Render a database URL for messages, with the password replaced by ***."""
-    if isinstance(url, URL):
-        return url.render_as_string(hide_password=True)
-    return str(url)
+    """Render a database URL for messages, with its passwords replaced by *** (also one given in the query
+    string, e.g. ``?password=...``, which asyncpg accepts)."""
+    if not isinstance(url, URL):
+        try:
+            url = make_url(url)
+        except Exception:
+            return "(a database URL that could not be parsed)"
+    secrets = {k: "***" for k in url.query if k.lower() in ("password", "sslpassword")}
+    return url.update_query_dict(secrets).render_as_string(hide_password=True)
 
 
 def _first_line(exc: BaseException) -> str:

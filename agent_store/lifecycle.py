@@ -11,7 +11,7 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, delete, func, literal, select, text, tuple_, update
+from sqlalchemy import ColumnElement, and_, delete, func, literal, or_, select, text, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from . import codec
@@ -46,6 +46,8 @@ def info(row: Any) -> SessionInfo:
         last_run_at=row.last_run_at,
         closed_at=row.closed_at,
         expires_at=row.expires_at,
+        forked_from=row.forked_from,
+        forked_at_seq=row.forked_at_seq,
     )
 
 
@@ -62,6 +64,8 @@ _INFO_COLUMNS = (
     S.last_run_at,
     S.closed_at,
     S.expires_at,
+    S.forked_from,
+    S.forked_at_seq,
 )
 
 
@@ -99,7 +103,10 @@ async def list_sessions(
     metadata: dict[str, Any] | None,
     limit: int,
     cursor: str | None,
+    status: str | None = None,
 ) -> SessionPage:
+    if status not in (None, "active", "closed", "expired"):
+        raise InvalidValueError(f'status must be "active", "closed", "expired" or None, not {status!r}')
     if type(limit) is not int or not 1 <= limit <= 1000:
         raise InvalidValueError(f"limit must be an int from 1 to 1000, not {limit!r}")
     codec.check_id(user_id, "user_id")
@@ -114,6 +121,14 @@ async def list_sessions(
             query = query.where(S.agent_id == agent_id)
         if metadata:
             query = query.where(*_metadata_filter(conn, metadata))
+        if status is not None:  # active: open and not expired; closed wins over expired
+            now = datetime.now(UTC)
+            unexpired = or_(S.expires_at.is_(None), S.expires_at > now)
+            query = query.where(
+                S.closed_at.isnot(None) if status == "closed"
+                else and_(S.closed_at.is_(None), S.expires_at <= now) if status == "expired"
+                else and_(S.closed_at.is_(None), unexpired)
+            )  # fmt: skip
         if cursor is not None:  # keyset pagination: resume strictly after the last row of the previous page
             query = query.where(tuple_(S.updated_at, S.id) < tuple_(*_decode_cursor(cursor)))
         query = query.order_by(S.updated_at.desc(), S.id.desc()).limit(limit + 1)

@@ -37,6 +37,8 @@ class SessionInfo(_Model):
     last_run_at: datetime | None
     closed_at: datetime | None
     expires_at: datetime | None
+    forked_from: str | None = None  # Store.fork: the session this one was branched from ...
+    forked_at_seq: int | None = None  # ... and the last message it copied
 
 
 class SessionPage(_Model):

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, Row, Table, delete, func, select
+from sqlalchemy import ColumnElement, Row, Table, delete, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -30,7 +30,7 @@ from .tables import (
     user_state_t,
 )
 
-S = sessions_t.c
+S, M = sessions_t.c, messages_t.c
 FENCE_KEPT = timedelta(days=7)
 BATCH_MESSAGES = 10_000  # messages one retention transaction deletes at most (see _within)
 ERASE_BATCH = 500  # sessions one erasure transaction deletes at most
@@ -63,6 +63,26 @@ def _within(picked: Sequence[Row[Any, Any]], batch_messages: int) -> list[str]:
     return ids
 
 
+async def _take(
+    conn: AsyncConnection, picked: Sequence[Row[Any, Any]], batch_messages: int, *, close: bool
+) -> tuple[list[str], int]:
+    """This batch: (sessions to delete whole, messages deleted from the start of a session too big for one).
+
+    A session with more than ``batch_messages`` messages left loses its oldest ``batch_messages`` per batch
+    (under its row lock, which the caller holds; ``close``: it is closed first, so no run commits to it
+    meanwhile) until the rest fits a batch, then goes whole: no transaction deletes more than the budget."""
+    ids = _within(picked, batch_messages)
+    if len(ids) == 1 and picked[0].next_seq > batch_messages:
+        low = (await conn.execute(select(func.min(M.seq)).where(M.session_id == ids[0]))).scalar_one()
+        if low is not None and picked[0].next_seq - low > batch_messages:
+            if close:
+                closed = {"closed_at": func.coalesce(S.closed_at, datetime.now(UTC))}
+                await conn.execute(update(sessions_t).where(S.id == ids[0]).values(closed))
+            oldest = delete(messages_t).where(M.session_id == ids[0], M.seq < low + batch_messages)
+            return [], (await conn.execute(oldest)).rowcount
+    return ids, 0
+
+
 async def purge_expired(
     db: Database, batch_size: int, batch_messages: int, progress: Callable[[int], None] | None
 ) -> int:
@@ -70,7 +90,7 @@ async def purge_expired(
     messages; returns how many were deleted."""
     codec.check_int(batch_size, "batch_size", low=1, high=10_001)
     codec.check_int(batch_messages, "batch_messages", low=1, high=10_000_001)
-    total = 0
+    total, first = 0, True
     with telemetry.operation("purge") as span:
         while True:
             async with db.transaction(write=True, doing="purging expired sessions") as conn:
@@ -82,13 +102,14 @@ async def purge_expired(
                     .limit(batch_size)
                     .with_for_update(skip_locked=True)
                 )
-                ids = _within(picked.all(), batch_messages)
+                ids, trimmed = await _take(conn, picked.all(), batch_messages, close=False)
                 if ids:  # messages, state, runs and tool calls cascade
                     await conn.execute(delete(sessions_t).where(S.id.in_(ids)))
-                if not total:  # erasure fences older than any run can be in flight
+                if first:  # erasure fences older than any run can be in flight
                     old = datetime.now(UTC) - FENCE_KEPT
                     await conn.execute(delete(erasures_t).where(erasures_t.c.erased_at < old))
-            if not ids:
+            first = False
+            if not ids and not trimmed:
                 break
             total += len(ids)
             if progress is not None:
@@ -110,12 +131,14 @@ async def erase_user(
     = the user id) of ``user_id``.
 
     Sessions go in short transactions of at most ``ERASE_BATCH`` sessions and ``batch_messages`` messages, so no
-    lock is held for long; the last transaction finds no session left and deletes the user's own rows and
+    lock is held for long (a bigger session is closed and emptied oldest-first, see ``_take``); the last
+    transaction finds no session left and deletes the user's own rows and
     leaves the fence. Every transaction takes the user's lock first (commits that create a session of the user
     or write its ``user:`` keys take it first too), then the session rows: a commit in flight on one of them
     lands wholly before its batch (and is erased) or finds the session gone. Sessions created while the erasure
     runs are erased by a later batch; after the last one, the fence refuses runs that loaded before it. An
-    interrupted erasure leaves whole sessions only: run it again to finish.
+    interrupted erasure leaves whole sessions (and at most one closed session missing its oldest messages): run
+    it again to finish.
     """
     codec.check_id(user_id, "user_id", required=True)
     codec.check_int(batch_messages, "batch_messages", low=1, high=10_000_001)
@@ -131,17 +154,19 @@ async def erase_user(
                     .limit(ERASE_BATCH)
                     .with_for_update()
                 )
-                if ids := _within(picked.all(), batch_messages):
+                ids, trimmed = await _take(conn, picked.all(), batch_messages, close=True)
+                if ids:
                     # The batch is the user's sessions up to the last id picked (the user's lock keeps others
                     # from creating one meanwhile): a range of the user's index, not a list of ids.
                     batch = (S.user_id == user_id) & (S.id <= ids[-1])
                     n["messages"] += await _count(conn, messages_t, batch)
                     n["state_rows"] += await _count(conn, state_t, batch)
                     await conn.execute(delete(sessions_t).where(batch))  # messages, state, runs cascade
-                else:
+                elif not trimmed:
                     user_rows, checkpoints = await _erase_user_rows(conn, user_id)
             n["batches"] += 1
-            if not ids:
+            n["messages"] += trimmed
+            if not ids and not trimmed:
                 return ErasureReport(user_id=user_id, user_state_rows=user_rows, checkpoints=checkpoints, **n)
             n["sessions"] += len(ids)
             if progress is not None:

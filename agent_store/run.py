@@ -257,6 +257,7 @@ class Run:
             move_service_session_id=delta.service_session_id_changed,
             service_session_id=codec.service_session_json(delta.service_session_id),
             loaded_service_session_id=codec.service_session_json(snap.service_session_id),
+            retrying_creation=not snap.exists and self._maybe_landed,
         )  # fmt: skip
         if check_landed and (landed := await runlog.run_recorded(db, sid, delta.run_id)) is not None:
             raise _Landed(landed, incarnation)  # under the row lock: an attempt still in flight has finished by now

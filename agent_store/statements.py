@@ -89,10 +89,12 @@ async def bump_session(
     db: AsyncConnection, *, session_id: str, user_id: str | None, agent_id: str | None, incarnation: int | None,
     n_messages: int, now: datetime, default_expires: datetime | None, move_service_session_id: bool = False,
     service_session_id: str | None = None, loaded_service_session_id: str | None = None,
+    retrying_creation: bool = False,
 ) -> tuple[int, int, int]:  # fmt: skip
     """Take the session row lock and advance it: (incarnation, new version, next_seq after this run's messages).
 
     The row must still be this user's and agent's, open, and (``incarnation`` given) the same life of the id.
+    ``retrying_creation``: this is the retry of a commit that created the session and whose outcome is unknown.
     """
     ssid = move_service_session_id
     statement = _bump(db.dialect.name, user_id is not None, incarnation is not None, ssid)
@@ -108,6 +110,12 @@ async def bump_session(
     if bumped is not None:
         return int(bumped[0]), int(bumped[1]), int(bumped[2])
     row = (await db.execute(READ_SESSION, {"sid": session_id})).first()
+    if row is None and retrying_creation:  # never landed (lost with a server), or landed and was deleted since
+        raise SessionNotFoundError(
+            f"no session {session_id!r} for user {user_id!r}: this retry's first attempt created it and its outcome "
+            "is unknown; the session was deleted since, or the attempt was lost with the server (a crash or a "
+            "failover). To run it again, load it again: store.load(..., run_id=...) lands it exactly once"
+        )
     if row is None or row.user_id != user_id or row.agent_id not in (None, agent_id):
         raise not_found(session_id, user_id)
     if incarnation is not None and row.incarnation != incarnation:  # another conversation, closed or not

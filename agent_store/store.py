@@ -184,15 +184,17 @@ class Store:
         metadata: dict[str, Any] | None = None,
         limit: int = 50,
         cursor: str | None = None,
+        status: str | None = None,
     ) -> SessionPage:
         """A page of ``user_id``'s sessions (every user's with ``all_users=True``), most recently active first.
 
-        ``metadata`` keeps sessions whose metadata has those key/value pairs. Pass the page's ``next_cursor``
+        ``metadata`` keeps sessions whose metadata has those key/value pairs; ``status`` ("active", "closed",
+        "expired") those in that state. Pass the page's ``next_cursor``
         back as ``cursor`` for the next page (keyset pagination: stable and index-served at any depth).
         """
         return await lifecycle.list_sessions(
             self.db, user_id=user_id, all_users=all_users, agent_id=agent_id, metadata=metadata, limit=limit,
-            cursor=cursor,
+            cursor=cursor, status=status,
         )  # fmt: skip
 
     async def search(

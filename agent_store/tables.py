@@ -23,13 +23,14 @@ from sqlalchemy import (
     Table,
     Text,
     TypeDecorator,
+    text,
 )
 from sqlalchemy.dialects.postgresql import JSON, JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeEngine
 
 # The Alembic revision this code expects; tests/test_migrations.py pins it to the scripts' head.
-SCHEMA_REVISION = "0007"
+SCHEMA_REVISION = "0008"
 ID_MAX = 255  # ids are bounded: longer ones are refused before any SQL runs
 
 NAMING_CONVENTION = {
@@ -141,11 +142,19 @@ class SessionRow(Base):
     closed_at: Mapped[datetime | None] = mapped_column(UTCDateTime())  # set: read-only
     ttl_seconds: Mapped[int | None] = mapped_column(Integer)  # idle time-to-live; NULL: the store's default
     expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime())  # pushed forward by each run
+    forked_from: Mapped[str | None] = mapped_column(String(ID_MAX))  # Store.fork: the session branched from
+    forked_at_seq: Mapped[int | None] = mapped_column(Integer)  # ... and its last message copied
 
     __table_args__ = (
         Index(None, "user_id", "updated_at", "id"),  # a user's sessions, newest first (keyset pagination)
         Index(None, "updated_at", "id"),
         Index(None, "expires_at"),  # purge_expired
+        Index(
+            None,
+            "forked_from",
+            postgresql_where=text("forked_from IS NOT NULL"),
+            sqlite_where=text("forked_from IS NOT NULL"),
+        ),  # a session's branches
     )
 
 

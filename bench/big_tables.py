@@ -98,7 +98,9 @@ async def full_scans(store: Store, statement: str, parameters: Any) -> list[str]
         details = [row[3] for row in await cursor.fetchall()]
         # "SCAN t USING INDEX" walks an index in order (served by it); a bare "SCAN t" reads the whole table.
         tables = ("agent_sessions", "agent_messages", " m", " s")
-        return [d for d in details if d.startswith("SCAN") and "USING" not in d and any(t in d for t in tables)]
+        # "SCAN agent_messages_fts VIRTUAL TABLE INDEX ..." is a lookup in the FTS5 index, not a table scan.
+        return [d for d in details if d.startswith("SCAN") and "USING" not in d and "VIRTUAL TABLE" not in d
+                and any(t in d for t in tables)]  # fmt: skip
 
 
 async def retention_at_size(store: Store, *, heavy: int, expired: int) -> dict[str, tuple[list[float], list[str]]]:
@@ -136,6 +138,8 @@ async def check_big(url: str, sessions: int, per_session: int, users: int) -> li
     import time
     from pathlib import Path
 
+    from agent_framework import Message
+
     from agent_store import Store
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")  # noqa: ASYNC240
@@ -143,6 +147,14 @@ async def check_big(url: str, sessions: int, per_session: int, users: int) -> li
     async with Store.from_url(url) as store:
         await store.migrate()
         await fill(store, sessions=sessions, messages_per_session=per_session, users=users)
+        await store.downgrade("0006")  # the search indexes, built over the filled table: the migration's backfill
+        started = time.perf_counter()
+        await store.migrate()
+        results.append(
+            ("upgrade to 0007: build the search indexes (backfill)", (time.perf_counter() - started) * 1e3, [])
+        )
+        async with store.session("session-7", user_id="user-7") as session:  # something for the searches to find
+            session.state["in_memory"]["messages"].append(Message(role="user", contents=["我叫李明, quokka AI"]))
         first = await store.list_sessions(user_id="user-7", limit=20)
         calls = {
             "list a user's sessions (page 1)": lambda: store.list_sessions(user_id="user-7", limit=20),
@@ -151,6 +163,10 @@ async def check_big(url: str, sessions: int, per_session: int, users: int) -> li
             ),
             "page a transcript": lambda: store.messages("session-7", user_id="user-7", after_seq=3, limit=5),
             "load a session, last 20 messages": lambda: store.load("session-7", user_id="user-7", history_limit=20),
+            "search a user's messages: quokka": lambda: store.search("quokka", user_id="user-7"),
+            "search a user's messages: 李明 (two characters)": lambda: store.search("李明", user_id="user-7"),
+            "search a user's messages: AI (a short word)": lambda: store.search("AI", user_id="user-7"),
+            "search a user's messages: message (in every message)": lambda: store.search("message", user_id="user-7"),
         }  # fmt: skip
         for name, call in calls.items():
             await call()

@@ -44,14 +44,17 @@ async def catalog(store: Store) -> dict[str, list[tuple[object, ...]]]:
             "SELECT table_name, column_name, data_type, is_nullable, column_default, is_identity"
             " FROM information_schema.columns WHERE table_schema = 'public'",
         ),
-        "unique": await rows(  # primary keys and unique indexes: (table, index, [columns])
-            store,
-            "SELECT t.relname, i.relname, array_agg(a.attname::text ORDER BY k.ord) FROM pg_index x"
+        "unique": await rows(  # primary keys, unique and exclusion indexes: (table, index, [plain key columns])
+            store,  # an index on expressions only has no plain column: its list is empty (and it fails the rule)
+            "SELECT t.relname, i.relname, array_remove(array_agg(a.attname::text ORDER BY k.ord), NULL) FROM pg_index x"
             " JOIN pg_class t ON t.oid = x.indrelid JOIN pg_class i ON i.oid = x.indexrelid"
             " CROSS JOIN LATERAL unnest(x.indkey) WITH ORDINALITY AS k(attnum, ord)"
-            " JOIN pg_attribute a ON a.attrelid = t.oid AND a.attnum = k.attnum"
-            " WHERE x.indisunique AND t.relnamespace = 'public'::regnamespace AND t.relname <> 'alembic_version'"
-            " GROUP BY t.relname, i.relname",
+            " LEFT JOIN pg_attribute a ON a.attrelid = t.oid AND a.attnum = k.attnum"
+            " WHERE (x.indisunique OR x.indisexclusion) AND t.relnamespace = 'public'::regnamespace"
+            " AND t.relname <> 'alembic_version' GROUP BY t.relname, i.relname",
+        ),
+        "triggers": await rows(  # Citus runs no triggers on distributed tables (unless unsafely enabled)
+            store, "SELECT tgrelid::regclass::text, tgname FROM pg_trigger WHERE NOT tgisinternal"
         ),
         "foreign": await rows(  # (table, [columns], referenced table, [referenced columns])
             store,
@@ -104,6 +107,8 @@ async def test_the_migrated_schema_can_be_distributed_by_session_as_documented(p
         if group != sessions_group:
             primary = [cols for t, index, cols in found["unique"] if t == table and str(index).startswith("pk_")]
             assert primary and primary[0][0] == column, f"{table}'s primary key does not start with {column}"
+
+    assert found["triggers"] == [], "a trigger on a table Citus would distribute"
 
     # Foreign keys: distributed -> reference, or between colocated tables on their distribution columns.
     assert found["foreign"], "the catalog query found no foreign key at all"

@@ -140,7 +140,7 @@ async def test_purge_expired_deletes_in_batches_and_spares_live_sessions(store: 
 
 async def test_retention_batches_are_bounded_by_messages_too(store: Store, agent: Agent) -> None:
     """Each expired session holds 2 messages: with room for 5 a batch takes 2 sessions; a session larger than
-    the room (4 messages, room for 3) is a batch of its own."""
+    the room (4 messages, room for 3) loses its 3 oldest in a batch of their own, then goes whole."""
     for i in range(7):
         await chat(store, agent, f"old{i}", "hi")
     async with store.engine.begin() as conn:
@@ -154,7 +154,33 @@ async def test_retention_batches_are_bounded_by_messages_too(store: Store, agent
     await chat(store, agent, "b", "hi", user_id="li")
     erased: list[int] = []
     report = await store.erase_user("li", batch_messages=3, progress=erased.append)
-    assert (erased, report.batches, report.sessions, report.messages) == ([1, 1], 3, 2, 6)
+    assert (erased, report.batches, report.sessions, report.messages) == ([0, 1, 1], 4, 2, 6)
+    assert await rows(store, "SELECT count(*) FROM agent_messages") == [(0,)]
+
+
+async def test_a_session_bigger_than_a_batch_is_emptied_oldest_first_in_bounded_batches(store: Store) -> None:
+    for sid, user in (("big", "li"), ("old", "wang")):
+        async with store.session(sid, user_id=user) as session:
+            session.state["in_memory"]["messages"] += [Message(role="user", contents=[f"m{i}"]) for i in range(7)]
+
+    def interrupt(count: int) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):  # after the first batch: 3 oldest gone, the session closed
+        await store.erase_user("li", batch_messages=3, progress=interrupt)
+    assert await rows(store, "SELECT min(seq), count(*) FROM agent_messages WHERE session_id = 'big'") == [(3, 4)]
+    with pytest.raises(SessionClosedError):
+        await store.load("big", user_id="li")
+    erased: list[int] = []
+    report = await store.erase_user("li", batch_messages=3, progress=erased.append)
+    assert (erased, report.sessions, report.messages, report.batches) == ([0, 1], 1, 4, 3)
+
+    async with store.engine.begin() as conn:
+        past = datetime.now(UTC) - timedelta(minutes=5)
+        await conn.execute(text("UPDATE agent_sessions SET expires_at = :t"), {"t": past})
+    purged: list[int] = []
+    assert await store.purge_expired(batch_messages=3, progress=purged.append) == 1
+    assert purged == [0, 0, 1]
     assert await rows(store, "SELECT count(*) FROM agent_messages") == [(0,)]
 
 
@@ -170,7 +196,7 @@ async def test_an_interrupted_erasure_leaves_whole_sessions_and_finishes_when_ru
         raise KeyboardInterrupt  # after the first batch committed: the process is stopped
 
     with pytest.raises(KeyboardInterrupt):
-        await store.erase_user("li", batch_messages=1, progress=interrupt)
+        await store.erase_user("li", batch_messages=2, progress=interrupt)
     assert await rows(store, "SELECT id, next_seq FROM agent_sessions") == [("b", 4)]
     assert await rows(store, "SELECT count(*) FROM agent_messages") == [(4,)]  # b whole, a wholly gone
     assert await rows(store, "SELECT count(*) FROM agent_user_state") == [(1,)]
@@ -208,6 +234,9 @@ async def test_fork_branches_the_conversation_and_keeps_tool_pairs(store: Store)
         reply = await agent.run("我叫什么名字？", session=session)
     assert reply.text == "你叫李明。"
     assert len(await store.messages("main", user_id="u")) == 6  # the original is untouched
+    lineage = await store.get("branch", user_id="u")
+    assert (lineage.forked_from, lineage.forked_at_seq) == ("main", 2)  # the cut moved back to keep the pair
+    assert (await store.get("main", user_id="u")).forked_from is None
     with pytest.raises(SessionNotFoundError):
         await store.fork("main", user_id="intruder")
     whole = await store.fork("main", user_id="u")

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from agent_framework import Message
 from helpers import rows
 from sqlalchemy import text
 
@@ -27,6 +28,12 @@ README = (Path(__file__).resolve().parent.parent / "README.md").read_text(encodi
 async def big(store: Store) -> Store:
     await fill(store, sessions=20_000, messages_per_session=5, users=1_000)
     return store
+
+
+async def analyze(store: Store) -> None:
+    async with store.engine.connect() as conn:
+        await conn.execute(text("ANALYZE"))
+        await conn.commit()
 
 
 async def captured(store: Store, call: Callable[[], Awaitable[Any]]) -> list[tuple[str, Any]]:
@@ -76,3 +83,17 @@ async def test_retention_at_size_runs_in_bounded_index_served_batches(big: Store
     assert await rows(big, "SELECT count(*) FROM agent_sessions WHERE user_id = 'user-heavy'") == [(0,)]
     assert await rows(big, "SELECT count(*) FROM agent_sessions") == [(17_000,)]
     assert await rows(big, "SELECT count(*) FROM agent_messages") == [(85_000,)]
+
+
+@pytest.mark.parametrize("query", ["quokka", "李明", "AI", "叫李明 quokka"])
+async def test_a_search_for_one_user_is_index_served(big: Store, query: str) -> None:
+    """Three or more characters: the trigram index (PostgreSQL) or the FTS5 table (SQLite); a short word: the
+    full-text index (PostgreSQL) or the user's own sessions; two CJK characters: the user's own sessions."""
+    async with big.session("session-7", user_id="user-7") as session:
+        session.state["in_memory"]["messages"].append(Message(role="user", contents=["我叫李明, quokka AI"]))
+    await analyze(big)
+    statements = await captured(big, lambda: big.search(query, user_id="user-7"))
+    assert statements
+    for statement, parameters in statements:
+        assert await full_scans(big, statement, parameters) == [], statement
+    assert [(h.session_id, h.seq) for h in (await big.search(query, user_id="user-7")).items] == [("session-7", 5)]

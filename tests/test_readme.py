@@ -34,7 +34,7 @@ def run_cli(*args: str, cwd: Path, url: str | None = None) -> subprocess.Complet
 
 
 def test_the_readme_has_the_blocks_these_tests_run() -> None:
-    assert len(blocks("python")) == len(EXAMPLES) == 12
+    assert len(blocks("python")) == len(EXAMPLES) == 13
     assert len(blocks("sql")) == 5
 
 

@@ -13,11 +13,12 @@ import asyncio
 from collections import defaultdict
 from typing import Any
 
+import pytest
 from agent_framework import Agent
 from helpers import rows
 from standby_pair import StandbyPair
 
-from agent_store import StorageUnavailableError, Store
+from agent_store import SessionNotFoundError, StorageUnavailableError, Store
 
 
 def both_hosts(pair: StandbyPair) -> str:
@@ -105,9 +106,12 @@ async def test_failover_loses_no_acknowledged_run_and_retries_land_once(
         await asyncio.to_thread(pair.primary.stop, "immediate")  # a crash: runs are in flight
         acked_at_stop.update({sid: list(acked[sid]) for sid in sids})
 
-        # The primary is gone, the standby not yet promoted: reads from the replica go on ...
+        # The primary is gone, the standby not yet promoted: reads from the replica go on, from a store opened
+        # now as well (it checks the schema on the replica, not on the dead primary) ...
         listed = {s.id for s in (await store.list_sessions(user_id="u")).items}
         assert listed <= set(sids) and len(listed) >= 1
+        async with Store.from_url(pair.primary.url(), replica_url=pair.standby.url()) as opened_now:
+            assert {s.id for s in (await opened_now.list_sessions(user_id="u")).items} == listed
         # ... and runs fail, retryably, until the promotion.
         await asyncio.wait_for(failing.wait(), timeout=60)
         assert all(exc.retryable for exc in failures)
@@ -132,3 +136,35 @@ async def test_failover_loses_no_acknowledged_run_and_retries_land_once(
         )
         assert duplicated == []
         assert await turn(promoted_store, agent, "after", "hello") == 1  # the promoted server's own URL works too
+
+
+async def test_a_first_run_lost_with_the_primary_is_retried_by_loading_it_again(
+    standby_pair: StandbyPair, agent: Agent
+) -> None:
+    """The COMMIT that would create a session reaches the primary but not the standby (stopped: the commit waits
+    for it), the primary dies, the standby is promoted. The Run's own retry cannot tell "never landed" from
+    "landed, then deleted": it refuses and says how to retry; loading again with the run_id lands it once."""
+    pair = standby_pair
+    async with Store.from_url(both_hosts(pair), connect_args={"timeout": 3}) as store:
+        await store.migrate()
+        await asyncio.to_thread(pair.standby.stop)
+        run = await store.load("new", user_id="u", run_id="request-1")
+        await agent.run("我叫李明", session=run.session)
+        commit = asyncio.create_task(run.commit())
+        await asyncio.sleep(1)  # the COMMIT is sent and waits for the synchronous standby
+        assert not commit.done()
+        await asyncio.to_thread(pair.primary.stop, "immediate")
+        with pytest.raises(StorageUnavailableError) as lost:
+            await commit
+        assert lost.value.retryable
+        await asyncio.to_thread(pair.standby.start)
+        await asyncio.to_thread(pair.promote)
+        with pytest.raises(SessionNotFoundError, match=r"store\.load\(\.\.\., run_id=\.\.\.\)"):
+            await run.commit()
+        again = await store.load("new", user_id="u", run_id="request-1")
+        await agent.run("我叫李明", session=again.session)
+        await again.commit()
+        again = await store.load("new", user_id="u", run_id="request-1")  # once more: lands nothing new
+        await agent.run("我叫李明", session=again.session)
+        await again.commit()
+        assert [m.text for m in await store.messages("new", user_id="u")][0::2] == ["我叫李明"]
