@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from .cli_checkpoints import checkpoints
-from .cli_search import search
+from .cli_search import search, ui
 from .cli_support import json_option, print_json, print_table, progress, runs_async, url_option, user_option
 from .errors import redact
 from .store import Store
@@ -279,3 +279,4 @@ async def stats(url: str | None, as_json: bool) -> None:
 
 main.add_command(checkpoints)
 main.add_command(search)
+main.add_command(ui)

@@ -1,6 +1,8 @@
-"""`agent-store search`: find a user's messages from a shell (the same search as ``store.search``)."""
+"""`agent-store search` (a user's messages, as ``store.search``) and `agent-store ui` (the transcript browser)."""
 
 from __future__ import annotations
+
+import ipaddress
 
 import click
 
@@ -41,3 +43,34 @@ async def search(query: str, user_id: str, session_id: str | None, agent_id: str
     print_table(["SESSION", "SEQ", "ROLE", "WHEN", "MATCH"], rows)
     if page.next_cursor:
         click.echo(f"more: --cursor {page.next_cursor}")
+
+
+def loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        return False
+
+
+@click.command()
+@url_option
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True)
+@click.option("--token", envvar="AGENT_STORE_UI_TOKEN", show_envvar=True, default=None,
+              help="Required on every request (needed to listen beyond loopback).")  # fmt: skip
+def ui(url: str | None, host: str, port: int, token: str | None) -> None:
+    """A read-only web browser of sessions, transcripts, state and search (pip install "agent-store[ui]")."""
+    try:
+        import uvicorn
+
+        from .ui import create_app
+    except ImportError as exc:
+        raise click.ClickException(f'the browser needs its extra: pip install "agent-store[ui]" ({exc.name})') from None
+    if not loopback(host) and not token:
+        raise click.UsageError(f"refusing to serve {host} without --token (or AGENT_STORE_UI_TOKEN): "
+                               "anyone who can reach it could read every conversation")  # fmt: skip
+    app = create_app(Store.from_url(url), token=token, owns_store=True)
+    click.echo(f"agent-store ui: http://{host}:{port}/" + ("?token=<your token>" if token else ""), err=True)
+    uvicorn.run(app, host=host, port=port, log_level="warning")
