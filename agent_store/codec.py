@@ -44,11 +44,11 @@ def check_id(value: str | None, what: str, *, required: bool = False) -> None:
         return
     if not isinstance(value, str) or not value:
         raise InvalidValueError(f"{what} must be a non-empty string, not {value!r}")
-    if len(value) > ID_MAX or "\x00" in value or (not value.isprintable() and _has_surrogate(value)):
+    if len(value) > ID_MAX or "\x00" in value or (not value.isprintable() and has_surrogate(value)):
         raise InvalidValueError(f"{what} must be at most {ID_MAX} characters with no NUL or lone surrogate characters")
 
 
-def _has_surrogate(value: str) -> bool:
+def has_surrogate(value: str) -> bool:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:

@@ -21,6 +21,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
+from . import text_match
 from .errors import ConfigurationError, SchemaOutOfDateError, SchemaTooNewError, redact
 from .tables import SCHEMA_REVISION
 
@@ -150,6 +151,7 @@ def _sqlite_connect(dbapi_connection: Any) -> None:
     # every view on rename and the agent_transcript view makes the rename fail.
     cursor.execute("PRAGMA legacy_alter_table = ON")
     cursor.close()
+    text_match.register(dbapi_connection)  # search's case folding and short-word matching (agent_store.search)
 
 
 def _sqlite_begin(conn: Any) -> None:

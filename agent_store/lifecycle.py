@@ -148,8 +148,10 @@ async def get(db: Database, session_id: str, user_id: str | None) -> SessionInfo
 
 
 async def messages(
-    db: Database, session_id: str, user_id: str | None, after_seq: int, limit: int
+    db: Database, session_id: str, user_id: str | None, after_seq: int, limit: int, *, sealed_ok: bool = False
 ) -> list[MessageRecord]:
+    """A page of a transcript. ``sealed_ok`` (the browser): an encrypted message the store has no cipher for
+    comes back with an empty body marked ``"encrypted": true`` instead of raising."""
     codec.check_int(after_seq, "after_seq", low=-1, high=codec.INT32)
     codec.check_int(limit, "limit", low=1, high=10_001)
     M = messages_t.c
@@ -159,10 +161,12 @@ async def messages(
         query = select(messages_t).where(M.session_id == session_id, M.seq > after_seq).order_by(M.seq).limit(limit)
         rows = (await conn.execute(query)).mappings().all()
     cipher = db.settings.message_cipher
-    return [MessageRecord(**{**row, "body": _full(row, cipher)}) for row in rows]
+    return [MessageRecord(**{**row, "body": _full(row, cipher, sealed_ok)}) for row in rows]
 
 
-def _full(row: Any, cipher: codec.MessageCipher | None) -> Any:
+def _full(row: Any, cipher: codec.MessageCipher | None, sealed_ok: bool = False) -> Any:
+    if sealed_ok and cipher is None and isinstance(row["body"], dict) and codec.ENCRYPTED in row["body"]:
+        return {"type": "message", "role": row["role"], "contents": [], "encrypted": True}
     return codec.full_body(row["body"], cipher, message_id=row["message_id"], role=row["role"],
                            author_name=row["author_name"], text=row["text"])  # fmt: skip
 

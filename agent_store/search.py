@@ -45,7 +45,7 @@ from sqlalchemy import (
     tuple_,
 )
 
-from . import codec
+from . import codec, text_match
 from .database import Database
 from .errors import InvalidValueError
 from .models import SearchHit, SearchPage
@@ -57,6 +57,11 @@ MAX_TERMS = 16
 SNIPPET = 120  # characters of context around the first match
 _TOKEN = re.compile(r'(-?)"([^"]*)"|(\S+)')
 _SIMPLE: ColumnElement[Any] = literal_column("'simple'::regconfig")  # a constant, as in the index's expression
+# Words: runs of letters and digits (in the database's locale) of a message's first 100,000 characters.
+_WORDS: ColumnElement[Any] = func.to_tsvector(_SIMPLE, func.regexp_replace(
+    func.left(M.text, literal_column("100000")), literal_column("'[^[:alnum:]]+'"), literal_column("' '"),
+    literal_column("'g'"),
+))  # fmt: skip
 _FTS = table("agent_messages_fts", column("rowid"), column("agent_messages_fts"))  # SQLite's, migration 0007
 
 
@@ -76,6 +81,8 @@ def parse(text: str) -> Query:
         raise InvalidValueError(f"query must be text, not {type(text).__name__}")
     if len(text) > MAX_QUERY:
         raise InvalidValueError(f"query is {len(text)} characters; at most {MAX_QUERY}")
+    if "\x00" in text or (not text.isprintable() and codec.has_surrogate(text)):
+        raise InvalidValueError("query must be text without NUL or lone surrogate characters")
     clauses: list[list[str]] = []
     excluded: list[str] = []
     pending_or = False
@@ -117,13 +124,13 @@ def _like(term: str) -> str:
 def matches(term: str, dialect: str) -> ColumnElement[bool]:
     """The SQL condition "this message holds ``term``" (see the module docstring for the rules)."""
     if dialect == "postgresql":
-        if short_word(term):
-            return func.to_tsvector(_SIMPLE, M.text).op("@@")(func.plainto_tsquery(_SIMPLE, term))
+        if short_word(term):  # the expression of the full-text index (migration 0007), exactly
+            return _WORDS.op("@@")(func.plainto_tsquery(_SIMPLE, term))
         return M.text.ilike(_like(term), escape="\\")
-    if short_word(term):  # padded, lower-cased text; a word is bounded by anything but [a-z0-9]
-        return (literal(" ") + func.lower(M.text) + literal(" ")).op("GLOB")(f"*[^a-z0-9]{term.lower()}[^a-z0-9]*")
-    if len(term) < 3:
-        return M.text.like(_like(term), escape="\\")
+    if short_word(term):  # SQLite: text_match.has_word, registered on every connection
+        return func.agent_store_word(M.text, term) == 1
+    if len(term) < 3:  # SQLite's own lower() folds only A-Z
+        return func.instr(func.agent_store_lower(M.text), term.lower()) > 0
     fts = select(_FTS.c.rowid).where(_FTS.c.agent_messages_fts.op("MATCH")('"' + term.replace('"', '""') + '"'))
     return literal_column("agent_messages.rowid").in_(fts.scalar_subquery())
 
@@ -136,10 +143,12 @@ def _encode(row: Any) -> str:
 def _decode(cursor: str) -> tuple[int, datetime, str, int]:
     try:
         rank, created_at, session_id, seq = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-        if not (type(rank) is int and type(seq) is int and isinstance(session_id, str)):
+        when = datetime.fromisoformat(created_at)
+        if not (type(rank) is int and type(seq) is int and when.tzinfo is not None):
             raise ValueError(cursor)
-        return rank, datetime.fromisoformat(created_at), session_id, seq
-    except (ValueError, TypeError, json.JSONDecodeError) as exc:
+        codec.check_id(session_id, "cursor")
+        return rank, when, session_id, seq
+    except (ValueError, TypeError, json.JSONDecodeError, InvalidValueError) as exc:
         raise InvalidValueError("cursor is not one this store handed out") from exc
 
 
@@ -147,10 +156,8 @@ def snippet(text: str, query: Query) -> tuple[str, list[tuple[int, int]]]:
     """Up to SNIPPET characters around the first match, and where each match is in it (start, end)."""
     spans: list[tuple[int, int]] = []
     for term in query.terms:
-        pattern = re.escape(term)
-        if short_word(term):
-            pattern = rf"(?<![A-Za-z0-9]){pattern}(?![A-Za-z0-9])"
-        spans += [m.span() for m in re.finditer(pattern, text, re.IGNORECASE)]
+        pattern = text_match.word_pattern(term) if short_word(term) else re.compile(re.escape(term), re.IGNORECASE)
+        spans += [m.span() for m in pattern.finditer(text)]
     spans.sort()
     first = spans[0][0] if spans else 0
     start = max(0, min(first - SNIPPET // 3, len(text) - SNIPPET))
@@ -169,7 +176,7 @@ def snippet(text: str, query: Query) -> tuple[str, list[tuple[int, int]]]:
 
 async def search(
     db: Database, query_text: str, *, user_id: str, session_id: str | None, agent_id: str | None, limit: int,
-    cursor: str | None, exclude_session_id: str | None = None,
+    cursor: str | None, exclude_session_id: str | None = None, visible_to_agent: str | None = None,
 ) -> SearchPage:  # fmt: skip
     codec.check_id(user_id, "user_id", required=True)
     codec.check_id(session_id, "session_id")
@@ -186,6 +193,8 @@ async def search(
         where += [S.id == session_id] if session_id is not None else []
         where += [S.agent_id == agent_id] if agent_id is not None else []
         where += [S.id != exclude_session_id] if exclude_session_id is not None else []
+        if visible_to_agent is not None:  # what that agent may open: its own sessions and unbound ones
+            where.append(or_(S.agent_id.is_(None), S.agent_id == visible_to_agent))
         hits = (
             select(M.session_id, M.seq, M.role, M.author_name, M.created_at, M.text, S.title, rank.label("rank"))
             .select_from(messages_t.join(sessions_t, S.id == M.session_id))

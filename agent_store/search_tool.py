@@ -2,7 +2,8 @@
 
 ``Agent(..., context_providers=[SearchHistoryProvider()])``: before each run of a stored session the provider
 offers the model ``search_history(query)``, bound to the session's user (taken from the run that loaded the
-session, never from the model), so the model can only ever search that user's messages. The current session is
+session, never from the model), so the model can only ever search that user's messages; in an agent-bound
+session, only the sessions that agent may open (its own and unbound ones). The current session is
 left out: its messages are in the conversation already.
 """
 
@@ -32,14 +33,15 @@ class SearchHistoryProvider(ContextProvider):
         run = run_of(session)
         if run is None or run.user_id is None:  # nothing to scope a search to: offer nothing
             return
-        db, user_id, current, limit = run.db, run.user_id, session.session_id, self.limit
+        db, user_id, agent_id, current, limit = run.db, run.user_id, run.agent_id, session.session_id, self.limit
 
         async def search_history(query: str) -> str:
             """Search this user's past conversations for words or phrases ("quoted"), OR, -exclusions; Chinese
             text matches inside words. Returns the matching messages with their date and session."""
             try:
                 page = await search.search(db, query, user_id=user_id, session_id=None, agent_id=None, limit=limit,
-                                           cursor=None, exclude_session_id=current)  # fmt: skip
+                                           cursor=None, exclude_session_id=current,
+                                           visible_to_agent=agent_id)  # fmt: skip
             except InvalidValueError as exc:  # the model's query, not a failure of the run
                 return f"invalid search: {exc}"
             lines = [f"{h.created_at:%Y-%m-%d} [{h.session_id}] {h.role}: {h.snippet}" for h in page.items]

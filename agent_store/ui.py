@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from . import browse
+from . import browse, lifecycle
 from .errors import AgentStoreError, InvalidValueError, SessionNotFoundError
 from .store import Store
 
@@ -57,7 +57,8 @@ class TokenGate(BaseHTTPMiddleware):
         self.token = token.encode()
 
     async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
-        bearer = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+        scheme, _, bearer = request.headers.get("authorization", "").partition(" ")
+        bearer = bearer.strip() if scheme.lower() == "bearer" else ""
         given = request.query_params.get("token") or request.cookies.get(COOKIE) or bearer
         if not given or not hmac.compare_digest(given.encode(), self.token):
             return PlainTextResponse("a token is required: open the URL the command printed", 401, headers=HEADERS)
@@ -108,7 +109,7 @@ def create_app(store: Store, *, token: str | None = None, page_size: int = 50, o
     async def sessions(request: Request) -> Response:
         f, listed = await sessions_page(request)
         firsts = await browse.first_user_texts(store.db, [s.id for s in listed.items if not s.title])
-        keep = {k: v for k, v in request.query_params.multi_items() if k not in ("cursor", "token")}
+        keep = [(k, v) for k, v in request.query_params.multi_items() if k not in ("cursor", "token")]
         return page("sessions.html", f=f, page=listed, firsts=firsts, keep=keep)
 
     @read_only
@@ -116,17 +117,18 @@ def create_app(store: Store, *, token: str | None = None, page_size: int = 50, o
         return jsonl((await sessions_page(request))[1].items)
 
     async def transcript(request: Request) -> tuple[Any, list[Any], int]:
-        sid, user = request.path_params["session_id"], request.query_params.get("user") or None
-        after = int(request.query_params.get("after", "-1") or -1)
+        q = request.query_params
+        sid, user, after = q.get("id") or "", q.get("user") or None, q.get("after") or "-1"
+        if not after.lstrip("-").isdigit():
+            raise InvalidValueError(f"after must be a message seq, not {after!r}")
         info = await store.get(sid, user_id=user)
-        return info, await store.messages(sid, user_id=user, after_seq=after, limit=page_size), after
+        # Encrypted messages (the browser holds no cipher) show as such; the rest of the page still works.
+        messages = await lifecycle.messages(store.db, sid, user, int(after), page_size, sealed_ok=True)
+        return info, messages, int(after)
 
     @read_only
     async def session(request: Request) -> Response:
-        try:
-            info, messages, after = await transcript(request)
-        except ValueError as exc:  # ?after=abc
-            raise InvalidValueError(f"after must be a message seq: {exc}") from None
+        info, messages, after = await transcript(request)
         panels = await browse.session_panels(store.db, info.id, info.user_id, store.app_id)
         results = {c["call_id"]: c for m in messages for c in m.body.get("contents", [])
                    if c.get("type") == "function_result"}  # fmt: skip
@@ -162,11 +164,11 @@ def create_app(store: Store, *, token: str | None = None, page_size: int = 50, o
         Route("/", home),
         Route("/sessions", sessions),
         Route("/sessions.jsonl", sessions_jsonl),
-        Route("/sessions/{session_id}", session),
-        Route("/sessions/{session_id}/export.jsonl", session_jsonl),
+        Route("/session", session),  # ?id=: any id, "/" included
+        Route("/session.jsonl", session_jsonl),
         Route("/search", search),
         Route("/search.jsonl", search_jsonl),
-    ]  # fmt: skip  (Route's default methods: GET and HEAD only; anything else is 405)
+    ]  # Route's default methods: GET and HEAD only; anything else is 405
     middleware = [Middleware(TokenGate, token=token)] if token else []
 
     @asynccontextmanager

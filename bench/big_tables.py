@@ -153,8 +153,20 @@ async def check_big(url: str, sessions: int, per_session: int, users: int) -> li
         results.append(
             ("upgrade to 0007: build the search indexes (backfill)", (time.perf_counter() - started) * 1e3, [])
         )
-        async with store.session("session-7", user_id="user-7") as session:  # something for the searches to find
-            session.state["in_memory"]["messages"].append(Message(role="user", contents=["我叫李明, quokka AI"]))
+        # A user with a long history (a twentieth of all messages), where a rare word is best found by the index.
+        async with store.engine.begin() as conn:
+            move = (
+                "UPDATE agent_sessions SET user_id = 'user-big' WHERE id IN (SELECT id FROM agent_sessions"
+                " WHERE user_id <> 'user-7' LIMIT :n)"
+            )
+            await conn.execute(text(move), {"n": sessions // 20})
+        big = (await store.list_sessions(user_id="user-big", limit=1)).items[0].id
+        for sid, uid in (("session-7", "user-7"), (big, "user-big")):  # something for the searches to find
+            async with store.session(sid, user_id=uid) as session:
+                session.state["in_memory"]["messages"].append(Message(role="user", contents=["我叫李明, quokka AI"]))
+        async with store.engine.connect() as conn:
+            await conn.execute(text("ANALYZE"))
+            await conn.commit()
         first = await store.list_sessions(user_id="user-7", limit=20)
         calls = {
             "list a user's sessions (page 1)": lambda: store.list_sessions(user_id="user-7", limit=20),
@@ -167,6 +179,9 @@ async def check_big(url: str, sessions: int, per_session: int, users: int) -> li
             "search a user's messages: 李明 (two characters)": lambda: store.search("李明", user_id="user-7"),
             "search a user's messages: AI (a short word)": lambda: store.search("AI", user_id="user-7"),
             "search a user's messages: message (in every message)": lambda: store.search("message", user_id="user-7"),
+            f"search a user with {sessions // 20 * per_session} messages: quokka": lambda: store.search(
+                "quokka", user_id="user-big"
+            ),
         }  # fmt: skip
         for name, call in calls.items():
             await call()

@@ -153,5 +153,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         fixtures = getattr(item, "fixturenames", ())
         if {"pg_url", "own_postgres", "standby_pair"} & set(fixtures):
             item.add_marker(pytest.mark.postgresql)
+        if {"own_postgres", "standby_pair"} & set(fixtures):  # servers of their own: the URL under test is unused
+            item.add_marker(pytest.mark.own_server)
         if "sqlite_url" in fixtures:
             item.add_marker(pytest.mark.sqlite)

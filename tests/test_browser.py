@@ -190,14 +190,15 @@ async def test_it_never_writes_and_exports_what_is_on_screen(url: str) -> None:
     async with Store.from_url(url) as store:
         before = await rows(store, "SELECT id, version, next_seq, updated_at FROM agent_sessions ORDER BY id")
     with serving(url) as base:
-        for path in ("/sessions", "/sessions/chat-1?user=li", "/search?user=li&q=李明", "/sessions/chat-1?user=x",
-                     "/sessions/chat-1?user=li&after=oops", "/search?q=x", "/sessions?cursor=bad"):  # fmt: skip
-            status, body, headers = get(base + urllib.parse.quote(path, safe="/?=&"))
-            assert status in (200, 400, 404) and "Traceback" not in body
+        for path in ("/sessions", "/session?id=chat-1&user=li", "/search?user=li&q=李明", "/session?id=chat-1&user=x",
+                     "/session?id=chat-1&user=li&after=oops", "/session.jsonl?id=chat-1&user=li&after=oops",
+                     "/search?q=x", "/sessions?cursor=bad", "/search?user=li&q=%00", "/session?id=%00"):  # fmt: skip
+            status, body, headers = get(base + urllib.parse.quote(path, safe="/?=&%"))
+            assert status in (200, 400, 404) and "Traceback" not in body and "Internal Server Error" not in body
             assert "script-src" not in headers["Content-Security-Policy"]  # default-src 'none': no script at all
         for method in ("POST", "PUT", "DELETE", "PATCH"):
-            assert get(base + "/sessions/chat-1?user=li", method)[0] == 405
-        status, body, _ = get(base + "/sessions/chat-1/export.jsonl?user=li&after=49")
+            assert get(base + "/session?id=chat-1&user=li", method)[0] == 405
+        status, body, _ = get(base + "/session.jsonl?id=chat-1&user=li&after=49")
         assert status == 200 and [line.count('"seq"') for line in body.splitlines()] == [1] * 9
         assert '"seq":50' in body.splitlines()[0] and SCRIPT in body
     async with Store.from_url(url) as store:
@@ -213,6 +214,7 @@ def test_off_loopback_it_refuses_to_start_without_a_token_and_then_requires_it(s
         assert get(base + "/sessions")[0] == 401
         assert get(base + "/sessions?token=wrong")[0] == 401
         assert get(base + "/sessions", Authorization="Bearer s3cret")[0] == 200
+        assert get(base + "/sessions", Authorization="s3cret")[0] == 401  # a bare token is not a bearer token
         status, _, headers = get(base + "/sessions?token=s3cret")
         assert status == 200 and "HttpOnly" in headers["Set-Cookie"]
         assert get(base + "/sessions", Cookie=headers["Set-Cookie"].split(";")[0])[0] == 200
@@ -257,3 +259,35 @@ async def test_the_session_list_filters_and_pages(store: Store) -> None:
         assert len((await client.get("/sessions.jsonl?user=u")).text.splitlines()) == 2
         bad = await client.get("/sessions?status=gone")
         assert bad.status_code == 400 and "status must be" in bad.text
+
+
+async def test_odd_ids_and_encrypted_sessions_still_open(url: str) -> None:
+    """An id with "/" (the store takes it) opens by its own link; a session stored encrypted shows everything
+    but the messages' content, which the browser cannot read without the cipher."""
+    import re
+
+    import httpx
+    from test_core import ReversingCipher
+
+    from agent_store.ui import create_app
+
+    async with Store.from_url(url, message_cipher=ReversingCipher()) as sealed:
+        await sealed.migrate()
+        async with sealed.session("x/export.jsonl", user_id="u") as session:
+            session.state["in_memory"]["messages"].append(Message(role="user", contents=["secret"]))
+            session.state["k"] = "visible"
+    async with Store.from_url(url) as store:
+        async with store.session("a/b", user_id="u") as session:
+            session.state["in_memory"]["messages"].append(Message(role="user", contents=["slash 100%"]))
+        transport = httpx.ASGITransport(app=create_app(store))
+        async with httpx.AsyncClient(transport=transport, base_url="http://ui") as client:
+            listing = (await client.get("/sessions?user=u")).text
+            links = dict(re.findall(r'class="session-link" href="([^"]*)">([^<]*)</a>', listing))
+            assert set(links.values()) == {"a/b", "x/export.jsonl"}
+            pages = {name: (await client.get(href.replace("&amp;", "&"))) for href, name in links.items()}
+            assert pages["a/b"].status_code == 200 and "slash 100%" in pages["a/b"].text
+            opened = pages["x/export.jsonl"]
+            assert opened.status_code == 200 and "(encrypted" in opened.text and "visible" in opened.text
+            assert "secret" not in opened.text
+            meta = await client.get("/sessions?meta=a=1&meta=b=2&status=active")
+            assert meta.status_code == 200 and meta.text.count('name="meta"') == 3  # both kept, one empty

@@ -173,3 +173,50 @@ def test_the_parser_keeps_operators_out_of_terms() -> None:
     query = parse('李明 "two words" a OR b -x -"y z" OR')
     assert query.clauses == [["李明"], ["two words"], ["a", "b"], ["OR"]]
     assert query.excluded == ["x", "y z"]
+
+
+@pytest.mark.parametrize("query", ["\x00", "李\x00", "zz\x00", "ab\udcff", "\ud800"])
+async def test_nul_and_lone_surrogates_are_refused_by_name(chats: Store, query: str) -> None:
+    with pytest.raises(InvalidValueError, match="NUL or lone surrogate"):
+        await chats.search(query, user_id="u")
+
+
+async def test_short_terms_fold_case_in_any_script_and_words_end_at_any_non_letter(store: Store) -> None:
+    await say(store, "s", "CAFÉ NOIR", "café", "Привет МИР", "ΣΟΦΙΑ", "éok", "ok_go", "it's ok", "AIde", "the ai.")
+    assert await found(store, "é") == [("s", 0), ("s", 1), ("s", 4)]
+    assert await found(store, "пр") == [("s", 2)]
+    assert await found(store, "σο") == [("s", 3)]
+    assert await found(store, "ok") == [("s", 5), ("s", 6)]  # not inside "éok": é is a letter
+    assert await found(store, "ai") == [("s", 8)]
+    await say(store, "t", "email ab@x.com now", "version 3.5 out", "path /usr/ab/ok")
+    assert await found(store, "ab") == [("t", 0), ("t", 2)]  # a word between any two non-letters, on both backends
+    assert await found(store, "5") == [("t", 1)]
+
+
+async def test_a_long_message_is_stored_and_its_words_found(store: Store) -> None:
+    """1.3 MB of distinct words: more than a tsvector can hold, so PostgreSQL's word index covers the first
+    100,000 characters; the message is stored whole, and substrings are found anywhere in it."""
+    words = " ".join(f"w{i:06d}x" for i in range(150_000))
+    await say(store, "long", "ok " + words + " zz tail-marker")
+    assert await found(store, "ok") == [("long", 0)]
+    assert await found(store, "tail-marker") == [("long", 0)]
+    assert await found(store, "w149999x") == [("long", 0)]
+
+
+async def test_a_tampered_cursor_is_refused(chats: Store) -> None:
+    import base64
+    import json
+
+    for forged in ([1, "2026-01-01T00:00:00", "li", 0], [1, "2026-01-01T00:00:00+00:00", "li\x00", 0], [1, 2, 3, 4]):
+        cursor = base64.urlsafe_b64encode(json.dumps(forged).encode()).decode()
+        with pytest.raises(InvalidValueError, match="cursor"):
+            await chats.search("李明", user_id="u", cursor=cursor)
+
+
+async def test_the_tool_sees_only_what_the_sessions_agent_may_open(store: Store) -> None:
+    await say(store, "a-private", "whale notes of agent A", agent_id="A")
+    await say(store, "shared", "whale notes, unbound")
+    agent = Agent(client=OfflineChatClient(), name="Bot", context_providers=[SearchHistoryProvider()])
+    async with store.session("b-chat", user_id="u", agent_id="B") as session:
+        reply = await agent.run("search whale", session=session)
+    assert "[shared]" in reply.text and "a-private" not in reply.text

@@ -2,7 +2,8 @@
 
 - PostgreSQL: a trigram index (``pg_trgm``, GIN) on ``agent_messages.text`` for substring terms of three or more
   characters in any script (Chinese has no spaces between words, so "李明" must match inside "我叫李明"), and a
-  full-text index on ``to_tsvector('simple', text)`` for short words ("AI", "ok") matched as whole words.
+  full-text index over the words of ``text`` (runs of letters and digits of its first 100,000 characters: a
+  tsvector must stay under 1 MB) for short words ("AI", "ok") matched as whole words.
   ``pg_trgm`` is a trusted extension: a database owner may create it (PostgreSQL 13+).
 - SQLite: an FTS5 table with the trigram tokenizer over the same column (external content: the text is not
   stored twice), kept in step by triggers. Its rows are tied to ``agent_messages``' rowid: a later migration
@@ -32,7 +33,10 @@ depends_on: str | Sequence[str] | None = None
 _POSTGRES = [
     "CREATE EXTENSION IF NOT EXISTS pg_trgm",
     "CREATE INDEX ix_agent_messages_text_trigrams ON agent_messages USING gin (text gin_trgm_ops)",
-    "CREATE INDEX ix_agent_messages_text_words ON agent_messages USING gin (to_tsvector('simple', text))",
+    # Words are runs of letters and digits, as search.py's SQLite side has them (the parser alone would keep an
+    # e-mail address, a URL or "3.5" as one token); the first 100,000 characters, as a tsvector must stay < 1 MB.
+    "CREATE INDEX ix_agent_messages_text_words ON agent_messages USING gin"
+    " (to_tsvector('simple', regexp_replace(left(text, 100000), '[^[:alnum:]]+', ' ', 'g')))",
 ]
 _SQLITE = [
     "CREATE VIRTUAL TABLE agent_messages_fts USING fts5("
@@ -59,6 +63,7 @@ def downgrade() -> None:
         op.execute("DROP INDEX IF EXISTS ix_agent_messages_text_words")
         op.execute("DROP INDEX IF EXISTS ix_agent_messages_text_trigrams")
         return
-    for name in ("insert", "delete", "update"):
-        op.execute(f"DROP TRIGGER IF EXISTS agent_messages_fts_{name}")
+    op.execute("DROP TRIGGER IF EXISTS agent_messages_fts_insert")
+    op.execute("DROP TRIGGER IF EXISTS agent_messages_fts_delete")
+    op.execute("DROP TRIGGER IF EXISTS agent_messages_fts_update")
     op.execute("DROP TABLE IF EXISTS agent_messages_fts")
