@@ -32,11 +32,14 @@ depends_on: str | Sequence[str] | None = None
 
 _POSTGRES = [
     "CREATE EXTENSION IF NOT EXISTS pg_trgm",
-    "CREATE INDEX ix_agent_messages_text_trigrams ON agent_messages USING gin (text gin_trgm_ops)",
+    # fastupdate off: entries go straight into the index. With PostgreSQL's default pending list, the same 1,000
+    # messages took 7x the space (819 kB against 115 kB) and a commit now and then pays for flushing the list.
+    "CREATE INDEX ix_agent_messages_text_trigrams ON agent_messages USING gin (text gin_trgm_ops)"
+    " WITH (fastupdate = off)",
     # Words are runs of letters and digits, as search.py's SQLite side has them (the parser alone would keep an
     # e-mail address, a URL or "3.5" as one token); the first 100,000 characters, as a tsvector must stay < 1 MB.
     "CREATE INDEX ix_agent_messages_text_words ON agent_messages USING gin"
-    " (to_tsvector('simple', regexp_replace(left(text, 100000), '[^[:alnum:]]+', ' ', 'g')))",
+    " (to_tsvector('simple', regexp_replace(left(text, 100000), '[^[:alnum:]]+', ' ', 'g'))) WITH (fastupdate = off)",
 ]
 _SQLITE = [
     "CREATE VIRTUAL TABLE agent_messages_fts USING fts5("
