@@ -57,6 +57,8 @@ async def test_replica_reads_lag_while_replay_is_paused_and_runs_do_not(
             assert listed == {"old": 2}
             assert [m.seq for m in await store.messages("old", user_id="u")] == [0, 1]
             assert (await store.stats())["rows"]["agent_messages"] == 2
+            assert [h.session_id for h in (await store.search("hello", user_id="u")).items] == []  # not replayed
+            assert len((await store.search("第二次", user_id="u")).items) == 0
             exported = [line async for line in store.export(user_id="u")]
             assert not any('"new"' in line for line in exported)
             # What must be current (a run's view) is: the primary, through a store without replica_url.
@@ -67,6 +69,7 @@ async def test_replica_reads_lag_while_replay_is_paused_and_runs_do_not(
         await asyncio.to_thread(pair.wait_replayed)
         listed = {s.id: s.message_count for s in (await store.list_sessions(user_id="u")).items}
         assert listed == {"old": 6, "new": 2}
+        assert {h.session_id for h in (await store.search("hello", user_id="u")).items} == {"new"}
 
 
 async def test_failover_loses_no_acknowledged_run_and_retries_land_once(
