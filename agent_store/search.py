@@ -27,7 +27,7 @@ import base64
 import json
 import re
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import (
@@ -146,9 +146,11 @@ def _decode(cursor: str) -> tuple[int, datetime, str, int]:
         when = datetime.fromisoformat(created_at)
         if not (type(rank) is int and type(seq) is int and when.tzinfo is not None):
             raise ValueError(cursor)
+        if not (0 <= rank <= MAX_TERMS and 0 <= seq <= codec.INT32 and when.astimezone(UTC).year > 1):
+            raise ValueError(cursor)  # out of what any hit has (and of what the databases take)
         codec.check_id(session_id, "cursor")
         return rank, when, session_id, seq
-    except (ValueError, TypeError, json.JSONDecodeError, InvalidValueError) as exc:
+    except (ValueError, TypeError, OverflowError, json.JSONDecodeError, InvalidValueError) as exc:
         raise InvalidValueError("cursor is not one this store handed out") from exc
 
 

@@ -207,7 +207,9 @@ async def test_a_tampered_cursor_is_refused(chats: Store) -> None:
     import base64
     import json
 
-    for forged in ([1, "2026-01-01T00:00:00", "li", 0], [1, "2026-01-01T00:00:00+00:00", "li\x00", 0], [1, 2, 3, 4]):
+    for forged in ([1, "2026-01-01T00:00:00", "li", 0], [1, "2026-01-01T00:00:00+00:00", "li\x00", 0], [1, 2, 3, 4],
+                   [2**40, "2026-01-01T00:00:00+00:00", "li", 0], [1, "2026-01-01T00:00:00+00:00", "li", 2**40],
+                   [1, "0001-01-01T00:00:00+14:00", "li", 0]):  # fmt: skip
         cursor = base64.urlsafe_b64encode(json.dumps(forged).encode()).decode()
         with pytest.raises(InvalidValueError, match="cursor"):
             await chats.search("李明", user_id="u", cursor=cursor)
