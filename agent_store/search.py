@@ -11,8 +11,9 @@ Matching, the same on both backends:
 - every other term matches as a case-insensitive substring: Chinese and Japanese put no spaces between words,
   so "李明" must find "我叫李明"; "pass" finds "password".
 
-Indexes (migration 0007): PostgreSQL serves substrings of three or more characters with a trigram index and
-short words with a full-text index; SQLite serves three-plus-character substrings with an FTS5 trigram table
+Indexes (migrations 0007 and 0009): PostgreSQL serves substrings of three or more characters with a trigram
+index and short words with a full-text index of short words; SQLite finds three-plus-character substrings'
+candidates with an FTS5 trigram table (which messages hold each trigram), checks the substring on those rows,
 and checks short words on the user's own messages. A term of one or two characters that is not an ASCII word
 ("李明", "名字") no index can serve (trigrams need three characters): it is checked on the user's messages,
 found through the user's sessions, never by reading the whole table.
@@ -57,11 +58,13 @@ MAX_TERMS = 16
 SNIPPET = 120  # characters of context around the first match
 _TOKEN = re.compile(r'(-?)"([^"]*)"|(\S+)')
 _SIMPLE: ColumnElement[Any] = literal_column("'simple'::regconfig")  # a constant, as in the index's expression
-# Words: runs of letters and digits (in the database's locale) of a message's first 100,000 characters.
+# Short words: the runs of one or two letters and digits (in the database's locale) of a message's first 100,000
+# characters, exactly the expression of the full-text index (migration 0009 says why only those).
 _WORDS: ColumnElement[Any] = func.to_tsvector(_SIMPLE, func.regexp_replace(
-    func.left(M.text, literal_column("100000")), literal_column("'[^[:alnum:]]+'"), literal_column("' '"),
-    literal_column("'g'"),
+    func.left(M.text, literal_column("100000")), literal_column("'[[:alnum:]]{3,}|[^[:alnum:]]+'"),
+    literal_column("' '"), literal_column("'g'"),
 ))  # fmt: skip
+_TRIGRAMS = 32  # at most this many of a long term's trigrams go to FTS5; the row check decides anyway
 _FTS = table("agent_messages_fts", column("rowid"), column("agent_messages_fts"))  # SQLite's, migration 0007
 
 
@@ -129,10 +132,23 @@ def matches(term: str, dialect: str) -> ColumnElement[bool]:
         return M.text.ilike(_like(term), escape="\\")
     if short_word(term):  # SQLite: text_match.has_word, registered on every connection
         return func.agent_store_word(M.text, term) == 1
-    if len(term) < 3:  # SQLite's own lower() folds only A-Z
-        return func.instr(func.agent_store_lower(M.text), term.lower()) > 0
-    fts = select(_FTS.c.rowid).where(_FTS.c.agent_messages_fts.op("MATCH")('"' + term.replace('"', '""') + '"'))
-    return literal_column("agent_messages.rowid").in_(fts.scalar_subquery())
+    holds = func.instr(func.agent_store_lower(M.text), term.lower()) > 0  # SQLite's own lower() folds only A-Z
+    if len(term) < 3:
+        return holds
+    fts = select(_FTS.c.rowid).where(_FTS.c.agent_messages_fts.op("MATCH")(trigram_query(term)))
+    return and_(literal_column("agent_messages.rowid").in_(fts.scalar_subquery()), holds)
+
+
+def trigram_query(term: str) -> str:
+    """FTS5's candidates for ``term``: the messages holding its trigrams, wherever they are.
+
+    The index keeps no positions (migration 0009), so it cannot match a phrase; every trigram is a quoted
+    string (data, never FTS syntax), and the caller checks the term itself on each candidate.
+    """
+    grams = list(dict.fromkeys(term[i : i + 3] for i in range(len(term) - 2)))
+    if len(grams) > _TRIGRAMS:  # spread over the whole term: the rarest trigram may be anywhere
+        grams = [grams[i * (len(grams) - 1) // (_TRIGRAMS - 1)] for i in range(_TRIGRAMS)]
+    return " AND ".join('"' + gram.replace('"', '""') + '"' for gram in grams)
 
 
 def _encode(row: Any) -> str:

@@ -222,3 +222,46 @@ async def test_the_tool_sees_only_what_the_sessions_agent_may_open(store: Store)
     async with store.session("b-chat", user_id="u", agent_id="B") as session:
         reply = await agent.run("search whale", session=session)
     assert "[shared]" in reply.text and "a-private" not in reply.text
+
+
+async def test_every_hit_and_only_hits_against_a_reference_in_python(store: Store) -> None:
+    """Random texts over letters of three scripts, digits and separators; for sampled terms of every kind, the
+    messages found are exactly those Python says hold the term (a whole short word, else a substring)."""
+    import random
+
+    from agent_store.text_match import has_word
+
+    rnd = random.Random(11)
+    alphabet = [*"abcAB12 ,.-_@李明名字好的。éÉпр", "said", "ok", "李明", " the ai."]
+    texts = ["".join(rnd.choice(alphabet) for _ in range(rnd.randint(1, 25))) for _ in range(120)]
+    texts += ["abca cab", "李明名 明名字", "ABCAB"]  # every trigram of "abcab" / "李明名字", the term only in one
+    await say(store, "r", *texts)
+    terms = [
+        "abcab",
+        "李明名字",
+        "ab",
+        "AB",
+        "a",
+        "1",
+        "12",
+        "ok",
+        "ai",
+        "李",
+        "李明",
+        "名字",
+        "é",
+        "пр",
+        "said",
+        "李明名",
+        "the ai",
+    ]
+    terms += [t[i : i + n] for t in rnd.sample(texts, 25) for n in (3, 5) for i in [rnd.randrange(len(t))]]
+    for term in dict.fromkeys(t.strip() for t in terms if t.strip() and '"' not in t):
+        if term in ("OR",) or term.startswith("-"):
+            continue
+        short = len(term) < 3 and term.isascii() and term.isalnum()
+        expected = [
+            ("r", i) for i, t in enumerate(texts) if (has_word(t, term) if short else term.lower() in t.lower())
+        ]
+        page = await store.search(f'"{term}"', user_id="u", limit=200)
+        assert sorted((h.session_id, h.seq) for h in page.items) == expected, term
