@@ -66,6 +66,7 @@ class Database:
             self._writer = engine
             self._single = engine.execution_options(isolation_level="AUTOCOMMIT")
         self._replica: AsyncEngine | None = None
+        self._check = check_schema
         self._schema_ok = self._replica_schema_ok = not check_schema
         self.driver = DriverPath(engine.dialect)  # a run's load and commit, straight on the driver
 
@@ -247,7 +248,7 @@ class Database:
                     getattr(command, verb)(config, revision)
 
                 await conn.run_sync(run)
-        self._schema_ok = self._replica_schema_ok = False
+        self._schema_ok = self._replica_schema_ok = not self._check  # checked again, if it was checked at all
 
     async def revision(self) -> str | None:
         with translated(self.url, "reading the schema revision"):

@@ -25,6 +25,7 @@ TABLES = set(Base.metadata.tables)
 # Search's objects (migration 0007) that the ORM does not model: SQLite's FTS5 table and its shadow tables,
 # PostgreSQL's trigram and full-text indexes.
 SEARCH_OBJECTS = ("agent_messages_fts", "ix_agent_messages_text_")
+SCHEMA_REVISION_BEFORE_HEAD = "0008"  # a revision the code also runs on (the newest changed only indexes)
 
 
 async def table_names(store: Store) -> set[str]:
@@ -103,6 +104,16 @@ async def test_a_database_behind_head_says_how_to_upgrade(url: str, revision: st
         with pytest.raises(SchemaOutOfDateError, match="agent-store upgrade"):
             async with store.session("s"):
                 pass
+
+
+async def test_a_store_opened_without_the_check_stays_so_after_migrating(url: str) -> None:
+    """``check_schema=False`` (the CLI's): a migration to an older revision does not turn the check back on."""
+    async with Store.from_url(url, check_schema=False) as store:
+        await store.migrate()
+        await store.downgrade(SCHEMA_REVISION_BEFORE_HEAD)
+        async with store.session("s", user_id="u") as session:  # 0009 changed only search's indexes
+            session.state["ok"] = True
+        assert (await store.load("s", user_id="u")).session.state["ok"] is True
 
 
 async def test_a_database_ahead_of_the_code_is_refused(url: str) -> None:

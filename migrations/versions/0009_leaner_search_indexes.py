@@ -34,23 +34,29 @@ down_revision: str | None = "0008"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-_WORDS = "regexp_replace(left(text, 100000), {pattern}, ' ', 'g')"
-_WORDS_INDEX = (
-    "CREATE INDEX ix_agent_messages_text_words ON agent_messages USING gin"
-    " (to_tsvector('simple', " + _WORDS + ")) WITH (fastupdate = off)"
+# One regular expression, leftmost-longest: a run of 3+ letters and digits is replaced whole, and so is every run
+# of other characters; runs of 1-2 letters and digits are all that is left for the tsvector.
+_SHORT_WORDS_INDEX = (
+    "CREATE INDEX ix_agent_messages_text_words ON agent_messages USING gin (to_tsvector('simple',"
+    " regexp_replace(left(text, 100000), '[[:alnum:]]{3,}|[^[:alnum:]]+', ' ', 'g'))) WITH (fastupdate = off)"
 )
-_FTS = (
-    "CREATE VIRTUAL TABLE agent_messages_fts USING fts5("
-    " text, content='agent_messages', content_rowid='rowid', tokenize='trigram'{options})"
+_ALL_WORDS_INDEX = (  # 0007's
+    "CREATE INDEX ix_agent_messages_text_words ON agent_messages USING gin (to_tsvector('simple',"
+    " regexp_replace(left(text, 100000), '[^[:alnum:]]+', ' ', 'g'))) WITH (fastupdate = off)"
+)
+_FTS_LEAN = (
+    "CREATE VIRTUAL TABLE agent_messages_fts USING fts5(text, content='agent_messages', content_rowid='rowid',"
+    " tokenize='trigram', detail='none', columnsize=0)"
+)
+_FTS_FULL = (  # 0007's
+    "CREATE VIRTUAL TABLE agent_messages_fts USING fts5(text, content='agent_messages', content_rowid='rowid',"
+    " tokenize='trigram')"
 )
 
 
 def _postgres(short_words_only: bool) -> None:
     op.execute("DROP INDEX ix_agent_messages_text_words")
-    # One regular expression, leftmost-longest: a run of 3+ letters and digits is replaced whole, and so is every
-    # run of other characters; runs of 1-2 letters and digits are all that is left for the tsvector.
-    pattern = "'[[:alnum:]]{3,}|[^[:alnum:]]+'" if short_words_only else "'[^[:alnum:]]+'"
-    op.execute(_WORDS_INDEX.format(pattern=pattern))
+    op.execute(_SHORT_WORDS_INDEX if short_words_only else _ALL_WORDS_INDEX)
     if short_words_only:
         op.execute("ALTER INDEX ix_agent_messages_text_trigrams SET (fastupdate = on, gin_pending_list_limit = 64)")
     else:
@@ -59,10 +65,10 @@ def _postgres(short_words_only: bool) -> None:
         op.execute("ALTER INDEX ix_agent_messages_text_trigrams RESET (gin_pending_list_limit)")
 
 
-def _sqlite(options: str) -> None:
+def _sqlite(create: str) -> None:
     # The triggers of 0007 name the table, not its options: they keep working on the new one.
     op.execute("DROP TABLE agent_messages_fts")
-    op.execute(_FTS.format(options=options))
+    op.execute(create)
     op.execute("INSERT INTO agent_messages_fts(agent_messages_fts) VALUES ('rebuild')")
 
 
@@ -70,11 +76,11 @@ def upgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":
         _postgres(short_words_only=True)
     else:
-        _sqlite(", detail='none', columnsize=0")
+        _sqlite(_FTS_LEAN)
 
 
 def downgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":
         _postgres(short_words_only=False)
     else:
-        _sqlite("")
+        _sqlite(_FTS_FULL)
