@@ -7,6 +7,7 @@ cleanup after a failure never replaces the caller's exception with its own.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -213,6 +214,28 @@ class Database:
                 async with self.engine.connect() as conn:
                     await check_schema(conn, self.url)
             self._schema_ok = True
+
+    async def warm_up(self, connections: int | None) -> int:
+        """Check the schema, then open ``connections`` pooled connections at once (default: all the pool keeps).
+
+        A pool opens connections as they are first needed; a service calls this at start-up so its first burst
+        of runs does not wait on connection set-up, and so a wrong URL or a down server fails there, not later.
+        """
+        size = getattr(self.engine.pool, "size", None)
+        keeps = size() if callable(size) else 1  # a pool without a size (NullPool) keeps nothing: open one
+        wanted = keeps if connections is None else connections
+        if type(wanted) is not int or not 1 <= wanted <= keeps:
+            raise InvalidValueError(f"connections must be an int from 1 to the pool's size ({keeps}), not {wanted!r}")
+        await self.check_schema()
+        with translated(self.url, "opening the pool's connections"):
+            opened = await asyncio.gather(*(checkout(self.engine) for _ in range(wanted)), return_exceptions=True)
+            for conn in opened:  # all back to the pool before any failure is raised
+                if isinstance(conn, AsyncConnection):
+                    await quietly(conn.close, "returning a connection")
+            for failure in opened:
+                if isinstance(failure, BaseException):
+                    raise failure
+        return wanted
 
     async def alembic(self, verb: str, revision: str) -> None:
         """``upgrade`` / ``downgrade`` with the shipped migrations; never a silent no-op in the wrong direction."""

@@ -1,8 +1,8 @@
-"""PostgreSQL: the common commit in one round trip, a call of ``agent_store_commit(jsonb)`` (migration 0005).
+"""PostgreSQL: the common commit in one round trip, a call of ``agent_store_commit(jsonb)`` (migrations 0005, 0010).
 
-The common case is a session that exists, loaded by this run, committed for the first time (no retry, no
-idempotency key to look up), outside a serialized run. The call runs as one statement outside any explicit
-transaction, so it is its own transaction: no BEGIN, no COMMIT, one round trip. The function takes the same
+The common case is a run's first commit (no retry, no idempotency key to look up), outside a serialized run, of
+a session it loaded, or of one it creates (none existed when it loaded). The call runs as one statement outside
+any explicit transaction, so it is its own transaction: no BEGIN, no COMMIT, one round trip. The function takes the same
 locks in the same order and makes the same checks as the checked path (run.py ``_write``), and raises
 ``AS000`` (caught here as :class:`CheckedPathNeeded`) whenever anything differs from the common case, before
 anything is kept: then the caller takes the checked path, which names the precise error (or commits).
@@ -34,7 +34,7 @@ def applies(run: Run, *, retry: bool) -> bool:
     snap = run._snapshot
     return (
         run.db.dialect == "postgresql" and run._held is None and not retry and run._key is None
-        and snap.exists and not snap.verify_new_ids
+        and not snap.verify_new_ids
     )  # fmt: skip
 
 
@@ -91,16 +91,21 @@ def payload(run: Run, delta: Delta, since: datetime) -> str:
         tools += [{"i": i, "call_id": call_id, "kind": kind, "tool_name": name} for call_id, kind, name in record.tools]
     log = runlog.run_log_row(run._log_ids(delta.run_id), 0, delta.messages, len(delta.changed_keys), delta.usage, "")
     head: dict[str, Any] = {
-        "format": 1,  # what agent_store_commit() checks: a call of another shape takes the checked path
+        # What agent_store_commit() checks: a call of another shape takes the checked path. Format 2 (migration
+        # 0010) creates the session; an older function refuses it and the checked path creates it instead.
+        "format": 1 if snap.exists else 2,
         "sid": run.session.session_id, "uid": run.user_id, "agent": run.agent_id, "app_id": settings.app_id,
-        "incarnation": snap.incarnation, "version": snap.version, "stamp": delta.stamp, "run_id": delta.run_id,
+        "incarnation": snap.incarnation if snap.exists else delta.incarnation, "version": snap.version,
+        "stamp": delta.stamp, "run_id": delta.run_id,
         "now": now.isoformat(), "default_expires": (now + timedelta(seconds=ttl)).isoformat() if ttl else None,
         "ssid_changed": delta.service_session_id_changed,
         "log": {k: v.isoformat() if isinstance(v, datetime) else v for k, v in log.items()},
     }  # fmt: skip
     if tools:
         head["tools"] = tools
-    if by_scope["user"]:  # the user's lock and the erasure fence
+    if not snap.exists:
+        head["create"] = True
+    if by_scope["user"] or (not snap.exists and run.user_id is not None):  # the user's lock and the erasure fence
         head["user_key"], head["since"] = user_key(run.user_id or ""), since.isoformat()
     parts = [_j(head)[:-1], ',"messages":[', ",".join(messages), "]"]
     parts += [f',"{part}":[{",".join(items)}]' for part, items in by_scope.items() if items]

@@ -176,7 +176,7 @@ class Run:
                 attempts, retry = (0 if written else 1 if lost else 2), retry or lost
                 if lost:
                     self._trying_once_more()
-            incarnation = snap.incarnation or 0
+            incarnation = (snap.incarnation or 0) if snap.exists else delta.incarnation  # a one-call creation's
             for attempt in range(attempts):
                 last_try = attempt == attempts - 1
                 try:

@@ -3,7 +3,8 @@
 aiosqlite runs every statement in its connection's own thread; each hop there and back costs about 50 us of
 CPU on these machines, more than the statement. So the common case (the same as PostgreSQL's one-call commit,
 fast_commit.py) is one Python function run in that thread: ``BEGIN IMMEDIATE``, the checks and writes of
-run.py's checked path in the same order, ``COMMIT``, with ``executemany`` for the rows.
+run.py's checked path in the same order, ``COMMIT``, with ``executemany`` for the rows. A run's first commit
+creates the session row in the same hop (as PostgreSQL's call does since migration 0010).
 
 Why it is correct: ``BEGIN IMMEDIATE`` takes SQLite's one write lock before the first read, so nothing another
 writer does can land between a check below and the COMMIT. Whenever anything differs from the common case (the
@@ -40,6 +41,13 @@ _BUMP = """UPDATE agent_sessions SET version = version + 1, next_seq = next_seq 
         ELSE datetime(:now_epoch + ttl_seconds, 'unixepoch') || :now_frac END{set_ssid}
 WHERE id = :sid AND incarnation = :incarnation AND version = :version AND closed_at IS NULL
     AND user_id IS :uid AND (agent_id IS NULL OR agent_id = :agent){check_ssid}
+RETURNING version, next_seq"""
+# A run's first commit: the row as the checked path's create + bump leave it (no TTL of its own yet). A row
+# already there (another run created it since this one loaded) is the checked path's to join.
+_CREATE = """INSERT INTO agent_sessions (id, incarnation, user_id, agent_id, service_session_id, version, next_seq,
+    created_at, updated_at, last_run_at, expires_at)
+VALUES (:sid, :incarnation, :uid, :agent, :ssid, 1, :n, :now, :now, :now, :default_expires)
+ON CONFLICT (id) DO NOTHING
 RETURNING version, next_seq"""
 _SSID = (
     ", service_session_id = :ssid",
@@ -78,7 +86,7 @@ def applies(run: Run, *, retry: bool) -> bool:
     snap = run._snapshot
     return (
         run.db.dialect == "sqlite" and run._held is None and not retry and run._key is None
-        and snap.exists and not snap.verify_new_ids and _ONE_HOP
+        and not snap.verify_new_ids and _ONE_HOP
     )  # fmt: skip
 
 
@@ -110,11 +118,14 @@ class _Commit:
         snap, sid = run._snapshot, run.session.session_id
         self.ttl = run.db.settings.idle_ttl_seconds
         ssid, loaded_ssid = (service_session_json(v) for v in (delta.service_session_id, snap.service_session_id))
-        self.bump = _BUMPS[delta.service_session_id_changed]
+        self.bump = _BUMPS[delta.service_session_id_changed] if snap.exists else _CREATE
         self.bump_params = {
-            "sid": sid, "uid": run.user_id, "agent": run.agent_id, "incarnation": snap.incarnation,
-            "version": snap.version, "n": len(delta.messages), "ssid": ssid, "loaded_ssid": loaded_ssid,
+            "sid": sid, "uid": run.user_id, "agent": run.agent_id, "version": snap.version,
+            "incarnation": snap.incarnation if snap.exists else delta.incarnation, "n": len(delta.messages),
+            "ssid": ssid if delta.service_session_id_changed else None, "loaded_ssid": loaded_ssid,
         }  # fmt: skip
+        # The erasure fence: for a run writing the user's keys, and (as the checked path) for one creating a session.
+        self.fenced = run.user_id is not None and not snap.exists
         self.fence = {"user_key": user_key(run.user_id or ""), "since": _time(since)}
         # Per scope: (its statements, owner, the loaded stamps to check (shared scopes), deletes, upsert rows)
         self.scopes: dict[
@@ -154,14 +165,14 @@ class _Commit:
 
     def _write(self, conn: sqlite3.Connection, now: datetime) -> int:
         when = _time(now)
-        if "user" in self.scopes and conn.execute(_FENCE, self.fence).fetchone() is not None:
+        if ("user" in self.scopes or self.fenced) and conn.execute(_FENCE, self.fence).fetchone() is not None:
             raise CheckedPathNeeded("the user was erased since the run loaded")
         bumped = conn.execute(self.bump, {
             **self.bump_params, "now": when, "now_epoch": int(now.timestamp()), "now_frac": f".{now.microsecond:06d}",
             "default_expires": _time(now + timedelta(seconds=self.ttl)) if self.ttl else None,
         }).fetchone()  # fmt: skip
         if bumped is None:
-            raise CheckedPathNeeded("the session row moved on since the run loaded")
+            raise CheckedPathNeeded("the session row moved on (or was created) since the run loaded")
         version, next_seq = bumped
         for (stamps, delete, upsert), owner, loaded, deletes, rows in self.scopes.values():
             if loaded:

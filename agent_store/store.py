@@ -90,6 +90,14 @@ class Store:
     def app_id(self) -> str:
         return self.db.settings.app_id
 
+    async def warm_up(self, connections: int | None = None) -> int:
+        """Open the pool's connections now (default: as many as it keeps, ``pool_size``) and check the schema.
+
+        Call it at start-up: the first runs then find connections ready, and a wrong URL, a down server or an
+        old schema fails here. Returns how many connections were opened.
+        """
+        return await self.db.warm_up(connections)
+
     async def migrate(self, revision: str = "head") -> None:
         """Upgrade the schema to ``revision`` with the shipped migrations (same as ``alembic upgrade``).
 

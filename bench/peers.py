@@ -53,6 +53,9 @@ class OpenAIAgentsSession:
         engine = create_async_engine(url, **options)
         setup = SQLAlchemySession("setup", engine=engine, create_tables=True, **_TABLES)
         await setup.get_items(limit=1)  # creates the tables once; runs then use the production setting
+        opened = [await engine.connect() for _ in range(size)]  # the pool open before timing, as every side's
+        for conn in opened:
+            await conn.close()
         return cls(engine, texts)
 
     async def run(self, sid: str, n: int) -> None:

@@ -99,7 +99,7 @@ async def test_what_the_one_call_cannot_carry_goes_the_checked_way(
     if store.engine.dialect.name == "postgresql":
         first = ("LARGEST_CALL", fast_commit, 10)
         real = fast_commit.payload
-        second: Any = (fast_commit, "payload", lambda *a: real(*a).replace('"format": 1', '"format": 2', 1))
+        second: Any = (fast_commit, "payload", lambda *a: real(*a).replace('"format": 1', '"format": 99', 1))
     else:
         first = ("_ONE_HOP", sqlite_commit, False)
         real_write = sqlite_commit._Commit._write

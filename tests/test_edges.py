@@ -410,3 +410,18 @@ async def test_none_is_a_value_and_deleting_a_key_is_not(store: Store) -> None:
         ("own", "user:shared", "app:global")
     )
     assert "gone" not in state
+
+
+async def test_a_run_creating_a_session_for_a_user_erased_since_it_loaded_creates_nothing(store: Store) -> None:
+    """The erasure fence holds for a run's first commit too, though it writes no ``user:`` key: the one call
+    (one hop on SQLite) checks it under the user's lock, as the checked path does."""
+    async with store.session("old", user_id="u") as session:
+        session.state["user:fact"] = "李明"
+    run = await store.load("new", user_id="u")
+    run.history.append(Message(role="user", contents=["after the erasure"]))
+    run.session.state["k"] = 1
+    await store.erase_user("u")
+    with pytest.raises(SessionNotFoundError):
+        await run.commit()
+    for table in ("agent_sessions", "agent_messages", "agent_state", "agent_runs"):
+        assert await rows(store, f"SELECT count(*) FROM {table}") == [(0,)]  # noqa: S608 - our table names

@@ -25,7 +25,7 @@ TABLES = set(Base.metadata.tables)
 # Search's objects (migration 0007) that the ORM does not model: SQLite's FTS5 table and its shadow tables,
 # PostgreSQL's trigram and full-text indexes.
 SEARCH_OBJECTS = ("agent_messages_fts", "ix_agent_messages_text_")
-SCHEMA_REVISION_BEFORE_HEAD = "0008"  # a revision the code also runs on (the newest changed only indexes)
+SCHEMA_REVISION_BEFORE_HEAD = "0008"  # a revision the code also runs on (0009: indexes; 0010: the commit function)
 
 
 async def table_names(store: Store) -> set[str]:
@@ -111,7 +111,8 @@ async def test_a_store_opened_without_the_check_stays_so_after_migrating(url: st
     async with Store.from_url(url, check_schema=False) as store:
         await store.migrate()
         await store.downgrade(SCHEMA_REVISION_BEFORE_HEAD)
-        async with store.session("s", user_id="u") as session:  # 0009 changed only search's indexes
+        # 0009 changed search indexes; 0010 the commit function (0005's refuses a creating call: the checked path)
+        async with store.session("s", user_id="u") as session:
             session.state["ok"] = True
         assert (await store.load("s", user_id="u")).session.state["ok"] is True
 

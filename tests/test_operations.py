@@ -15,7 +15,7 @@ from helpers import rows
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from agent_store import ConflictError, InvalidValueError, Store
+from agent_store import ConflictError, InvalidValueError, SchemaOutOfDateError, StorageUnavailableError, Store
 from agent_store.engine import migration_connection, migrations_dir
 from agent_store.tables import SCHEMA_REVISION
 
@@ -147,3 +147,29 @@ async def test_a_later_batch_migration_rebuilds_the_viewed_tables_and_back(url: 
         assert await rows(store, "SELECT user_id, text FROM agent_transcript") == [("u", "kept")]
         async with store.session("s", user_id="u") as session:  # the schema is at head again
             assert [m.text for m in session.state["in_memory"]["messages"]] == ["kept"]
+
+
+async def test_warm_up_opens_the_pool_before_the_first_run_and_checks_the_schema(url: str) -> None:
+    async with Store.from_url(url, pool_size=3, max_overflow=0) as store:
+        with pytest.raises(SchemaOutOfDateError):  # a fresh database: the start-up check says so at once
+            await store.warm_up()
+        await store.migrate()
+        pool: Any = store.engine.pool
+        opened = pool.checkedin()  # the schema check's connection (migrating opened one)
+        for bad in (0, 4, True, 1.0):  # beyond the pool, or not a count: refused before anything is opened
+            with pytest.raises(InvalidValueError, match="connections"):
+                await store.warm_up(bad)  # type: ignore[arg-type]
+        assert pool.checkedin() == opened < 3
+        assert await store.warm_up() == 3
+        assert (pool.checkedin(), pool.checkedout()) == (3, 0)  # all open, idle, ready
+        run = await store.load("s", user_id="u")
+        run.session.state["k"] = 1
+        await run.commit()
+        assert (await store.get("s", user_id="u")).version == 1
+
+
+async def test_warm_up_on_an_unreachable_server_is_storage_unavailable_without_the_password() -> None:
+    async with Store.from_url("postgresql+asyncpg://app:s3cret@127.0.0.1:1/chat", connect_args={"timeout": 2}) as store:
+        with pytest.raises(StorageUnavailableError, match=r"127\.0\.0\.1:1") as raised:
+            await store.warm_up(1)
+    assert "s3cret" not in str(raised.value)

@@ -457,3 +457,44 @@ async def test_a_cancelled_run_never_leaves_a_lock_behind(store: Store) -> None:
     assert store.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
     busy = (await store.load("busy", user_id="u")).session
     assert len(busy.state["in_memory"]["messages"]) == busy.state.get("n", 0)  # each run whole or absent
+
+
+async def test_a_lost_reply_to_the_call_that_created_the_session_is_retried_once(pg_url: str) -> None:
+    """A run's first commit creates its session in the one-round-trip call (migration 0010). Its reply is lost
+    after the server committed: the retry is bound to the incarnation that call drew, finds the run landed, and
+    nothing is created or written twice."""
+    proxy = LostReplyProxy("127.0.0.1", make_url(pg_url).port or 5432)
+    port = await proxy.start()
+    try:
+        async with Store.from_url(pg_url.replace(f":{make_url(pg_url).port}/", f":{port}/")) as store:
+            await store.migrate()
+            run = await store.load("new", user_id="u")
+            run.history.extend(Message(role="user", contents=[f"m{i}"]) for i in range(2))
+            run.session.state["n"] = 1
+            run.session.state["user:seen"] = 1
+            proxy.drop_reply_after_commit()
+            result = await run.commit()
+            assert proxy.drops == 1
+            assert (result.version, result.messages_written, result.state_keys_written) == (1, 2, 2)
+            assert await rows(store, "SELECT version, next_seq FROM agent_sessions") == [(1, 2)]
+            assert await rows(store, "SELECT count(*) FROM agent_runs") == [(1,)]
+            run.session.state["n"] = 2  # the run goes on in the session it created
+            assert (await run.commit()).version == 2
+    finally:
+        await proxy.stop()
+
+
+async def test_eight_runs_creating_one_session_at_once_all_land_once(store: Store) -> None:
+    """Eight runs load an id nobody has used and commit together: one creates the row (in the one call / hop),
+    the others find it there and join through the checked path. Every message lands once, gap-free."""
+    runs = [await store.load("born", user_id="u") for _ in range(8)]
+    for i, run in enumerate(runs):
+        run.history.append(Message(role="user", contents=[f"from run {i}"]))
+        run.session.state[f"k{i}"] = i
+    results = await asyncio.gather(*(run.commit() for run in runs))
+    assert sorted(r.version for r in results) == list(range(1, 9))
+    await assert_gap_free(store, "born", 8)
+    assert await rows(store, "SELECT count(*), count(DISTINCT incarnation) FROM agent_sessions") == [(1, 1)]
+    assert await rows(store, "SELECT count(*) FROM agent_runs WHERE outcome = 'committed'") == [(8,)]
+    state = (await store.load("born", user_id="u")).session.state
+    assert {k: v for k, v in state.items() if k.startswith("k")} == {f"k{i}": i for i in range(8)}

@@ -13,6 +13,7 @@ from typing import Any
 import aiosqlite
 import pytest
 from agent_framework import Message
+from helpers import rows
 from lost_reply_proxy import LostReplyProxy
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
@@ -100,6 +101,25 @@ async def test_load_and_commit_take_a_constant_number_of_statements(store: Store
         ]]  # fmt: skip
 
 
+async def test_a_run_that_creates_its_session_commits_in_one_call_too(store: Store) -> None:
+    """A session's first run (none existed at its load) creates the row in the same call / hop (migration 0010
+    on PostgreSQL): no statement through SQLAlchemy, where the checked path took eight."""
+    run = await store.load("new", user_id="u", history_limit=20)
+    run.history.append(Message(role="user", contents=["first"]))
+    run.session.state["k"] = 1
+    with Counter(store) as committing:
+        result = await run.commit()
+    assert committing.statements == [] and result.version == 1
+    if store.engine.dialect.name == "sqlite":  # the erasure fence (a user's new session), the row, its writes
+        assert committing.in_thread() == [[
+            "BEGIN IMMEDIATE", "SELECT 1 FROM", "INSERT INTO agent_sessions", "INSERT INTO agent_state",
+            "INSERT INTO agent_messages", "INSERT INTO agent_runs", "COMMIT",
+        ]]  # fmt: skip
+    assert await rows(store, "SELECT version, next_seq, user_id, agent_id, expires_at FROM agent_sessions") == [
+        (1, 1, "u", None, None)  # the store has no idle TTL: no expiry
+    ]
+
+
 async def test_the_stamp_check_runs_when_another_commit_came_between(store: Store) -> None:
     async with store.session("s", user_id="u") as session:
         session.state["a"] = 0
@@ -136,6 +156,12 @@ async def test_a_run_is_two_round_trips_on_postgresql(pg_url: str) -> None:
                 run.session.state["user:seen"] = run.session.state.get("user:seen", 0) + 1
                 await run.commit()
                 counts.append(proxy.round_trips - before)
-            assert counts == [2, 2]  # also behind PgBouncer (CI's second pass): unnamed statements, one request each
+            before = proxy.round_trips  # a run that creates its session: the same two
+            run = await store.load("new", user_id="u", history_limit=20)
+            run.history.append(Message(role="user", contents=["first"]))
+            run.session.state["user:seen"] = 1
+            await run.commit()
+            counts.append(proxy.round_trips - before)
+            assert counts == [2, 2, 2]  # also behind PgBouncer (CI's second pass): unnamed statements, one request each
     finally:
         await proxy.stop()
