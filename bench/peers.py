@@ -53,7 +53,7 @@ class OpenAIAgentsSession:
         engine = create_async_engine(url, **options)
         setup = SQLAlchemySession("setup", engine=engine, create_tables=True, **_TABLES)
         await setup.get_items(limit=1)  # creates the tables once; runs then use the production setting
-        opened = [await engine.connect() for _ in range(size)]  # the pool open before timing, as every side's
+        opened = [await engine.connect() for _ in range(options.get("pool_size", 1))]  # opened before timing
         for conn in opened:
             await conn.close()
         return cls(engine, texts)
