@@ -6,12 +6,15 @@
 from __future__ import annotations
 
 import functools
+import hashlib
+import uuid
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Table, bindparam, case, cast, delete, func, insert, literal, select, update
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects.postgresql import UUID
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .codec import EncodedMessage
@@ -209,8 +212,16 @@ async def write_state(
 
 async def already_stored(db: AsyncConnection, session_id: str, message_ids: list[str]) -> set[str]:
     c = messages_t.c
-    rows = await db.execute(select(c.message_id).where(c.session_id == session_id, c.message_id.in_(message_ids)))
+    found = select(c.message_id).where(c.session_id == session_id, c.message_id.in_(message_ids))
+    if db.dialect.name == "postgresql":  # the unique index keys md5(message_id)::uuid (migration 0011)
+        found = found.where(cast(func.md5(c.message_id), UUID).in_([id_hash(i) for i in message_ids]))
+    rows = await db.execute(found)
     return set(rows.scalars().all())
+
+
+def id_hash(message_id: str) -> uuid.UUID:
+    """``md5(message_id)::uuid`` as PostgreSQL computes it (over the id's UTF-8 bytes)."""
+    return uuid.UUID(hashlib.md5(message_id.encode(), usedforsecurity=False).hexdigest())
 
 
 async def insert_messages(

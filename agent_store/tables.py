@@ -30,7 +30,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeEngine
 
 # The Alembic revision this code expects; tests/test_migrations.py pins it to the scripts' head.
-SCHEMA_REVISION = "0010"
+SCHEMA_REVISION = "0011"
 ID_MAX = 255  # ids are bounded: longer ones are refused before any SQL runs
 
 NAMING_CONVENTION = {
@@ -175,6 +175,7 @@ class MessageRow(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     body: Mapped[Any] = mapped_column(JsonText())
 
+    # On PostgreSQL the index keys md5(message_id)::uuid, 16 bytes instead of the id's text (migration 0011).
     __table_args__ = (Index(None, "session_id", "message_id", unique=True),)
 
 

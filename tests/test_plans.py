@@ -97,3 +97,28 @@ async def test_a_search_for_one_user_is_index_served(big: Store, query: str) -> 
     for statement, parameters in statements:
         assert await full_scans(big, statement, parameters) == [], statement
     assert [(h.session_id, h.seq) for h in (await big.search(query, user_id="user-7")).items] == [("session-7", 5)]
+
+
+async def test_looking_up_stored_message_ids_is_index_served(big: Store) -> None:
+    """A retried save looks up the ids it carries (PostgreSQL: by their MD5, the unique index's key, 0011)."""
+    from agent_store.statements import already_stored
+
+    ids = [r[0] for r in await rows(big, "SELECT message_id FROM agent_messages WHERE session_id = 'session-7'")]
+    assert len(ids) == 5
+
+    async def lookup() -> None:
+        async with big.engine.connect() as conn:
+            assert await already_stored(conn, "session-7", [*ids[:2], "not-stored"]) == set(ids[:2])
+
+    await analyze(big)
+    ((statement, parameters),) = await captured(big, lookup)
+    assert await full_scans(big, statement, parameters) == [], statement
+    async with big.engine.connect() as conn:  # by the id's index key, not a walk of the session's messages
+        driver: Any = (await conn.get_raw_connection()).driver_connection
+        if big.engine.dialect.name == "postgresql":
+            plan = [r[0] for r in await driver.fetch("EXPLAIN " + statement, *parameters)]
+            assert any("Index Cond" in line and "md5" in line for line in plan), plan
+        else:
+            cursor = await driver.execute("EXPLAIN QUERY PLAN " + statement, parameters)
+            plan = [r[3] for r in await cursor.fetchall()]
+            assert any("(session_id=? AND message_id=?)" in line for line in plan), plan

@@ -1,0 +1,72 @@
+"""PostgreSQL: the message id's unique index keys a 16-byte MD5 of the id, not the id (SQLite: nothing changes).
+
+The index exists to refuse a message id stored twice in one session and to find the ids a retried save carries
+(both look up a handful of ids in one session). Keyed by the id itself, a 32-character text, it was the second
+largest index per message (82 bytes on the benchmark's messages, after the trigram index); keyed by
+``md5(message_id)::uuid`` it is about 40. Lookups compare both the hash (the index) and the id itself; two ids
+with one MD5 (which only someone crafting ids could make) are refused as one id stored twice, with a typed error.
+
+The index keeps its name. The commit function's duplicate check (0005, 0010) becomes the same lookup.
+Rebuilding the index reads ``agent_messages`` once; writes to it wait meanwhile.
+
+Revision ID: 0011
+Revises: 0010
+Create Date: 2026-12-01
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Sequence
+from pathlib import Path
+
+from alembic import op
+
+revision: str = "0011"
+down_revision: str | None = "0010"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+_DROP = "DROP INDEX ix_agent_messages_session_id_message_id"
+_BY_HASH = (
+    "CREATE UNIQUE INDEX ix_agent_messages_session_id_message_id"
+    " ON agent_messages (session_id, (md5(message_id)::uuid))"
+)
+_BY_ID = "CREATE UNIQUE INDEX ix_agent_messages_session_id_message_id ON agent_messages (session_id, message_id)"
+_CHECK = (
+    """        IF EXISTS (SELECT 1 FROM agent_messages WHERE session_id = sid AND message_id IN (
+                   SELECT e->>'message_id' FROM jsonb_array_elements(p->'messages') e)) THEN""",
+    """        IF EXISTS (SELECT 1 FROM agent_messages WHERE session_id = sid AND md5(message_id)::uuid IN (
+                   SELECT md5(e->>'message_id')::uuid FROM jsonb_array_elements(p->'messages') e)) THEN""",
+)
+
+
+def _function_of_0010() -> str:
+    spec = importlib.util.spec_from_file_location(
+        "_0010", Path(__file__).with_name("0010_one_call_creates_sessions.py")
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return str(module.commit_function())
+
+
+def commit_function() -> str:
+    function = _function_of_0010()
+    if function.count(_CHECK[0]) != 1:
+        raise RuntimeError("0011: 0010's function changed; cannot find its duplicate check once")
+    return function.replace(_CHECK[0], _CHECK[1])
+
+
+def upgrade() -> None:
+    if op.get_bind().dialect.name == "postgresql":
+        op.execute(_DROP)
+        op.execute(_BY_HASH)
+        op.execute(commit_function())
+
+
+def downgrade() -> None:
+    if op.get_bind().dialect.name == "postgresql":
+        op.execute(_function_of_0010())
+        op.execute(_DROP)
+        op.execute(_BY_ID)
