@@ -148,10 +148,12 @@ class Database:
         with translated(self.url, doing):
             await self.check_schema()
             conn = await checkout(self._single)
+            lost = f"{doing} failed on {redact(self.url)}"
             try:
                 if committing is not None:
+                    await self.driver.check_open(conn, lost=lost)  # closed in the pool: certainly not sent
                     committing()
-                rows = await self.driver.fetch(conn, statement, params, lost=f"{doing} failed on {redact(self.url)}")
+                rows = await self.driver.fetch(conn, statement, params, lost=lost)
                 if self.dialect == "sqlite":  # no BEGIN was sent: nothing to roll back (engine._sqlite_reset)
                     conn.info[NO_TRANSACTION] = True
                 return rows
@@ -223,8 +225,8 @@ class Database:
         """
         size = getattr(self.engine.pool, "size", None)
         keeps = size() if callable(size) else 1  # a pool without a size (NullPool) keeps nothing: open one
-        wanted = keeps if connections is None else connections
-        if type(wanted) is not int or not 1 <= wanted <= keeps:
+        wanted = (keeps or 1) if connections is None else connections
+        if type(wanted) is not int or wanted < 1 or (keeps and wanted > keeps):  # pool_size=0: no limit
             raise InvalidValueError(f"connections must be an int from 1 to the pool's size ({keeps}), not {wanted!r}")
         await self.check_schema()
         with translated(self.url, "opening the pool's connections"):

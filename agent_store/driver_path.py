@@ -70,6 +70,19 @@ class DriverPath:
         row_type = self._rows[statement][0]
         return [row_type(*record) for record in records]
 
+    async def check_open(self, conn: AsyncConnection, *, lost: str) -> None:
+        """Raise the lost-connection error now if the pooled connection was closed while it sat in the pool.
+
+        A server restart closes idle connections, and asyncpg sees that as it happens: a write sent on such a
+        connection certainly never reached the server, which a caller needs to know (a run's first commit,
+        retried as "may have landed", could not tell "never created" from "created and deleted since").
+        """
+        if self.dialect.name == "postgresql" and _driver(conn).is_closed():
+            await _drop_dead_pool(conn)
+            dropped = StorageUnavailableError(f"{lost}: connection lost before anything was sent")
+            dropped.connection_lost = True
+            raise dropped
+
     def _sqlite_rows(self, statement: Any, rows: Any) -> list[Any]:
         """SQLite hands back text for JSON and timestamps: the columns' own SQLAlchemy types convert them."""
         found = self._rows.get(statement)

@@ -166,6 +166,8 @@ async def test_warm_up_opens_the_pool_before_the_first_run_and_checks_the_schema
         run.session.state["k"] = 1
         await run.commit()
         assert (await store.get("s", user_id="u")).version == 1
+    async with Store.from_url(url, pool_size=0) as unlimited:  # SQLAlchemy's "no limit": any count is opened
+        assert await unlimited.warm_up() == 1 and await unlimited.warm_up(5) == 5
 
 
 async def test_warm_up_on_an_unreachable_server_is_storage_unavailable_without_the_password() -> None:

@@ -498,3 +498,25 @@ async def test_eight_runs_creating_one_session_at_once_all_land_once(store: Stor
     assert await rows(store, "SELECT count(*) FROM agent_runs WHERE outcome = 'committed'") == [(8,)]
     state = (await store.load("born", user_id="u")).session.state
     assert {k: v for k, v in state.items() if k.startswith("k")} == {f"k{i}": i for i in range(8)}
+
+
+async def test_a_first_commit_on_a_connection_closed_in_the_pool_creates_the_session(pg_url: str) -> None:
+    """The pooled connection is closed while idle (a restart; here its backend is terminated) between a new
+    session's load and its first commit: nothing was sent on it, so the commit is tried once more as a plain
+    first commit and creates the session, with no error (not "outcome unknown")."""
+    async with Store.from_url(pg_url, pool_size=1, max_overflow=0) as store:
+        await store.migrate()
+        run = await store.load("new", user_id="u")
+        run.history.append(Message(role="user", contents=["hello"]))
+        run.session.state["k"] = 1
+        async with store.engine.connect() as conn:
+            pid = (await conn.exec_driver_sql("SELECT pg_backend_pid()")).scalar_one()
+        admin = await asyncpg.connect(plain_dsn(pg_url))
+        try:
+            assert await admin.fetchval("SELECT pg_terminate_backend($1)", pid)
+        finally:
+            await admin.close()
+        await asyncio.sleep(0.3)  # the client sees the server close it, as after a restart
+        result = await run.commit()
+        assert (result.version, result.messages_written, result.state_keys_written) == (1, 1, 1)
+        assert await rows(store, "SELECT version, next_seq FROM agent_sessions") == [(1, 1)]
