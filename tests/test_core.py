@@ -342,3 +342,29 @@ async def test_an_old_message_re_added_to_a_windowed_history_is_refused_not_dupl
     assert await rows(
         store, "SELECT count(*), max(version) FROM agent_messages JOIN agent_sessions ON id = session_id"
     ) == [(4, 1)]
+
+
+# Two different ids with one MD5 (Marc Stevens' published collision pair): PostgreSQL's id index keys the MD5.
+COLLIDING_IDS = ("TEXTCOLLBYfGiJUETHQ4hAcKSMd5zYpgqf1YRDhkmxHkhPWptrkoyz28wnI9V0aHeAuaKnak",
+                 "TEXTCOLLBYfGiJUETHQ4hEcKSMd5zYpgqf1YRDhkmxHkhPWptrkoyz28wnI9V0aHeAuaKnak")  # fmt: skip
+
+
+@pytest.mark.parametrize("run_id", [None, "key"])  # the one call / hop, and the checked path
+async def test_ids_sharing_an_md5_are_refused_by_name_on_postgresql_and_kept_apart_on_sqlite(
+    store: Store, run_id: str | None
+) -> None:
+    from agent_store.statements import id_hash
+
+    assert id_hash(COLLIDING_IDS[0]) == id_hash(COLLIDING_IDS[1])
+    run = await store.load("s", user_id="u", run_id=run_id)
+    for message_id in COLLIDING_IDS:
+        message = Message(role="user", contents=[message_id[-4:]])
+        message.additional_properties["agent_store_id"] = message_id
+        run.history.append(message)
+    if store.engine.dialect.name == "postgresql":
+        with pytest.raises(InvalidValueError, match="already stored"):
+            await run.commit()
+        assert await rows(store, "SELECT count(*) FROM agent_messages") == [(0,)]
+    else:  # SQLite's index keys the id itself
+        await run.commit()
+        assert await rows(store, "SELECT count(*) FROM agent_messages") == [(2,)]

@@ -7,7 +7,10 @@ largest index per message (82 bytes on the benchmark's messages, after the trigr
 with one MD5 (which only someone crafting ids could make) are refused as one id stored twice, with a typed error.
 
 The index keeps its name. The commit function's duplicate check (0005, 0010) becomes the same lookup.
-Rebuilding the index reads ``agent_messages`` once; writes to it wait meanwhile.
+Rebuilding the index reads ``agent_messages`` once; writes to it wait meanwhile. A database where one session
+holds two ids of one MD5 (stored before this revision; only crafted ids collide) cannot take the new index: the
+upgrade fails on its unique violation, keeps 0010 and changes nothing. Find such rows with
+``SELECT session_id, md5(message_id) FROM agent_messages GROUP BY 1, 2 HAVING count(*) > 1``.
 
 Revision ID: 0011
 Revises: 0010
