@@ -38,10 +38,19 @@ _BY_HASH = (
 _BY_ID = "CREATE UNIQUE INDEX ix_agent_messages_session_id_message_id ON agent_messages (session_id, message_id)"
 _CHECK = (
     """        IF EXISTS (SELECT 1 FROM agent_messages WHERE session_id = sid AND message_id IN (
-                   SELECT e->>'message_id' FROM jsonb_array_elements(p->'messages') e)) THEN""",
-    """        IF EXISTS (SELECT 1 FROM agent_messages WHERE session_id = sid AND md5(message_id)::uuid IN (
-                   SELECT md5(e->>'message_id')::uuid FROM jsonb_array_elements(p->'messages') e)) THEN""",
+                   SELECT e->>'message_id' FROM jsonb_array_elements(p->'messages') e)) THEN
+            RAISE EXCEPTION 'agent_store: take the checked path' USING ERRCODE = 'AS000';
+        END IF;""",
+    # One point lookup per id: both index columns by equality, so every plan is a unique-index probe. (A join
+    # of the ids with the session's rows let the function's cached generic plan, costed for an average session,
+    # read a session's every message: O(session) per commit.)
+    """        FOR hashed IN SELECT md5(e->>'message_id')::uuid FROM jsonb_array_elements(p->'messages') e LOOP
+            IF EXISTS (SELECT 1 FROM agent_messages WHERE session_id = sid AND md5(message_id)::uuid = hashed) THEN
+                RAISE EXCEPTION 'agent_store: take the checked path' USING ERRCODE = 'AS000';
+            END IF;
+        END LOOP;""",
 )
+_DECLARE = ("    bumped record;\n", "    bumped record;\n    hashed uuid;\n")
 
 
 def _function_of_0010() -> str:
@@ -56,9 +65,11 @@ def _function_of_0010() -> str:
 
 def commit_function() -> str:
     function = _function_of_0010()
-    if function.count(_CHECK[0]) != 1:
-        raise RuntimeError("0011: 0010's function changed; cannot find its duplicate check once")
-    return function.replace(_CHECK[0], _CHECK[1])
+    for old, new in (_DECLARE, _CHECK):
+        if function.count(old) != 1:
+            raise RuntimeError(f"0011: 0010's function changed; cannot find {old!r} once")
+        function = function.replace(old, new)
+    return function
 
 
 def upgrade() -> None:
