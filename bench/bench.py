@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import platform
 import sqlite3
@@ -153,12 +154,14 @@ async def s3(sides: Sides, prefix: str) -> dict[str, float]:
         "floor window 20 of 5000 ms": lambda: sides.floor.load(big, limit=20),
         "floor whole 20 ms": lambda: sides.floor.load(small, limit=None),
     }
-    # Round-robin, 15 rounds: each load meets the same conditions (a small load timed right after fifteen
-    # 5,000-message loads ran about 1.5x slower than one timed before them: the allocator, not the statement).
-    times: dict[str, list[float]] = {name: [] for name in loads}
-    for _ in range(15):
-        for name, load in loads.items():
-            times[name].append(await timed(load))
+    # Each load in a block of its own, after a collection and 5 untimed calls of the same load: a load timed
+    # right after 5,000-message loads ran about 1.5x slower (the allocator and the collector, not the SQL).
+    times: dict[str, list[float]] = {}
+    for name, load in loads.items():
+        gc.collect()
+        for _ in range(5):
+            await load()
+        times[name] = [await timed(load) for _ in range(15)]
     return {name: statistics.median(values) * 1e3 for name, values in times.items()}
 
 
