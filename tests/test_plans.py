@@ -137,9 +137,10 @@ async def test_the_commit_function_looks_message_ids_up_in_the_index(pg_url: str
         query = check.group(1).replace("session_id = sid", "session_id = $1").replace("= hashed", "= $2")
         async with store.engine.connect() as conn:
             driver: Any = (await conn.get_raw_connection()).driver_connection
-            await driver.execute("SET plan_cache_mode = force_generic_plan")
-            await driver.execute("PREPARE duplicate_check(text, uuid) AS " + query)
-            explain = "EXPLAIN EXECUTE duplicate_check('session-7', md5('a')::uuid)"
-            plan = [r[0] for r in await driver.fetch(explain)]
-            await driver.execute("DEALLOCATE duplicate_check; RESET plan_cache_mode")
+            async with driver.transaction():  # one server connection, also behind PgBouncer
+                await driver.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+                await driver.execute("PREPARE duplicate_check(text, uuid) AS " + query)
+                explain = "EXPLAIN EXECUTE duplicate_check('session-7', md5('a')::uuid)"
+                plan = [r[0] for r in await driver.fetch(explain)]
+                await driver.execute("DEALLOCATE duplicate_check")
     assert any("Index Cond" in line and "md5" in line for line in plan), plan

@@ -500,10 +500,12 @@ async def test_eight_runs_creating_one_session_at_once_all_land_once(store: Stor
     assert {k: v for k, v in state.items() if k.startswith("k")} == {f"k{i}": i for i in range(8)}
 
 
-async def test_a_first_commit_on_a_connection_closed_in_the_pool_creates_the_session(pg_url: str) -> None:
+async def test_a_first_commit_on_a_connection_closed_in_the_pool_creates_the_session(own_postgres: Any) -> None:
     """The pooled connection is closed while idle (a restart; here its backend is terminated) between a new
     session's load and its first commit: nothing was sent on it, so the commit is tried once more as a plain
-    first commit and creates the session, with no error (not "outcome unknown")."""
+    first commit and creates the session, with no error (not "outcome unknown"). On a server of its own: behind
+    a pooler the client's connection would outlive the backend."""
+    pg_url = own_postgres.url()
     async with Store.from_url(pg_url, pool_size=1, max_overflow=0) as store:
         await store.migrate()
         run = await store.load("new", user_id="u")
