@@ -17,10 +17,9 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import text
 
 from . import codec, runlog
-from .errors import CheckedPathNeeded, StorageUnavailableError
+from .errors import CheckedPathNeeded, DatabaseError, StorageUnavailableError
 from .retention import user_key
 from .scopes import APP_PREFIX, USER_PREFIX, scope_of
-from .statements import id_hash
 
 if TYPE_CHECKING:
     from .delta import Delta
@@ -29,6 +28,7 @@ if TYPE_CHECKING:
 # PostgreSQL caps one jsonb value at 256 MB: a run that large (characters; up to 4 bytes each) goes the checked way.
 LARGEST_CALL = 32 * 1024 * 1024
 CALL = text("SELECT agent_store_commit(CAST(:p AS jsonb))")
+UNIQUE_VIOLATION = "23505"
 
 
 def applies(run: Run, *, retry: bool) -> bool:
@@ -47,13 +47,18 @@ async def attempt(run: Run, delta: Delta, since: datetime) -> tuple[tuple[int, i
     """
     if sum(len(r.columns["body"]) + len(r.columns["text"]) for r in delta.messages) > LARGEST_CALL:
         return None, False
-    if len({id_hash(r.message_id) for r in delta.messages}) < len(delta.messages):
-        return None, False  # two ids of one MD5 (only crafted ids): the checked path refuses them by name
     try:
         rows = await run.db.one_statement(
             CALL, {"p": payload(run, delta, since)}, doing="committing a run", committing=run._sent
         )
     except CheckedPathNeeded:
+        run._maybe_landed = False
+        return None, False
+    except DatabaseError as exc:
+        if getattr(exc.__cause__, "sqlstate", None) != UNIQUE_VIOLATION:
+            raise
+        # A unique index refused a row its checks did not foresee (two message ids of one MD5, which only
+        # crafted ids have): the statement failed whole, so nothing was kept; the checked path names it.
         run._maybe_landed = False
         return None, False
     except StorageUnavailableError as exc:

@@ -20,7 +20,6 @@ Create Date: 2026-12-01
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -66,21 +65,26 @@ _BUMPED = (
 )
 
 
-def _function_of_0005() -> str:
-    spec = importlib.util.spec_from_file_location("_0005", Path(__file__).with_name("0005_one_round_trip_commit.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return str(module.COMMIT_FUNCTION)
+def function_of(revision_id: str) -> str:
+    """The commit function as an earlier revision defines it (``COMMIT_FUNCTION`` or ``commit_function()``)."""
+    from alembic.script import ScriptDirectory
+
+    module = ScriptDirectory(str(Path(__file__).resolve().parents[1])).get_revision(revision_id).module
+    return str(module.commit_function() if hasattr(module, "commit_function") else module.COMMIT_FUNCTION)
+
+
+def splice(function: str, changes: Sequence[tuple[str, str]], revision_id: str) -> str:
+    """``function`` with each (old, new) replaced; each old text must be there exactly once."""
+    for old, new in changes:
+        if function.count(old) != 1:
+            raise RuntimeError(f"{revision_id}: the function it changes is not as expected; {old!r} not found once")
+        function = function.replace(old, new)
+    return function
 
 
 def commit_function() -> str:
-    function = _function_of_0005()
-    for old, new in (_FORMAT, _USER_LOCK, _CREATE, _BUMPED):
-        if function.count(old) != 1:
-            raise RuntimeError(f"0010: 0005's function changed; cannot find {old!r} once")
-        function = function.replace(old, new)
-    return function.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
+    replaced = splice(function_of("0005"), (_FORMAT, _USER_LOCK, _CREATE, _BUMPED), revision)
+    return replaced.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
 
 
 def upgrade() -> None:
@@ -90,4 +94,4 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":
-        op.execute(_function_of_0005().replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1))
+        op.execute(function_of("0005").replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1))

@@ -19,9 +19,9 @@ Create Date: 2026-12-01
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from alembic import op
 
@@ -53,23 +53,15 @@ _CHECK = (
 _DECLARE = ("    bumped record;\n", "    bumped record;\n    hashed uuid;\n")
 
 
-def _function_of_0010() -> str:
-    spec = importlib.util.spec_from_file_location(
-        "_0010", Path(__file__).with_name("0010_one_call_creates_sessions.py")
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return str(module.commit_function())
+def _revision_0010() -> Any:  # its function_of() and splice()
+    from alembic.script import ScriptDirectory
+
+    return ScriptDirectory(str(Path(__file__).resolve().parents[1])).get_revision("0010").module
 
 
 def commit_function() -> str:
-    function = _function_of_0010()
-    for old, new in (_DECLARE, _CHECK):
-        if function.count(old) != 1:
-            raise RuntimeError(f"0011: 0010's function changed; cannot find {old!r} once")
-        function = function.replace(old, new)
-    return function
+    before = _revision_0010()
+    return str(before.splice(before.function_of("0010"), (_DECLARE, _CHECK), revision))
 
 
 def upgrade() -> None:
@@ -81,6 +73,6 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":
-        op.execute(_function_of_0010())
+        op.execute(_revision_0010().function_of("0010"))
         op.execute(_DROP)
         op.execute(_BY_ID)
