@@ -12,7 +12,7 @@ from agent_framework import Agent, Message
 from alembic import command
 from alembic.config import Config
 from helpers import rows
-from sqlalchemy import text
+from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from agent_store import ConflictError, InvalidValueError, SchemaOutOfDateError, StorageUnavailableError, Store
@@ -168,6 +168,27 @@ async def test_warm_up_opens_the_pool_before_the_first_run_and_checks_the_schema
         assert (await store.get("s", user_id="u")).version == 1
     async with Store.from_url(url, pool_size=0) as unlimited:  # SQLAlchemy's "no limit": any count is opened
         assert await unlimited.warm_up() == 1 and await unlimited.warm_up(5) == 5
+
+
+async def test_runs_one_after_another_reuse_the_connection_that_came_back_last(url: str) -> None:
+    """A light load keeps to the connections whose statements are already prepared and planned (LIFO)."""
+    async with Store.from_url(url, pool_size=4, max_overflow=0) as store:
+        await store.migrate()
+        await store.warm_up()
+        used: list[int] = []
+        event.listen(store.engine.sync_engine, "checkout", lambda dbapi, record, proxy: used.append(id(dbapi)))
+        for n in range(6):
+            run = await store.load("s", user_id="u")
+            run.session.state["n"] = n
+            await run.commit()
+        assert len(used) >= 12 and len(set(used)) == 1  # FIFO would have taken all four in turn
+    async with Store.from_url(url, pool_size=4, max_overflow=0, pool_use_lifo=False) as fifo:  # still the caller's
+        await fifo.warm_up()
+        used.clear()
+        event.listen(fifo.engine.sync_engine, "checkout", lambda dbapi, record, proxy: used.append(id(dbapi)))
+        for _ in range(4):
+            await fifo.get("s", user_id="u")
+        assert len(set(used)) == 4
 
 
 async def test_warm_up_on_an_unreachable_server_is_storage_unavailable_without_the_password() -> None:

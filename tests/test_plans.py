@@ -144,3 +144,32 @@ async def test_the_commit_function_looks_message_ids_up_in_the_index(pg_url: str
                 plan = [r[0] for r in await driver.fetch(explain)]
                 await driver.execute("DEALLOCATE duplicate_check")
     assert any("Index Cond" in line and "md5" in line for line in plan), plan
+
+
+async def test_a_window_planned_before_any_statistics_reads_only_the_window(url: str) -> None:
+    """A connection keeps the generic plan of its first runs' loads, which on a new database were planned with
+    no statistics at all: the window's messages must still come from the primary key's (session_id, seq) range,
+    not from the message-id index's session prefix (every message of the session, whatever the window)."""
+    async with Store.from_url(url) as store:
+        await store.migrate()
+        run = await store.load("s", user_id="u")
+        run.history.extend(Message(role="user", contents=[f"m{n}"]) for n in range(3))
+        await run.commit()
+        ((statement, parameters),) = await captured(store, lambda: store.load("s", user_id="u", history_limit=2))
+        async with store.engine.connect() as conn:
+            driver: Any = (await conn.get_raw_connection()).driver_connection
+            if store.engine.dialect.name == "postgresql":
+                types = [t.name for t in (await driver.prepare(statement)).get_parameters()]
+                async with driver.transaction():  # one server connection, also behind PgBouncer
+                    await driver.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+                    await driver.execute(f"PREPARE window_load({', '.join(types)}) AS {statement}")
+                    values = [await driver.fetchval("SELECT quote_literal($1::text)", str(p)) for p in parameters]
+                    plan = [r[0] for r in await driver.fetch(f"EXPLAIN EXECUTE window_load({', '.join(values)})")]
+                    await driver.execute("DEALLOCATE window_load")
+                scans = [line for line in plan if "on agent_messages" in line]
+                assert scans and all("pk_agent_messages" in line for line in scans), plan
+                assert any("Index Cond" in line and "seq >=" in line for line in plan), plan
+            else:
+                cursor = await driver.execute("EXPLAIN QUERY PLAN " + statement, parameters)
+                plan = [r[3] for r in await cursor.fetchall()]
+                assert any("agent_messages" in line and "seq>?" in line for line in plan), plan
