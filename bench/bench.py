@@ -29,6 +29,7 @@ from agent_framework import AgentSession, Message
 from floor import TABLES as FLOOR_TABLES
 from floor import Conflict, Floor
 from peers import fresh_url, peers_for, round_trips_per_run
+from space import PARTS, postgres_parts, sqlite_parts
 from sqlalchemy import text
 
 from agent_store import Store, retry_on_conflict
@@ -277,12 +278,23 @@ async def one_rep(
                 "store": await table_bytes(store, STORE_TABLES, None) / store_messages,
                 "floor": await table_bytes(store, FLOOR_TABLES, None) / floor_messages,
             }
+            async with store.engine.connect() as conn:
+                parts = {
+                    "store": await postgres_parts(conn, STORE_TABLES, store_messages),
+                    "floor": await postgres_parts(conn, FLOOR_TABLES, floor_messages),
+                }
     if sqlite_files is not None:
         async with Store.from_url(url) as store, Store.from_url(floor_url, check_schema=False) as floor_store:
             out["S5 bytes/message"] = {
                 "store": await table_bytes(store, [], sqlite_files[0]) / store_messages,
                 "floor": await table_bytes(floor_store, [], sqlite_files[1]) / floor_messages,
             }
+        parts = {
+            "store": sqlite_parts(sqlite_files[0], store_messages),
+            "floor": sqlite_parts(sqlite_files[1], floor_messages),
+        }
+    for part in PARTS:  # S5's profile: what each side's bytes are spent on (bench/space.py)
+        out["S5 part: " + part] = {side: parts[side][part] for side in parts}
     return out
 
 
