@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from . import codec
 from .connections import checkout, once_more_if_dropped, quietly
 from .driver_path import DriverPath
-from .engine import NO_TRANSACTION, check_schema, configure_sqlite, migration_connection, migrations_dir
+from .engine import NO_TRANSACTION, check_schema, configure_engine, migration_connection, migrations_dir
 from .errors import (
     ConfigurationError,
     InvalidValueError,
@@ -52,7 +52,7 @@ class Database:
     def __init__(self, engine: AsyncEngine, settings: Settings, *, check_schema: bool = True) -> None:
         if engine.dialect.name not in ("sqlite", "postgresql") or not engine.dialect.is_async:
             raise ConfigurationError(f"unsupported engine dialect {engine.dialect.name!r}: use aiosqlite or asyncpg")
-        configure_sqlite(engine)
+        configure_engine(engine)
         engine.sync_engine.hide_parameters = True  # a failed statement's parameters are message text
         self.engine, self.settings = engine, settings
         self.dialect: str = engine.dialect.name
@@ -73,7 +73,7 @@ class Database:
         self._where = redact(engine.url)  # for messages; rendered once (it was 30 us of every statement's CPU)
 
     def use_replica(self, replica: AsyncEngine) -> None:
-        configure_sqlite(replica)
+        configure_engine(replica)
         replica.sync_engine.hide_parameters = True
         if replica.dialect.name == "postgresql":
             self._replica = replica.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)

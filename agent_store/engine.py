@@ -18,7 +18,7 @@ from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy.exc import ArgumentError, DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from . import text_match
@@ -75,10 +75,11 @@ def make_engine(url: str | URL | None = None, **engine_kwargs: Any) -> AsyncEngi
     if database in ("", ":memory:") or database.startswith("file::memory:"):
         raise ConfigurationError("an in-memory SQLite database cannot be shared by runs; give a file path")
     engine_kwargs.setdefault("hide_parameters", True)
-    engine_kwargs.setdefault("pool_reset_on_return", None)  # _sqlite_reset does it, skipping what needs none
+    if "pool" not in engine_kwargs:  # a pool object of the caller's resets its connections its own way
+        engine_kwargs.setdefault("pool_reset_on_return", None)  # _sqlite_reset does it, skipping what needs none
     engine = _create(parsed, **engine_kwargs)
-    configure_sqlite(engine)
-    if engine_kwargs["pool_reset_on_return"] is None:
+    configure_engine(engine)
+    if "pool_reset_on_return" in engine_kwargs and engine_kwargs["pool_reset_on_return"] is None:
         event.listen(engine.sync_engine, "reset", _sqlite_reset)
     return engine
 
@@ -100,13 +101,16 @@ def _unique_statement_name() -> str:
     return f"__agent_store_{uuid.uuid4().hex}__"
 
 
-def configure_sqlite(engine: AsyncEngine) -> None:
-    """Install the SQLite connection set-up; harmless on other dialects and if called twice.
+def configure_engine(engine: AsyncEngine) -> None:
+    """Install the connection set-up of the engine's dialect; harmless if called twice.
 
-    The set-up runs at checkout, once per pooled connection (marked in its record), so an engine handed to
-    ``Store(engine)`` after it already opened connections gets the pragmas on those connections too.
+    It runs at checkout, so an engine handed to ``Store(engine)`` after it already opened connections gets it on
+    those connections too. SQLite: the pragmas, once per pooled connection (marked in its record).
+    PostgreSQL: a connection the server closed while it sat in the pool is replaced before it is handed out.
     """
     sync_engine = engine.sync_engine
+    if sync_engine.dialect.name == "postgresql" and not event.contains(sync_engine, "checkout", _closed_while_idle):
+        event.listen(sync_engine, "checkout", _closed_while_idle)
     if sync_engine.dialect.name != "sqlite" or event.contains(sync_engine, "checkout", _sqlite_checkout):
         return
     event.listen(sync_engine, "checkout", _sqlite_checkout)
@@ -138,6 +142,15 @@ def _sqlite_cancelled(context: Any) -> None:
     """
     if isinstance(context.original_exception, asyncio.CancelledError):
         context.is_disconnect = False
+
+
+def _closed_while_idle(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
+    """A server-side idle timeout, or a restart, closes connections that sit in the pool, and asyncpg sees it as
+    it happens (no round trip asked). The pool replaces such a connection (and only it) before handing it out:
+    with the pool LIFO, the spare connections are the ones an idle timeout closes, and the next burst of
+    listings and reads would otherwise each meet one and fail (the pool would then drop every connection)."""
+    if dbapi_connection.driver_connection.is_closed():
+        raise DisconnectionError("the server closed this pooled connection while it was idle")
 
 
 def _sqlite_checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:

@@ -93,18 +93,22 @@ def _statement(with_user: bool, window: str) -> Any:
     if window != "all":
         # Each result in the window needs the nearest call with its id before it (providers reuse ids). Computed
         # once, in CTEs: the statement stays cheap to plan (each connection plans it a few times).
+        # The results in the window, ordered by seq in a subquery of their own for the reason given for the
+        # messages below: the tool-calls primary key (session_id, seq, call_id) then serves the seq range.
         result, call = tool_calls_t.alias("result"), tool_calls_t.alias("call")
+        results = (
+            select(result.c.session_id, result.c.call_id, result.c.seq)
+            .where(result.c.session_id == bindparam("sid"), result.c.kind == "result", result.c.seq >= start)
+            .order_by(result.c.seq)
+            .subquery("results")
+        )
         its_call = (
             select(func.max(call.c.seq))
-            .where(call.c.session_id == result.c.session_id, call.c.call_id == result.c.call_id)
-            .where(call.c.kind == "call", call.c.seq <= result.c.seq)
+            .where(call.c.session_id == results.c.session_id, call.c.call_id == results.c.call_id)
+            .where(call.c.kind == "call", call.c.seq <= results.c.seq)
             .scalar_subquery()
         )
-        calls = (
-            select(func.min(its_call).label("lo"))
-            .where(result.c.session_id == bindparam("sid"), result.c.kind == "result", result.c.seq >= start)
-            .cte("calls")
-        )
+        calls = select(func.min(its_call).label("lo")).select_from(results).cte("calls")
         lowest = case((calls.c.lo < window_start.c.lo, calls.c.lo), else_=window_start.c.lo)
         start = select(lowest).select_from(window_start.join(calls, true())).scalar_subquery()
     # Ordered by seq inside its own subquery, so the primary key (session_id, seq) is the only index that serves

@@ -71,6 +71,8 @@ async def _read(
 ) -> Run:  # fmt: skip
     cipher = db.settings.message_cipher
     start: int | None = None
+    basis: tuple[int, int] | None = None
+    restarts = 0
     while True:  # once, unless the window must be widened past a second call (then re-read from there)
         statement, params = load_statement(session_id, user_id, db.settings.app_id, history_limit, start)
         rows = await db.one_statement(statement, params, doing="loading a session", held=held)
@@ -78,6 +80,12 @@ async def _read(
         found = [r for r in rows if r.kind == MESSAGE]
         if row is None or history_limit is None:
             break
+        if start is not None and (row.n1, row.n2) != basis and restarts < 5:
+            # A commit (a truncate, say) came in between the reads: the seq the re-read started from belongs to
+            # the history before it. The window is measured again on the history as it is now.
+            start, restarts = None, restarts + 1
+            continue
+        basis = (row.n1, row.n2)
         lowest = start if start is not None else max(row.n3 - history_limit, 0)
         if not (found and found[0].n1 < lowest and _orphan_results(found, cipher)):
             break

@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from . import branching, codec, lifecycle, retention, search, transfer
 from .database import Database, Settings
 from .engine import make_engine
-from .errors import InvalidValueError
+from .errors import ConfigurationError, InvalidValueError
 from .loading import load
 from .models import ErasureReport, MessageRecord, SearchPage, SessionInfo, SessionPage, TransferReport
 from .run import Run
@@ -69,7 +69,8 @@ class Store:
         load and commit on the primary). No connection is made here.
 
         Raises:
-            ConfigurationError: malformed URL, a sync driver (``postgresql://``, ``sqlite://``), or in-memory SQLite.
+            ConfigurationError: malformed URL, a sync driver (``postgresql://``, ``sqlite://``), in-memory SQLite,
+                or a ``pool`` object with ``replica_url``.
         """
         store_options = {
             k: options.pop(k)
@@ -77,6 +78,8 @@ class Store:
             if k in options
         }
         replica_url = options.pop("replica_url", None)
+        if replica_url is not None and "pool" in options:  # one pool object would serve both: reads on the primary
+            raise ConfigurationError("replica_url cannot share a pool object with the primary; give pool options")
         store = cls(make_engine(url, **options), **store_options)
         if replica_url is not None:
             store.db.use_replica(make_engine(replica_url, **options))

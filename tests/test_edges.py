@@ -201,6 +201,40 @@ async def test_no_window_hands_the_model_a_result_without_its_call(store: Store,
     assert len(run.history) >= min(limit or 6, 6)
 
 
+async def test_a_window_widened_over_two_reads_is_measured_again_if_a_commit_came_between(store: Store) -> None:
+    """The window reaches back to a result's call in a second statement; if the session was truncated and
+    written between the two, the second read's starting seq belongs to the old history: measured again."""
+    texts = [Message(role="user", contents=[f"t{n}"]) for n in range(5)]
+    async with store.session("s", user_id="u") as session:  # a window of 2 widens to result B's call, then A's
+        session.state["in_memory"]["messages"].extend(
+            [call("A"), call("B"), result("A"), *texts, result("B"), texts[0]]
+        )
+    real, reads = store.db.one_statement, 0
+
+    async def truncated_between(statement: Any, params: Any, **options: Any) -> Any:
+        nonlocal reads
+        found = await real(statement, params, **options)
+        reads += 1
+        if reads == 1:  # another client rewinds the session and writes one message
+            store.db.one_statement = real  # type: ignore[method-assign]
+            await store.truncate("s", after_seq=0, user_id="u")
+            async with store.session("s", user_id="u") as other:
+                other.state["in_memory"]["messages"].append(Message(role="user", contents=["new"]))
+            store.db.one_statement = truncated_between  # type: ignore[method-assign]
+        return found
+
+    store.db.one_statement = truncated_between  # type: ignore[method-assign]
+    try:
+        run = await store.load("s", user_id="u", history_limit=2)
+    finally:
+        store.db.one_statement = real  # type: ignore[method-assign]
+    calm = await store.load("s", user_id="u", history_limit=2)  # the same load with nothing in between
+    assert reads == 3 and [m.text for m in calm.history][-1] == "new"
+    assert [m.to_dict() for m in run.history] == [m.to_dict() for m in calm.history]
+    await run.discard()
+    await calm.discard()
+
+
 async def test_an_interrupted_tool_loop_leaves_the_session_usable(store: Store) -> None:
     agent = Agent(client=OfflineChatClient(), name="Bot")
     async with store.session("s", user_id="u") as session:

@@ -15,7 +15,14 @@ from helpers import rows
 from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from agent_store import ConflictError, InvalidValueError, SchemaOutOfDateError, StorageUnavailableError, Store
+from agent_store import (
+    ConfigurationError,
+    ConflictError,
+    InvalidValueError,
+    SchemaOutOfDateError,
+    StorageUnavailableError,
+    Store,
+)
 from agent_store.engine import migration_connection, migrations_dir
 from agent_store.tables import SCHEMA_REVISION
 
@@ -189,6 +196,21 @@ async def test_runs_one_after_another_reuse_the_connection_that_came_back_last(u
         for _ in range(4):
             await fifo.get("s", user_id="u")
         assert len(set(used)) == 4
+
+
+async def test_a_pool_object_of_the_callers_is_used_as_given(url: str) -> None:
+    """``pool=`` works on both backends (SQLite's own reset-on-return setting is not forced on it), and is
+    refused with ``replica_url``: one pool would serve both URLs, so "replica" reads would reach the primary."""
+    probe = create_async_engine(url, pool_size=2)
+    pool = probe.sync_engine.pool
+    async with Store.from_url(url, pool=pool) as store:
+        await store.migrate()
+        async with store.session("s", user_id="u") as session:
+            session.state["k"] = 1
+        assert (await store.get("s", user_id="u")).version == 1 and store.engine.pool is pool
+    with pytest.raises(ConfigurationError, match="replica_url"):
+        Store.from_url(url, pool=pool, replica_url=url)
+    await probe.dispose()
 
 
 async def test_warm_up_on_an_unreachable_server_is_storage_unavailable_without_the_password() -> None:

@@ -522,3 +522,24 @@ async def test_a_first_commit_on_a_connection_closed_in_the_pool_creates_the_ses
         result = await run.commit()
         assert (result.version, result.messages_written, result.state_keys_written) == (1, 1, 1)
         assert await rows(store, "SELECT version, next_seq FROM agent_sessions") == [(1, 1)]
+
+
+async def test_connections_an_idle_timeout_closed_in_the_pool_are_replaced_before_use(own_postgres: Any) -> None:
+    """With the pool LIFO, a quiet spell lets a server-side idle timeout close the spare connections (here every
+    one, after 1 s): the next burst of reads and runs gets fresh ones, with no error and no message lost."""
+    idle = {"server_settings": {"idle_session_timeout": "1000"}, "timeout": 5}
+    async with Store.from_url(own_postgres.url(), pool_size=4, max_overflow=0, connect_args=idle) as store:
+        await store.migrate()
+        await store.warm_up()
+        async with store.session("s", user_id="u") as session:
+            session.state["in_memory"]["messages"].append(Message(role="user", contents=["before"]))
+        await asyncio.sleep(2.5)  # every pooled connection is closed by the server meanwhile
+
+        async def run(n: int) -> None:
+            async with store.session("s", user_id="u", serialized=True) as session:
+                session.state["in_memory"]["messages"].append(Message(role="user", contents=[f"after {n}"]))
+
+        burst = [store.list_sessions(user_id="u"), store.get("s", user_id="u"), store.messages("s", user_id="u")]
+        await asyncio.gather(*burst, store.list_sessions(all_users=True), *(run(n) for n in range(4)))
+        assert len(await store.messages("s", user_id="u")) == 5
+        assert (await store.get("s", user_id="u")).version == 5
