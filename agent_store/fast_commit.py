@@ -57,8 +57,8 @@ async def attempt(run: Run, delta: Delta, since: datetime) -> tuple[tuple[int, i
     except DatabaseError as exc:
         if getattr(exc.__cause__, "sqlstate", None) != UNIQUE_VIOLATION:
             raise
-        # A unique index refused a row its checks did not foresee (two message ids of one MD5, which only
-        # crafted ids have): the statement failed whole, so nothing was kept; the checked path names it.
+        # A unique index refused a row: a message id stored already, or two ids of one MD5 (which only crafted
+        # ids have). The statement failed whole, so nothing was kept; the checked path names it.
         run._maybe_landed = False
         return None, False
     except StorageUnavailableError as exc:
@@ -111,6 +111,8 @@ def payload(run: Run, delta: Delta, since: datetime) -> str:
     }  # fmt: skip
     if tools:
         head["tools"] = tools
+    if not delta.deletes:  # the function (0012) then skips its delete statements; an older one ignores this
+        head["no_deletes"] = True
     if not snap.exists:
         head["create"] = True
     if by_scope["user"] or (not snap.exists and run.user_id is not None):  # the user's lock and the erasure fence

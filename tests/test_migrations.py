@@ -17,7 +17,7 @@ from alembic.script import ScriptDirectory
 from helpers import rows
 from sqlalchemy import inspect, text
 
-from agent_store import SchemaOutOfDateError, SchemaTooNewError, Store
+from agent_store import InvalidValueError, SchemaOutOfDateError, SchemaTooNewError, Store
 from agent_store.engine import migrations_dir
 from agent_store.tables import SCHEMA_REVISION, Base
 
@@ -128,6 +128,32 @@ async def test_a_store_opened_without_the_check_stays_so_after_migrating(url: st
         async with store.session("s", user_id="u") as session:
             session.state["ok"] = True
         assert (await store.load("s", user_id="u")).session.state["ok"] is True
+
+
+@pytest.mark.parametrize("revision", ["0011", SCHEMA_REVISION])
+async def test_deletes_and_a_re_stored_id_behave_alike_on_0011s_commit_function_and_on_heads(
+    url: str, revision: str
+) -> None:
+    """0012's function skips the state deletes when the call says ``no_deletes`` and leaves a stored id to the
+    unique index; 0011's ignores the flag and looks ids up first. This code commits the same on either."""
+    async with Store.from_url(url, check_schema=False) as store:
+        await store.migrate()
+        await store.downgrade(revision)
+        async with store.session("s", user_id="u") as session:
+            session.state.update({"gone": 1, "kept": 2, "user:gone": 3})
+            session.state["in_memory"]["messages"].append(Message(role="user", contents=["first"]))
+            first = session.state["in_memory"]["messages"][0]
+        async with store.session("s", user_id="u") as session:
+            del session.state["gone"], session.state["user:gone"]
+            session.state["new"] = 4
+        async with store.session("s", user_id="u") as session:
+            session.state["kept"] = 5  # deletes nothing: the flag is sent
+        state = (await store.load("s", user_id="u")).session.state
+        assert {k: v for k, v in state.items() if k != "in_memory"} == {"kept": 5, "new": 4}
+        with pytest.raises(InvalidValueError, match="already stored"):
+            async with store.session("s", user_id="u", history_limit=0) as session:
+                session.state["in_memory"]["messages"].append(first)  # outside the window: not known as loaded
+        assert await rows(store, "SELECT count(*), max(version) FROM agent_messages, agent_sessions") == [(1, 3)]
 
 
 async def test_a_database_ahead_of_the_code_is_refused(url: str) -> None:
