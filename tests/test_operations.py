@@ -23,7 +23,7 @@ from agent_store import (
     StorageUnavailableError,
     Store,
 )
-from agent_store.engine import migration_connection, migrations_dir
+from agent_store.engine import make_engine, migration_connection, migrations_dir
 from agent_store.tables import SCHEMA_REVISION
 
 
@@ -201,7 +201,7 @@ async def test_runs_one_after_another_reuse_the_connection_that_came_back_last(u
 async def test_a_pool_object_of_the_callers_is_used_as_given(url: str) -> None:
     """``pool=`` works on both backends (SQLite's own reset-on-return setting is not forced on it), and is
     refused with ``replica_url``: one pool would serve both URLs, so "replica" reads would reach the primary."""
-    probe = create_async_engine(url, pool_size=2)
+    probe = make_engine(url, pool_size=2)  # also for a ?pgbouncer=true URL, which create_async_engine refuses
     pool = probe.sync_engine.pool
     async with Store.from_url(url, pool=pool) as store:
         await store.migrate()
