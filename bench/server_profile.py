@@ -24,9 +24,9 @@ from pathlib import Path
 import asyncpg
 from floor import Floor
 from peers import CommunityPostgresStore, available
+from scenarios import floor_run, s2, store_run, texts
 
 from agent_store import Store
-from bench import floor_run, s2, store_run, texts
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from throwaway_pg import ThrowawayCluster
