@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from . import codec, telemetry
 from . import statements as sql
 from .database import Database
-from .delta import IdentifiedHistory, Snapshot, close_tool_pairs
+from .delta import IdentifiedHistory, Snapshot, close_tool_pairs, pair_safe_tail
 from .errors import InvalidValueError, SessionClosedError, SessionExpiredError
 from .load_statement import MESSAGE, SESSION, STATE, load_statement
 from .run import HISTORY_KEY, KEY_MAX, Run, StoredSession
@@ -65,28 +65,34 @@ async def load(
     return run
 
 
+MAX_REMEASURES = 3  # commits between a window's reads before it is read whole instead
+
+
 async def _read(
     db: Database, session_id: str, user_id: str | None, agent_id: str | None, history_limit: int | None,
     held: AsyncConnection | None, answered: frozenset[str],
 ) -> Run:  # fmt: skip
     cipher = db.settings.message_cipher
     start: int | None = None
+    window = history_limit  # what the statement applies (None: the whole history, windowed below instead)
     basis: tuple[int, int] | None = None
     restarts = 0
     while True:  # once, unless the window must be widened past a second call (then re-read from there)
-        statement, params = load_statement(session_id, user_id, db.settings.app_id, history_limit, start)
+        statement, params = load_statement(session_id, user_id, db.settings.app_id, window, start)
         rows = await db.one_statement(statement, params, doing="loading a session", held=held)
         row = rows[0] if rows and rows[0].kind == SESSION else None
         found = [r for r in rows if r.kind == MESSAGE]
-        if row is None or history_limit is None:
+        if row is None or window is None:
             break
-        if start is not None and (row.n1, row.n2) != basis and restarts < 5:
+        if start is not None and (row.n1, row.n2) != basis:
             # A commit (a truncate, say) came in between the reads: the seq the re-read started from belongs to
-            # the history before it. The window is measured again on the history as it is now.
+            # the history before it. The window is measured again on the history as it is now; after a few
+            # such commits in a row, in one read of the whole history (one snapshot), windowed in memory.
             start, restarts = None, restarts + 1
+            window = None if restarts >= MAX_REMEASURES else window
             continue
         basis = (row.n1, row.n2)
-        lowest = start if start is not None else max(row.n3 - history_limit, 0)
+        lowest = start if start is not None else max(row.n3 - window, 0)
         if not (found and found[0].n1 < lowest and _orphan_results(found, cipher)):
             break
         start = found[0].n1
@@ -107,10 +113,11 @@ async def _read(
     if row is not None:
         snap.exists, snap.incarnation, snap.version = True, row.n1, row.n2
         snap.service_session_id = session.service_session_id = row.doc
-    messages: list[Message] = []
-    for message in found:
-        snap.message_ids.add(message.key)
-        messages.append(_message(message, cipher))
+    messages = [_message(message, cipher) for message in found]
+    if window is None and history_limit is not None:  # the whole history was read: its pair-safe tail
+        messages = pair_safe_tail(messages, history_limit) if history_limit else []
+        found = found[len(found) - len(messages) :]
+    snap.message_ids.update(message.key for message in found)
     messages, synthetic = close_tool_pairs(messages, answered)
     snap.message_ids |= synthetic  # handed to the model, never stored
     history = session.state.get(HISTORY_KEY)

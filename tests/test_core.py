@@ -10,7 +10,7 @@ from agent_framework import Agent, Message
 from helpers import lose_the_reply, rows
 from sqlalchemy import func, select
 
-from agent_store import ConflictError, InvalidValueError, SessionNotFoundError, StorageUnavailableError, Store
+from agent_store import ConflictError, InvalidValueError, SessionNotFoundError, StorageUnavailableError, Store, codec
 from agent_store.tables import messages_t, runs_t, sessions_t, state_t
 
 
@@ -336,9 +336,10 @@ async def test_an_old_message_re_added_to_a_windowed_history_is_refused_not_dupl
         await agent.run("first", session=session)
         old = session.state["in_memory"]["messages"][0]
         await agent.run("second", session=session)
-    with pytest.raises(InvalidValueError, match="already stored"):
+    with pytest.raises(InvalidValueError, match="already stored") as refused:
         async with store.session("s", user_id="u", history_limit=2) as session:
             session.state["in_memory"]["messages"].append(old)  # outside the window, so not recognised as loaded
+    assert f"message id {codec.store_id(old)!r} of this run is already stored" in str(refused.value)  # named
     assert await rows(
         store, "SELECT count(*), max(version) FROM agent_messages JOIN agent_sessions ON id = session_id"
     ) == [(4, 1)]
@@ -362,7 +363,7 @@ async def test_ids_sharing_an_md5_are_refused_by_name_on_postgresql_and_kept_apa
         message.additional_properties["agent_store_id"] = message_id
         run.history.append(message)
     if store.engine.dialect.name == "postgresql":
-        with pytest.raises(InvalidValueError, match="already stored"):
+        with pytest.raises(InvalidValueError, match="share an MD5, so the second is taken as already stored"):
             await run.commit()
         assert await rows(store, "SELECT count(*) FROM agent_messages") == [(0,)]
     else:  # SQLite's index keys the id itself

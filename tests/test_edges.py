@@ -235,6 +235,42 @@ async def test_a_window_widened_over_two_reads_is_measured_again_if_a_commit_cam
     await calm.discard()
 
 
+async def test_a_window_with_commits_between_all_its_reads_is_read_whole_at_last(store: Store) -> None:
+    """Commits keep coming between the window's reads: after a few re-measures the load reads the whole history
+    in one statement (one snapshot) and takes its pair-safe tail, never a window measured on another version."""
+    from agent_store.loading import MAX_REMEASURES
+
+    def block(n: int) -> list[Message]:  # a window of 1 widens to call b, then (in a second read) to call a
+        return [call(f"a{n}"), call(f"b{n}"), result(f"a{n}"), result(f"b{n}")]
+
+    async with store.session("s", user_id="u") as session:
+        session.state["in_memory"]["messages"].extend(block(0))
+    real, reads = store.db.one_statement, 0
+
+    async def commit_after_each_windowed_read(statement: Any, params: Any, **options: Any) -> Any:
+        nonlocal reads
+        found = await real(statement, params, **options)
+        reads += 1
+        if "limit" in params or "start" in params:  # not after a read of the whole history
+            store.db.one_statement = real  # type: ignore[method-assign]
+            async with store.session("s", user_id="u") as other:
+                other.state["in_memory"]["messages"].extend(block(reads))
+            store.db.one_statement = commit_after_each_windowed_read  # type: ignore[method-assign]
+        return found
+
+    store.db.one_statement = commit_after_each_windowed_read  # type: ignore[method-assign]
+    try:
+        run = await store.load("s", user_id="u", history_limit=1)
+    finally:
+        store.db.one_statement = real  # type: ignore[method-assign]
+    calm = await store.load("s", user_id="u", history_limit=1)
+    assert reads == 2 * MAX_REMEASURES + 1 and len(calm.history) == 4
+    assert [m.to_dict() for m in run.history] == [m.to_dict() for m in calm.history]
+    check_request(run.history)
+    await run.discard()
+    await calm.discard()
+
+
 async def test_an_interrupted_tool_loop_leaves_the_session_usable(store: Store) -> None:
     agent = Agent(client=OfflineChatClient(), name="Bot")
     async with store.session("s", user_id="u") as session:
