@@ -15,7 +15,7 @@ per run went from 0.30 to 0.26 ms with one worker. The function is replaced in p
 
 Revision ID: 0012
 Revises: 0011
-Create Date: 2026-12-02
+Create Date: 2026-12-01
 """
 
 from __future__ import annotations
