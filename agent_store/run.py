@@ -46,6 +46,7 @@ from .errors import (
 from .models import CommitResult
 from .scopes import APP_PREFIX, USER_PREFIX, scope_of, scopes
 from .stored_session import StoredSession, run_of
+from .stored_twice import StoredTwice, named
 
 __all__ = ["ERASURE_MARGIN", "HISTORY_KEY", "KEY_MAX", "Run", "StoredSession", "run_of"]
 
@@ -55,14 +56,6 @@ HISTORY_KEY = InMemoryHistoryProvider.DEFAULT_SOURCE_ID
 ERASURE_MARGIN = timedelta(seconds=1)
 KEY_MAX = 240  # a caller's idempotency key; later commits of the same run append "#2", "#3", ...
 logger = logging.getLogger("agent_store")
-
-
-class _StoredTwice(InvalidValueError):
-    """A message id of the run is stored already (or two of its ids share an MD5): named once rolled back."""
-
-    def __init__(self, session_id: str, message_ids: list[str]) -> None:
-        super().__init__(f"session {session_id!r}: a message of this run has an id that is already stored")
-        self.message_ids = message_ids
 
 
 class _Landed(Exception):
@@ -200,8 +193,8 @@ class Run:
                     if isinstance(exc, ConflictError):
                         telemetry.conflicts.add(1)
                         await self._log_conflict()
-                    if isinstance(exc, _StoredTwice):
-                        raise await self._named(exc) from exc.__cause__
+                    if isinstance(exc, StoredTwice):
+                        raise await named(self.db, self.session.session_id, exc) from exc.__cause__
                     raise
                 except StorageUnavailableError as exc:
                     if last_try or not exc.connection_lost:
@@ -232,21 +225,6 @@ class Run:
                 await runlog.record_run(db, row)
         except AgentStoreError:  # the conflict itself is what the caller must see
             logger.warning("could not log the conflict of run %s", row["run_id"], exc_info=True)
-
-    async def _named(self, refused: _StoredTwice) -> InvalidValueError:
-        """The refusal naming the ids the database holds already, read once the commit rolled back."""
-        sid = self.session.session_id
-        try:
-            async with self.db.transaction(write=False, doing="naming a message id stored twice") as db:
-                stored = sorted(await sql.already_stored(db, sid, refused.message_ids))
-        except AgentStoreError:
-            return refused  # unnamed, but as true: nothing of the run was written
-        if not stored:  # PostgreSQL's index keys the MD5: two ids of the run with one MD5 are one id to it
-            return InvalidValueError(
-                f"session {sid!r}: two message ids of this run share an MD5, so the second is taken as already stored"
-            )
-        more = f" (and {len(stored) - 1} more)" if len(stored) > 1 else ""
-        return InvalidValueError(f"session {sid!r}: message id {stored[0]!r} of this run is already stored{more}")
 
     def _log_ids(self, run_id: str) -> dict[str, Any]:
         return {"session_id": self.session.session_id, "run_id": run_id, "started_at": self._started_at}
@@ -309,7 +287,7 @@ class Run:
         try:
             await sql.insert_messages(db, sid, records, first_seq, delta.run_id, now)
         except IntegrityError as exc:  # (session_id, message_id) is unique: an old message added to the history
-            raise _StoredTwice(sid, [r.message_id for r in records]) from exc
+            raise StoredTwice(sid, [r.message_id for r in records]) from exc
         log = runlog.run_log_row(
             self._log_ids(delta.run_id), version, records, len(delta.changed_keys), delta.usage, "committed"
         )
