@@ -22,6 +22,9 @@ from .errors import InvalidValueError, SessionClosedError, SessionExpiredError
 from .load_statement import MESSAGE, SESSION, STATE, load_statement
 from .run import HISTORY_KEY, KEY_MAX, Run, StoredSession
 
+SEQ_MAX = 2**31 - 1  # seq is a 32-bit integer column
+MAX_REMEASURES = 3  # commits between a window's reads before it is read whole instead
+
 
 async def load(
     db: Database, session_id: str, *, user_id: str | None, agent_id: str | None, history_limit: int | None,
@@ -44,6 +47,8 @@ async def load(
         raise InvalidValueError(f"run_id must be at most {KEY_MAX} characters")
     if history_limit is not None and (type(history_limit) is not int or history_limit < 0):
         raise InvalidValueError(f"history_limit must be a non-negative int or None, not {history_limit!r}")
+    if history_limit is not None and history_limit >= SEQ_MAX:  # more than a session can hold: all of it
+        history_limit = None
     if if_expired not in ("error", "restart"):
         raise InvalidValueError(f'if_expired must be "error" or "restart", not {if_expired!r}')
     with telemetry.operation("load", session_id=session_id):
@@ -63,9 +68,6 @@ async def load(
             raise
     run._held, run._key = held, run_id
     return run
-
-
-MAX_REMEASURES = 3  # commits between a window's reads before it is read whole instead
 
 
 async def _read(

@@ -271,6 +271,15 @@ async def test_a_window_with_commits_between_all_its_reads_is_read_whole_at_last
     await calm.discard()
 
 
+@pytest.mark.parametrize("limit", [2**31 - 1, 2**31, 2**63])
+async def test_a_history_limit_beyond_any_session_loads_the_whole_history(store: Store, limit: int) -> None:
+    async with store.session("s", user_id="u") as session:
+        session.state["in_memory"]["messages"].extend(Message(role="user", contents=[f"m{n}"]) for n in range(3))
+    run = await store.load("s", user_id="u", history_limit=limit)  # the same on both backends, no overflow
+    assert [m.text for m in run.history] == ["m0", "m1", "m2"]
+    await run.discard()
+
+
 async def test_an_interrupted_tool_loop_leaves_the_session_usable(store: Store) -> None:
     agent = Agent(client=OfflineChatClient(), name="Bot")
     async with store.session("s", user_id="u") as session:
