@@ -76,6 +76,8 @@ class DriverPath:
         A server restart closes idle connections, and asyncpg sees that as it happens: a write sent on such a
         connection certainly never reached the server, which a caller needs to know (a run's first commit,
         retried as "may have landed", could not tell "never created" from "created and deleted since").
+        The pool's checkout already replaces such connections (engine._closed_while_idle); this covers one closed
+        in the loop iteration between that checkout and the send.
         """
         if self.dialect.name == "postgresql" and _driver(conn).is_closed():
             await _drop_dead_pool(conn)

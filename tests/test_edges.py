@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -14,6 +15,7 @@ from agent_store import (
     AgentStoreError,
     ConflictError,
     InvalidValueError,
+    Run,
     SessionNotFoundError,
     StorageUnavailableError,
     Store,
@@ -201,6 +203,31 @@ async def test_no_window_hands_the_model_a_result_without_its_call(store: Store,
     assert len(run.history) >= min(limit or 6, 6)
 
 
+async def load_with_writes_between_reads(
+    store: Store, history_limit: int, write: Callable[[int, dict[str, Any]], Awaitable[None]]
+) -> tuple[Run, int]:
+    """``store.load`` of session "s" with ``write(reads_so_far, params)`` run by "another client" right after
+    each of the load's statements; the load and the number of statements it sent."""
+    real, reads = store.db.one_statement, 0
+
+    async def then_write(statement: Any, params: Any, **options: Any) -> Any:
+        nonlocal reads
+        found = await real(statement, params, **options)
+        reads += 1
+        store.db.one_statement = real  # type: ignore[method-assign]  # the writer's own statements go through
+        try:
+            await write(reads, params)
+        finally:
+            store.db.one_statement = then_write  # type: ignore[method-assign]
+        return found
+
+    store.db.one_statement = then_write  # type: ignore[method-assign]
+    try:
+        return await store.load("s", user_id="u", history_limit=history_limit), reads
+    finally:
+        store.db.one_statement = real  # type: ignore[method-assign]
+
+
 async def test_a_window_widened_over_two_reads_is_measured_again_if_a_commit_came_between(store: Store) -> None:
     """The window reaches back to a result's call in a second statement; if the session was truncated and
     written between the two, the second read's starting seq belongs to the old history: measured again."""
@@ -209,25 +236,14 @@ async def test_a_window_widened_over_two_reads_is_measured_again_if_a_commit_cam
         session.state["in_memory"]["messages"].extend(
             [call("A"), call("B"), result("A"), *texts, result("B"), texts[0]]
         )
-    real, reads = store.db.one_statement, 0
 
-    async def truncated_between(statement: Any, params: Any, **options: Any) -> Any:
-        nonlocal reads
-        found = await real(statement, params, **options)
-        reads += 1
+    async def truncate_and_write_once(reads: int, _params: dict[str, Any]) -> None:
         if reads == 1:  # another client rewinds the session and writes one message
-            store.db.one_statement = real  # type: ignore[method-assign]
             await store.truncate("s", after_seq=0, user_id="u")
             async with store.session("s", user_id="u") as other:
                 other.state["in_memory"]["messages"].append(Message(role="user", contents=["new"]))
-            store.db.one_statement = truncated_between  # type: ignore[method-assign]
-        return found
 
-    store.db.one_statement = truncated_between  # type: ignore[method-assign]
-    try:
-        run = await store.load("s", user_id="u", history_limit=2)
-    finally:
-        store.db.one_statement = real  # type: ignore[method-assign]
+    run, reads = await load_with_writes_between_reads(store, 2, truncate_and_write_once)
     calm = await store.load("s", user_id="u", history_limit=2)  # the same load with nothing in between
     assert reads == 3 and [m.text for m in calm.history][-1] == "new"
     assert [m.to_dict() for m in run.history] == [m.to_dict() for m in calm.history]
@@ -245,24 +261,13 @@ async def test_a_window_with_commits_between_all_its_reads_is_read_whole_at_last
 
     async with store.session("s", user_id="u") as session:
         session.state["in_memory"]["messages"].extend(block(0))
-    real, reads = store.db.one_statement, 0
 
-    async def commit_after_each_windowed_read(statement: Any, params: Any, **options: Any) -> Any:
-        nonlocal reads
-        found = await real(statement, params, **options)
-        reads += 1
+    async def append_after_windowed_reads(reads: int, params: dict[str, Any]) -> None:
         if "limit" in params or "start" in params:  # not after a read of the whole history
-            store.db.one_statement = real  # type: ignore[method-assign]
             async with store.session("s", user_id="u") as other:
                 other.state["in_memory"]["messages"].extend(block(reads))
-            store.db.one_statement = commit_after_each_windowed_read  # type: ignore[method-assign]
-        return found
 
-    store.db.one_statement = commit_after_each_windowed_read  # type: ignore[method-assign]
-    try:
-        run = await store.load("s", user_id="u", history_limit=1)
-    finally:
-        store.db.one_statement = real  # type: ignore[method-assign]
+    run, reads = await load_with_writes_between_reads(store, 1, append_after_windowed_reads)
     calm = await store.load("s", user_id="u", history_limit=1)
     assert reads == 2 * MAX_REMEASURES + 1 and len(calm.history) == 4
     assert [m.to_dict() for m in run.history] == [m.to_dict() for m in calm.history]
@@ -447,8 +452,6 @@ async def test_two_runs_moving_the_service_conversation_on_conflict(store: Store
 
 async def test_a_resave_reports_only_the_messages_it_wrote(store: Store) -> None:
     """A save of a session it did not load skips what is stored already, and says so in its result."""
-    from agent_store import Run
-
     said = [Message(role="user", contents=["a"]), Message(role="assistant", contents=["b"])]
     first = Run.unloaded(store.db, AgentSession(session_id="s"), user_id="u")
     first.add_messages(said)
