@@ -36,6 +36,9 @@ _SCALARS = (str, int, bool, type(None))
 _NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 DEFAULT_MAX_VALUE_BYTES = 16 * 1024 * 1024
+# How deep lists and dicts may nest in a state value or message: far beyond any real document, far below the
+# depth at which Python's json (about 1,000) or a reader's parser gives up with a RecursionError of its own.
+MAX_DEPTH = 100
 
 
 def check_id(value: str | None, what: str, *, required: bool = False) -> None:
@@ -95,6 +98,10 @@ def dumps(value: Any, *, where: str, max_bytes: int = DEFAULT_MAX_VALUE_BYTES, s
     except (TypeError, ValueError) as exc:  # a non-JSON object or NaN inside a message body
         why = "NaN or Infinity, which JSON cannot hold" if "Out of range float" in str(exc) else str(exc)
         raise InvalidValueError(f"{where}: {why}") from exc
+    except RecursionError:  # a message body nested deeper than json can walk
+        raise InvalidValueError(f"{where}: nested more than {MAX_DEPTH} levels deep") from None
+    if text.count("[") + text.count("{") > MAX_DEPTH and depth(value) > MAX_DEPTH:  # counts: C speed, rarely true
+        raise InvalidValueError(f"{where}: nested more than {MAX_DEPTH} levels deep")
     if "\\u0000" in text and _NUL_ESCAPE.search(text):
         raise InvalidValueError(f"{where}: text contains a NUL character (\\x00), which cannot be stored")
     try:
@@ -104,6 +111,18 @@ def dumps(value: Any, *, where: str, max_bytes: int = DEFAULT_MAX_VALUE_BYTES, s
     if size > max_bytes:
         raise InvalidValueError(f"{where}: {size} bytes is over the limit of {max_bytes} (Store max_value_bytes)")
     return text
+
+
+def depth(value: Any) -> int:
+    """How deep lists and dicts nest in a JSON value (a scalar: 0), without recursion."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        item, level = todo.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is not None:
+            deepest = max(deepest, level)
+            todo.extend((child, level + 1) for child in children)
+    return deepest
 
 
 def encode_state(value: Any, *, key: str) -> Any:
@@ -122,6 +141,8 @@ def _encode(value: Any, path: str, active: set[int]) -> Any:
     if kind is dict or kind is list or kind is tuple:
         if id(value) in active:
             raise InvalidValueError(f"{path}: the value contains itself (a cycle)")
+        if len(active) >= MAX_DEPTH:  # ``active`` holds the containers on the path down to here
+            raise InvalidValueError(f"{path[:200]}...: nested more than {MAX_DEPTH} levels deep")
         active.add(id(value))
         try:
             if kind is dict:

@@ -3,6 +3,8 @@
     AgentStoreError               .retryable: whether the same call may succeed if simply tried again
     ├── ConfigurationError        bad URL or option, missing database or role, no permission (also a ValueError)
     ├── InvalidValueError         a value that cannot be stored; names the key or field (also a ValueError)
+    ├── CheckpointRefusedError    a stored workflow checkpoint that may not be read back (also the framework's
+    │                             WorkflowCheckpointException)
     ├── SessionNotFoundError      no such session for this user / agent (also a LookupError)
     ├── SessionClosedError        the session was closed: readable, no longer writable
     ├── SessionExpiredError       the session outlived its idle time-to-live
@@ -25,6 +27,7 @@ import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from agent_framework.exceptions import WorkflowCheckpointException
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, make_url
 
@@ -49,6 +52,12 @@ class ConfigurationError(AgentStoreError, ValueError):
 
 class InvalidValueError(AgentStoreError, ValueError):
     """A value cannot be stored as it is; the message names the key or field and the rule broken."""
+
+
+class CheckpointRefusedError(AgentStoreError, WorkflowCheckpointException):
+    """A stored workflow checkpoint was not read back: it would run a constructor, names a type outside the
+    allow-list, or is malformed. Nothing it names was built. Also a ``WorkflowCheckpointException``, what the
+    framework's ``CheckpointStorage.load`` raises."""
 
 
 class SessionNotFoundError(AgentStoreError, LookupError):
@@ -102,10 +111,13 @@ class StorageUnavailableError(AgentStoreError):
 
     ``connection_lost``: a pooled connection turned out dead (the server restarted, a proxy dropped it); the
     pool has dropped every connection of that age, so a new attempt gets a fresh one.
+    ``refused``: the database answered that it refused the statement (a lock or statement timeout, a deadlock, a
+    serialization failure, SQLite's busy or locked file): nothing of it was kept, whatever was sent.
     """
 
     retryable = True
     connection_lost = False
+    refused = False
 
 
 class CheckedPathNeeded(AgentStoreError):
@@ -142,6 +154,7 @@ def _first_line(exc: BaseException) -> str:
 # PostgreSQL SQLSTATE classes and codes (https://www.postgresql.org/docs/current/errcodes-appendix.html).
 _PG_RETRYABLE_CLASSES = ("08", "53", "57", "58")  # connection, resources, operator intervention, system
 _PG_RETRYABLE = {"40001", "40P01", "55P03", "55006"}  # serialization, deadlock, lock not available, in use
+_PG_REFUSED = _PG_RETRYABLE | {"57014"}  # ... and a cancelled statement (statement_timeout): rolled back, nothing kept
 _PG_CONFIGURATION = {"3D000", "28000", "28P01", "42501", "3F000"}  # no database / role / password / permission
 _PG_READ_ONLY = {"25006"}
 # PgBouncer refuses an unknown database or user as a protocol violation (08P01), not with the server's codes.
@@ -192,7 +205,9 @@ def _by_sqlstate(state: str, line: str, orig: object) -> AgentStoreError:
     if state in _PG_READ_ONLY:
         return StorageUnavailableError(line + " (the server is read-only: a standby?)", retryable=False)
     if state in _PG_RETRYABLE or state[:2] in _PG_RETRYABLE_CLASSES:
-        return StorageUnavailableError(line)
+        unavailable = StorageUnavailableError(line)
+        unavailable.refused = state in _PG_REFUSED
+        return unavailable
     return DatabaseError(line)
 
 
@@ -203,7 +218,9 @@ def _by_sqlite_error(orig: sqlite3.Error, line: str) -> AgentStoreError:
     if name.startswith("SQLITE_READONLY") or "readonly" in str(orig):
         return StorageUnavailableError(line + " (the database file is read-only)", retryable=False)
     if isinstance(orig, sqlite3.OperationalError):  # busy, locked, I/O, disk full, interrupted
-        return StorageUnavailableError(line)
+        unavailable = StorageUnavailableError(line)
+        unavailable.refused = name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED"))  # the lock was never had
+        return unavailable
     return DatabaseError(line)
 
 

@@ -189,9 +189,11 @@ async def update_info(db: Database, session_id: str, user_id: str | None, change
             raise InvalidValueError("metadata must be a dict")
         values["metadata"] = codec.dumps(codec.encode_state(changes["metadata"], key="metadata"), where="metadata")
     if "ttl" in changes:
+        # ttl=None drops the session's own TTL: from now on it follows the store's idle_ttl (none: it never
+        # expires), and its expiry is recomputed now, as a commit would; the old deadline does not linger.
         values["ttl_seconds"] = seconds = codec.check_ttl(changes["ttl"], "ttl")
-        if seconds is not None:
-            values["expires_at"] = values["updated_at"] + timedelta(seconds=seconds)
+        seconds = db.settings.idle_ttl_seconds if seconds is None else seconds
+        values["expires_at"] = values["updated_at"] + timedelta(seconds=seconds) if seconds else None
     await _change(db, "updating a session", session_id, user_id, **values)
 
 

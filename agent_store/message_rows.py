@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from agent_framework import Content, Message
 
-from .codec import dumps
+from .codec import MAX_DEPTH, dumps
 from .errors import InvalidValueError
 
 
@@ -66,7 +66,10 @@ def message_record(
     tools = list(first.values())
     columns = {"message_id": identity, "role": str(message.role), "author_name": message.author_name,
                "text": message.text or ""}  # fmt: skip
-    body = compact_body(message.to_dict())
+    try:
+        body = compact_body(message.to_dict())
+    except RecursionError:  # the framework's to_dict() walks it recursively: refuse it here, typed
+        raise InvalidValueError(f"{where}: nested more than {MAX_DEPTH} levels deep") from None
     for name in ("message_id", "role", "author_name"):  # e.g. an author_name of 5: refused by name, never str()-ed
         if columns[name] is not None and not isinstance(columns[name], str):
             raise InvalidValueError(f"{where}: {name} must be text, not {type(columns[name]).__name__}")

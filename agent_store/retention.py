@@ -63,21 +63,18 @@ def _within(picked: Sequence[Row[Any, Any]], batch_messages: int) -> list[str]:
     return ids
 
 
-async def _take(
-    conn: AsyncConnection, picked: Sequence[Row[Any, Any]], batch_messages: int, *, close: bool
-) -> tuple[list[str], int]:
+async def _take(conn: AsyncConnection, picked: Sequence[Row[Any, Any]], batch_messages: int) -> tuple[list[str], int]:
     """This batch: (sessions to delete whole, messages deleted from the start of a session too big for one).
 
     A session with more than ``batch_messages`` messages left loses its oldest ``batch_messages`` per batch
-    (under its row lock, which the caller holds; ``close``: it is closed first, so no run commits to it
+    (under its row lock, which the caller holds; it is closed first, so no run commits to it, or revives it,
     meanwhile) until the rest fits a batch, then goes whole: no transaction deletes more than the budget."""
     ids = _within(picked, batch_messages)
     if len(ids) == 1 and picked[0].next_seq > batch_messages:
         low = (await conn.execute(select(func.min(M.seq)).where(M.session_id == ids[0]))).scalar_one()
         if low is not None and picked[0].next_seq - low > batch_messages:
-            if close:
-                closed = {"closed_at": func.coalesce(S.closed_at, datetime.now(UTC))}
-                await conn.execute(update(sessions_t).where(S.id == ids[0]).values(closed))
+            closed = {"closed_at": func.coalesce(S.closed_at, datetime.now(UTC))}
+            await conn.execute(update(sessions_t).where(S.id == ids[0]).values(closed))
             oldest = delete(messages_t).where(M.session_id == ids[0], M.seq < low + batch_messages)
             return [], (await conn.execute(oldest)).rowcount
     return ids, 0
@@ -102,7 +99,9 @@ async def purge_expired(
                     .limit(batch_size)
                     .with_for_update(skip_locked=True)
                 )
-                ids, trimmed = await _take(conn, picked.all(), batch_messages, close=False)
+                # A session too big for one batch is closed before its oldest messages go: a run that loaded it
+                # before it expired cannot commit into it (and revive it) between two batches, its start gone.
+                ids, trimmed = await _take(conn, picked.all(), batch_messages)
                 if ids:  # messages, state, runs and tool calls cascade
                     await conn.execute(delete(sessions_t).where(S.id.in_(ids)))
                 if first:  # erasure fences older than any run can be in flight
@@ -154,7 +153,7 @@ async def erase_user(
                     .limit(ERASE_BATCH)
                     .with_for_update()
                 )
-                ids, trimmed = await _take(conn, picked.all(), batch_messages, close=True)
+                ids, trimmed = await _take(conn, picked.all(), batch_messages)
                 if ids:
                     # The batch is the user's sessions up to the last id picked (the user's lock keeps others
                     # from creating one meanwhile): a range of the user's index, not a list of ids.

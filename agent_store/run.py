@@ -38,6 +38,7 @@ from .delta import Delta, IdentifiedHistory, Snapshot, assign_id, diff
 from .errors import (
     AgentStoreError,
     ConflictError,
+    DatabaseError,
     InvalidValueError,
     SessionClosedError,
     SessionNotFoundError,
@@ -174,12 +175,15 @@ class Run:
                 except InvalidValueError:
                     self._pending = None  # refused while building the call: nothing was sent
                     raise
+                except (StorageUnavailableError, DatabaseError) as exc:
+                    self._unless_refused(exc, landed_before=False)
+                    raise
                 attempts, retry = (0 if written else 1 if lost else 2), retry or lost
                 if lost:
                     self._trying_once_more()
             incarnation = (snap.incarnation or 0) if snap.exists else delta.incarnation  # a one-call creation's
             for attempt in range(attempts):
-                last_try = attempt == attempts - 1
+                last_try, landed_before = attempt == attempts - 1, self._maybe_landed
                 try:
                     async with self.db.transaction(
                         write=True, doing="committing a run", held=held, finish=True, committing=self._sent
@@ -196,8 +200,9 @@ class Run:
                     if isinstance(exc, StoredTwice):
                         raise await named(self.db, self.session.session_id, exc) from exc.__cause__
                     raise
-                except StorageUnavailableError as exc:
-                    if last_try or not exc.connection_lost:
+                except (StorageUnavailableError, DatabaseError) as exc:
+                    self._unless_refused(exc, landed_before=landed_before)
+                    if last_try or not isinstance(exc, StorageUnavailableError) or not exc.connection_lost:
                         raise
                     self._trying_once_more()
                     retry = True
@@ -214,6 +219,14 @@ class Run:
 
     def _sent(self) -> None:
         self._maybe_landed = True
+
+    def _unless_refused(self, exc: AgentStoreError, *, landed_before: bool) -> None:
+        """The database answered this attempt with a refusal (a lock timeout, a deadlock, SQLite's lock, any
+        error of its own): the attempt certainly did not land, whatever was sent, so a retry of a first commit
+        creates the session instead of looking for one this attempt never made. Only a lost connection (or a
+        cancellation) leaves the outcome unknown."""
+        if isinstance(exc, DatabaseError) or (isinstance(exc, StorageUnavailableError) and exc.refused):
+            self._maybe_landed = landed_before
 
     async def _log_conflict(self) -> None:
         """Record the refused run in the run log (its own transaction), so operators can see conflicts."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy import make_url, text
 
 from agent_store import StorageUnavailableError, Store
 
@@ -61,3 +61,8 @@ async def expire_now(store: Store, session_id: str) -> None:
         await conn.execute(
             text("UPDATE agent_sessions SET expires_at = :t WHERE id = :s"), {"t": value, "s": session_id}
         )
+
+
+def plain_dsn(sa_url: str) -> str:
+    """The libpq URL of a ``postgresql+asyncpg://`` one, for a raw asyncpg connection (the query dropped)."""
+    return make_url(sa_url).set(drivername="postgresql", query={}).render_as_string(hide_password=False)

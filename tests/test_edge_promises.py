@@ -1,0 +1,166 @@
+"""Issue 22: promises of the README at their rarest edges (expiry, purge, first commits, deep values, replays).
+
+Each test failed on the code before its fix; every one runs on SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+import pytest
+from agent_framework import Message
+from helpers import expire_now, plain_dsn, rows
+from sqlalchemy import event, make_url
+
+from agent_store import InvalidValueError, SessionClosedError, StorageUnavailableError, Store
+
+
+async def test_a_run_loaded_before_expiry_cannot_revive_a_session_purge_has_begun_to_trim(store: Store) -> None:
+    """A session too big for one purge batch loses its oldest messages first; a run loaded before it expired
+    commits between two batches: it is refused (the purge closed the session first), nothing is revived with
+    its start gone, and the purge finishes the session."""
+    async with store.session("big", user_id="u") as session:
+        session.state["in_memory"]["messages"] += [Message(role="user", contents=[f"m{i}"]) for i in range(7)]
+    late = await store.load("big", user_id="u")  # before it expired
+    late.history.append(Message(role="user", contents=["a late turn"]))
+    await expire_now(store, "big")
+
+    def interrupt(count: int) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):  # after the first batch: the 3 oldest are gone
+        await store.purge_expired(batch_messages=3, progress=interrupt)
+    assert await rows(store, "SELECT min(seq), count(*) FROM agent_messages") == [(3, 4)]
+    with pytest.raises(SessionClosedError):
+        await late.commit()
+    assert await rows(store, "SELECT count(*) FROM agent_messages WHERE text = 'a late turn'") == [(0,)]
+    assert await store.purge_expired(batch_messages=3) == 1
+    assert await rows(store, "SELECT count(*) FROM agent_sessions") == [(0,)]
+
+
+@pytest.mark.parametrize("idle_ttl", [None, timedelta(hours=1)], ids=["no-idle-ttl", "idle-ttl"])
+async def test_update_ttl_none_drops_the_sessions_own_deadline(url: str, idle_ttl: timedelta | None) -> None:
+    """``update(ttl=None)`` removes the session's own TTL: its expiry follows the store's ``idle_ttl`` from now
+    (none: it never expires); the short deadline it had does not linger and the session is not purged."""
+    async with Store.from_url(url, idle_ttl=idle_ttl) as store:
+        await store.migrate()
+        async with store.session("s", user_id="u") as session:
+            session.state["n"] = 1
+        await store.update("s", user_id="u", ttl=timedelta(seconds=1))
+        await store.update("s", user_id="u", ttl=None)
+        await asyncio.sleep(1.2)
+        assert await store.purge_expired() == 0
+        async with store.session("s", user_id="u") as session:
+            assert session.state["n"] == 1
+        expires = (await store.get("s", user_id="u")).expires_at
+        if idle_ttl is None:
+            assert expires is None
+        else:
+            assert expires is not None and timedelta(minutes=59) < expires - datetime.now(UTC) <= idle_ttl
+
+
+async def test_a_state_value_nested_too_deep_is_a_typed_error_and_nothing_is_written(store: Store) -> None:
+    deep: list[object] = []
+    for _ in range(2000):
+        deep = [deep]
+    run = await store.load("deep", user_id="u")
+    run.history.append(Message(role="user", contents=["hello"]))
+    run.session.state["deep"] = deep
+    with pytest.raises(InvalidValueError, match="deep"):
+        await run.commit()
+    for levels in (300, 2000):  # within and beyond what the framework's to_dict() can walk
+        nested: dict[str, object] = {}
+        for _ in range(levels):
+            nested = {"k": nested}
+        run = await store.load("deep", user_id="u")
+        run.history.append(Message(role="user", contents=["hello"], additional_properties={"x": nested}))
+        with pytest.raises(InvalidValueError, match="deep"):
+            await run.commit()
+    shallow: object = "leaf"
+    for _ in range(90):  # within the limit: stored and loaded back whole
+        shallow = [shallow]
+    async with store.session("deep", user_id="u") as session:
+        session.state["ok"] = shallow
+    assert (await store.load("deep", user_id="u")).session.state["ok"] == shallow
+    await store.delete("deep", user_id="u")
+    assert await rows(store, "SELECT count(*) FROM agent_sessions") == [(0,)]
+    assert await rows(store, "SELECT count(*) FROM agent_messages") == [(0,)]
+
+
+@asynccontextmanager
+async def refusing_writes(url: str) -> AsyncIterator[Callable[[], Awaitable[None]]]:
+    """Another client holds what a commit needs; ``refuse()`` makes the database refuse the waiting commit.
+
+    SQLite: the file's write lock, held by another connection (the store's busy timeout is short, so the
+    commit gets "database is locked"). PostgreSQL: an exclusive lock on agent_sessions; ``refuse()`` cancels
+    the statement waiting for it (a lock or statement timeout does the same: 55P03 / 57014, nothing kept)."""
+    if url.startswith("sqlite"):
+        blocker = sqlite3.connect(make_url(url).database or "", isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")
+
+        async def wait() -> None:
+            return None
+
+        try:
+            yield wait
+        finally:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+        return
+    blocker_conn = await asyncpg.connect(plain_dsn(url))
+    tx = blocker_conn.transaction()
+    await tx.start()
+    await blocker_conn.execute("LOCK TABLE agent_sessions IN ACCESS EXCLUSIVE MODE")
+
+    async def cancel_waiters() -> None:
+        for _ in range(200):
+            waiting = await blocker_conn.fetch(
+                "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
+            )
+            if waiting:
+                for row in waiting:
+                    await blocker_conn.fetchval("SELECT pg_cancel_backend($1)", row["pid"])
+                return
+            await asyncio.sleep(0.02)
+        raise AssertionError("no commit waited for the lock")
+
+    try:
+        yield cancel_waiters
+    finally:
+        await tx.rollback()
+        await blocker_conn.close()
+
+
+@pytest.mark.parametrize("key", [None, "request-1"], ids=["one-call", "checked"])
+async def test_a_first_commit_the_database_refused_can_be_retried(url: str, key: str | None) -> None:
+    """A new session's first commit meets a lock it cannot get and the database refuses it (a retryable
+    StorageUnavailableError): nothing was written, so ``commit()`` again creates the session with exactly that
+    run, once (before the fix the retry looked for a session the refused attempt never made)."""
+    async with Store.from_url(url) as store:
+        if url.startswith("sqlite"):  # a short busy timeout: the commit is refused in 0.2 s, not 30
+
+            def short_busy_timeout(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+                dbapi_connection.cursor().execute("PRAGMA busy_timeout = 200")  # after the store's own set-up
+
+            event.listen(store.engine.sync_engine, "checkout", short_busy_timeout)
+        await store.migrate()
+        run = await store.load("new", user_id="u", run_id=key)
+        run.history.append(Message(role="user", contents=["hello"]))
+        run.session.state["n"] = 1
+        async with refusing_writes(url) as refuse:
+            commit = asyncio.ensure_future(run.commit())
+            await refuse()
+            with pytest.raises(StorageUnavailableError) as refused:
+                await commit
+        assert refused.value.retryable and refused.value.refused
+        assert await rows(store, "SELECT count(*) FROM agent_sessions") == [(0,)]
+        result = await run.commit()
+        assert (result.version, result.messages_written, result.state_keys_written) == (1, 1, 1)
+        assert await rows(store, "SELECT text FROM agent_messages") == [("hello",)]
+        assert await rows(store, "SELECT count(*) FROM agent_runs WHERE outcome = 'committed'") == [(1,)]
