@@ -7,11 +7,12 @@ and state in its one transaction. Outside one, the history provider and the sess
 from __future__ import annotations
 
 import logging
-import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
+from weakref import WeakKeyDictionary
 
 from agent_framework import (
     AgentSession,
@@ -19,18 +20,18 @@ from agent_framework import (
     HistoryProvider,
     Message,
     SessionContext,
-    SessionStore,
     tool,
 )
-from agent_framework._feature_stage import ExperimentalWarning
+from agent_framework._sessions import filter_new_messages
 
 from . import loading
 from .checkpoints import StoreCheckpointStorage
+from .codec import STORE_ID
 from .delta import close_tool_pairs, pair_safe_tail
-from .errors import InvalidValueError, SessionNotFoundError
 from .run import Run, run_of
 from .run_middleware import ContinueLocally, ResultSizeGuard, ToolResultTooLargeError, service_keeps_history
 from .search_tool import SearchHistoryProvider
+from .session_store import StoreSessionStore
 
 if TYPE_CHECKING:
     from .store import Store
@@ -52,6 +53,8 @@ _HOOKED_SESSION: ContextVar[AgentSession | None] = ContextVar("agent_store_hooke
 _USAGE: ContextVar[dict[str, Any] | None] = ContextVar("agent_store_usage", default=None)
 # Function-call ids whose results are in the request being prepared (a tool loop in progress).
 _ANSWERED: ContextVar[frozenset[str]] = ContextVar("agent_store_answered_calls", default=frozenset())
+# When the run being saved read its history from the store (its before_run): the erasure fence's basis.
+_READ_AT: ContextVar[datetime | None] = ContextVar("agent_store_read_at", default=None)
 
 
 @contextmanager
@@ -102,10 +105,15 @@ class StoreHistoryProvider(HistoryProvider):
         super().__init__(source_id, **options)
         self.store, self.user_id, self.history_limit = store, user_id, history_limit
         self.continue_locally = continue_locally
+        # A plain session's run: when its before_run began reading (an erasure after that refuses its save).
+        # One run at a time per session object, as the framework's own providers assume.
+        self._read_at: WeakKeyDictionary[AgentSession, datetime] = WeakKeyDictionary()
 
     async def before_run(
         self, *, agent: Any, session: AgentSession, context: SessionContext, state: dict[str, Any]
     ) -> None:
+        if run_of(session) is None:
+            self._read_at[session] = datetime.now(UTC)
         context.extend_middleware(self.source_id, [ResultSizeGuard(self.store.db.settings.max_value_bytes)])
         if session.service_session_id is not None and service_keeps_history(agent):
             # The service keeps this conversation: the local transcript is stored, not sent again, unless the
@@ -120,12 +128,13 @@ class StoreHistoryProvider(HistoryProvider):
         self, *, agent: Any, session: AgentSession, context: SessionContext, state: dict[str, Any]
     ) -> None:
         usage = context.response.usage_details if context.response is not None else None
-        token = _USAGE.set(dict(usage) if usage else None)
+        token, read = _USAGE.set(dict(usage) if usage else None), _READ_AT.set(self._read_at.pop(session, None))
         try:
             with _hooked(session, context):
                 await super().after_run(agent=agent, session=session, context=context, state=state)
         finally:
             _USAGE.reset(token)
+            _READ_AT.reset(read)
         record_usage(session, context)
 
     async def local_history(self, session: AgentSession) -> list[Message]:
@@ -164,10 +173,30 @@ class StoreHistoryProvider(HistoryProvider):
         if (run := self._joined_run(session_id)) is not None:
             run.add_messages(messages)
             return
-        standalone = Run.unloaded(self.store.db, AgentSession(session_id=session_id), user_id=self.user_id)
+        # A save that replays the stored tail (the same ids; the same content where there is no id: a request
+        # retried after a timeout, an AG-UI client resending its messages) stores nothing again, as the
+        # framework's own providers decide it (filter_new_messages), against the tail as stored now.
+        calls = frozenset(c.call_id for m in messages for c in m.contents if c.call_id)
+        stored = await loading.load(
+            self.store.db, session_id, user_id=self.user_id, agent_id=None, history_limit=len(messages),
+            answered=calls,
+        )  # fmt: skip
+        messages = filter_new_messages([_as_given(m) for m in stored.history], messages)
+        if not messages:
+            return
+        session = AgentSession(session_id=session_id)
+        standalone = Run.unloaded(self.store.db, session, user_id=self.user_id, read_at=_READ_AT.get())
         standalone.add_messages(messages)
         standalone.add_usage(_USAGE.get())
         await standalone.commit()
+
+
+def _as_given(message: Message) -> Message:
+    """A stored message as its provider gave it: one that came with no id is known by its content (the store
+    gave it its own id as ``message_id``), as the framework's de-duplication knows it."""
+    if message.message_id != message.additional_properties.get(STORE_ID):
+        return message
+    return Message(role=message.role, contents=message.contents)
 
 
 def record_usage(session: AgentSession, context: SessionContext) -> None:
@@ -175,53 +204,6 @@ def record_usage(session: AgentSession, context: SessionContext) -> None:
     run = run_of(session)
     if run is not None and context.response is not None:
         run.add_usage(context.response.usage_details)
-
-
-# The framework marks SessionStore experimental and warns when it is subclassed, i.e. on importing this module:
-# a library import must pass `python -W error`. StoreSessionStore's docstring says what it builds on.
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore", ExperimentalWarning)
-
-    class _SessionStoreBase(SessionStore):
-        pass
-
-
-class StoreSessionStore(_SessionStoreBase):
-    """The framework's ``SessionStore`` (get / set / delete of whole sessions; experimental in Agent Framework
-    1.23) on the store's tables.
-
-    ``get`` loads a session (its state rows and messages); ``set`` commits what changed since that ``get``,
-    with the usual rules: new messages appended, changed keys written, a key changed meanwhile by someone
-    else raises ``ConflictError``. ``set`` of a session this store did not hand out writes its messages
-    (skipping ids already stored) and its keys (a key that already exists is a conflict, not an overwrite).
-    """
-
-    def __init__(self, store: Store, *, user_id: str | None = None, history_limit: int | None = None) -> None:
-        super().__init__()
-        self.store, self.user_id, self.history_limit = store, user_id, history_limit
-
-    async def get(self, session_id: str) -> AgentSession | None:
-        SessionStore.validate_session_id(session_id)
-        try:
-            run = await self.store.load(session_id, user_id=self.user_id, history_limit=self.history_limit)
-        except SessionNotFoundError:  # another user's id: the same answer as an unused one
-            return None
-        return run.session if run.exists else None
-
-    async def set(self, session_id: str, session: AgentSession) -> None:
-        SessionStore.validate_session_id(session_id)
-        if session.session_id != session_id:
-            raise InvalidValueError(
-                f"StoreSessionStore keeps a session under its own id: {session.session_id!r} != {session_id!r}"
-            )
-        run = run_of(session)
-        if run is None or run.db is not self.store.db:
-            run = Run.unloaded(self.store.db, session, user_id=self.user_id)
-        await run.commit()
-
-    async def delete(self, session_id: str) -> None:
-        SessionStore.validate_session_id(session_id)
-        await self.store.delete(session_id, user_id=self.user_id)
 
 
 FACT_PREFIX = "user:fact."

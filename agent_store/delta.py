@@ -134,11 +134,16 @@ class IdentifiedHistory(dict[str, Any]):
 
 
 def pair_safe_tail(messages: list[Message], limit: int | None) -> list[Message]:
-    """The last ``limit`` messages, widened back until no function result in them lacks its call."""
+    """The last ``limit`` messages, widened back until no function result in them lacks its call and they
+    start with the user message that began their first turn (or at the very start, if no user message is
+    before): what load_statement.py's window is, in memory."""
     if not limit or len(messages) <= limit:
         return list(messages)
     start = len(messages) - limit
     while start > 0:
+        if messages[start].role != "user":
+            start = max((i for i in range(start) if messages[i].role == "user"), default=0)
+            continue
         calls_before = {c.call_id: i for i, m in enumerate(messages[:start]) for c in m.contents
                         if c.type == "function_call"}  # fmt: skip
         needed = [calls_before[c.call_id] for m in messages[start:] for c in m.contents

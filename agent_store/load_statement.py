@@ -13,8 +13,9 @@ MESSAGE    message_id  role      body                seq
 
 and a message's ``author`` (author_name) and ``text``, which its stored body leaves out (codec.full_body).
 
-A window (``history_limit``) starts ``limit`` before the session's ``next_seq`` and is widened back to the
-call of any function result in it (the tool-calls index), so a window never starts with an orphan result.
+A window (``history_limit``) starts ``limit`` before the session's ``next_seq``, widened back to the user
+message that began that turn, and to the call of any function result in it (the tool-calls index), so a window
+never starts with an orphan result; loading.py re-reads when the call widening lands inside an earlier turn.
 """
 
 from __future__ import annotations
@@ -88,6 +89,16 @@ def _statement(with_user: bool, window: str) -> Any:
         first = _S.next_seq - bindparam("limit", type_=Integer())
     elif window == "start":
         first = bindparam("start", type_=Integer())
+    if window != "all":
+        # Widened back to the user message that began the turn it falls in (none before: the very start): a
+        # request must not begin with an assistant's message (Bedrock, and Anthropic until lately, refuse it).
+        # The primary key's range read backwards from the window's start, to the first user message.
+        turn = (
+            select(func.max(_M.seq))
+            .where(_M.session_id == bindparam("sid"), _M.role == "user", _M.seq <= first)
+            .scalar_subquery()
+        )
+        first = func.coalesce(turn, 0)
     window_start = select(first.label("lo")).where(_S.id == bindparam("sid"), owned).cte("window_start")
     start: Any = select(window_start.c.lo).scalar_subquery()
     if window != "all":

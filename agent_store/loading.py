@@ -95,7 +95,11 @@ async def _read(
             continue
         basis = (row.n1, row.n2)
         lowest = start if start is not None else max(row.n3 - window, 0)
-        if not (found and found[0].n1 < lowest and _orphan_results(found, cipher)):
+        # Read again from the window's first message when widening to calls left it inside an earlier turn (it
+        # starts with an assistant's call: the statement widens that start back to its user message), or when
+        # a result in the widened part lacks its call. Each re-read starts lower: it ends.
+        mid_turn = bool(found) and found[0].other != "user" and found[0].n1 > 0
+        if not (found and found[0].n1 < lowest and (mid_turn or _orphan_results(found, cipher))):
             break
         start = found[0].n1
     if row is not None:

@@ -55,6 +55,7 @@ __all__ = ["ERASURE_MARGIN", "HISTORY_KEY", "KEY_MAX", "Run", "StoredSession", "
 HISTORY_KEY = InMemoryHistoryProvider.DEFAULT_SOURCE_ID
 # Clock skew allowed between the app servers that load runs and the one that erases a user.
 ERASURE_MARGIN = timedelta(seconds=1)
+UNKNOWN_READ = datetime(2000, 1, 1, tzinfo=UTC)  # before any erasure on record: every one of them fences
 KEY_MAX = 240  # a caller's idempotency key; later commits of the same run append "#2", "#3", ...
 logger = logging.getLogger("agent_store")
 
@@ -80,19 +81,33 @@ class Run:
         self._pending: Delta | None = None  # sent, outcome unknown: the next commit() retries exactly this
         self._maybe_landed = False  # COMMIT of the pending delta was sent: it may have landed
         self._started_at = datetime.now(UTC)
+        # When what this run holds was read from the store: erasures from then on refuse its commit. None: not
+        # known (a session the store did not hand out), so any erasure of the user still on record refuses it.
+        self._read_at: datetime | None = self._started_at
         self.usage: dict[str, int] = {}  # token usage reported by the agent's responses (see add_usage)
         self._held: AsyncConnection | None = None  # serialized mode: the transaction that holds the lock
         if isinstance(session, StoredSession):
             session._run = self  # a cycle the garbage collector frees with the session
 
     @classmethod
-    def unloaded(cls, db: Database, session: AgentSession, *, user_id: str | None, agent_id: str | None = None) -> Run:
+    def unloaded(
+        cls, db: Database, session: AgentSession, *, user_id: str | None, read_at: datetime | None,
+        agent_id: str | None = None,
+    ) -> Run:  # fmt: skip
         """A run for a session the store did not load: every message and key it holds is news to commit.
 
-        Messages already stored (by id) are skipped, and keys that exist already are conflicts.
+        Messages already stored (by id) are skipped, and keys that exist already are conflicts. ``read_at``:
+        when its contents were read from the store (a provider's load before the model call); None if not known,
+        and then an erasure of the user still on record (``retention.FENCE_KEPT``) refuses it.
         """
         codec.check_id(session.session_id, "session_id", required=True)
-        return cls(db, session, Snapshot(verify_new_ids=True), user_id=user_id, agent_id=agent_id)
+        run = cls(db, session, Snapshot(verify_new_ids=True), user_id=user_id, agent_id=agent_id)
+        run._read_at = read_at
+        return run
+
+    def _fence_since(self) -> datetime:
+        """Erasures of the user at or after this moment refuse the commit: they came after this run read."""
+        return UNKNOWN_READ if self._read_at is None else self._read_at - ERASURE_MARGIN
 
     @property
     def exists(self) -> bool:
@@ -171,7 +186,7 @@ class Run:
             written, attempts = None, 1 if held is not None else 2  # a dead pooled connection: once more
             if fast:  # the common case: one round trip (SQLite: one hop), or nothing written and the checked path
                 try:
-                    written, lost = await one_call.attempt(self, delta, self._started_at - ERASURE_MARGIN)
+                    written, lost = await one_call.attempt(self, delta, self._fence_since())
                 except InvalidValueError:
                     self._pending = None  # refused while building the call: nothing was sent
                     raise
@@ -256,7 +271,7 @@ class Run:
         writes_user_keys = any(k.startswith(USER_PREFIX) for k in delta.changed_keys)
         if self.user_id is not None and (writes_user_keys or not snap.exists):
             await sql.lock_user(db, self.user_id, exclusive=writes_user_keys)  # before the row lock, always
-            if await retention.erased_since(db, self.user_id, self._started_at - ERASURE_MARGIN):
+            if await retention.erased_since(db, self.user_id, self._fence_since()):
                 raise sql.not_found(sid, self.user_id)  # the user was erased after this run loaded
         # A retry of a run that found no session, whose first COMMIT may have landed, is bound to the incarnation
         # that attempt created: it never re-creates a session deleted or erased since, nor joins a new one.

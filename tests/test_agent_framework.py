@@ -210,13 +210,11 @@ async def test_tool_calls_are_columns_and_a_window_never_splits_a_call_from_its_
         store, "SELECT seq FROM agent_tool_calls WHERE call_id = :c AND kind = 'result'", c=call_id[0]
     ) == [(2,)]
 
-    for limit, first_role in ((1, "assistant"), (2, "assistant"), (3, "assistant"), (4, "user")):
+    for limit in (1, 2, 3, 4):  # every window is the whole turn: it starts at the user message that began it
         run = await store.load("s", user_id="u", history_limit=limit)
         history = run.history
-        assert history[0].role == first_role, limit
+        assert [m.role for m in history] == ["user", "assistant", "tool", "assistant"], limit
         check_request(history)  # what a hosted API checks: every result has its call, every call a result
-    window = (await store.load("s", user_id="u", history_limit=2)).history  # would start at the result
-    assert [m.role for m in window] == ["assistant", "tool", "assistant"]  # widened back to its call
 
 
 async def test_a_windowed_session_still_appends_without_duplicates(store: Store, agent: Agent) -> None:

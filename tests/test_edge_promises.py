@@ -15,10 +15,11 @@ from typing import Any
 import asyncpg
 import pytest
 from agent_framework import Message
-from helpers import expire_now, plain_dsn, rows
+from helpers import expire_now, lose_the_reply, plain_dsn, rows
 from sqlalchemy import event, make_url
 
 from agent_store import InvalidValueError, SessionClosedError, StorageUnavailableError, Store
+from agent_store.agent_framework import StoreHistoryProvider
 
 
 async def test_a_run_loaded_before_expiry_cannot_revive_a_session_purge_has_begun_to_trim(store: Store) -> None:
@@ -164,3 +165,45 @@ async def test_a_first_commit_the_database_refused_can_be_retried(url: str, key:
         assert (result.version, result.messages_written, result.state_keys_written) == (1, 1, 1)
         assert await rows(store, "SELECT text FROM agent_messages") == [("hello",)]
         assert await rows(store, "SELECT count(*) FROM agent_runs WHERE outcome = 'committed'") == [(1,)]
+
+
+async def test_a_save_that_replays_the_stored_tail_is_not_stored_again(store: Store) -> None:
+    """``StoreHistoryProvider.save_messages`` given new ``Message`` objects with the ids it stored last (a request
+    retried after a timeout; an AG-UI client sending its own ids) stores nothing again, as the framework's own
+    providers decide (``filter_new_messages``); what follows the replayed part is stored, and a provider id
+    reused in a later turn is still a new message."""
+    provider = StoreHistoryProvider(store, user_id="u")
+
+    def turn(*parts: tuple[str, str, str | None]) -> list[Message]:
+        return [Message(role=role, contents=[text], message_id=mid) for role, text, mid in parts]
+
+    first = (("user", "hi", "m1"), ("assistant", "hello", "m2"))
+    await provider.save_messages("s", turn(*first))
+    await provider.save_messages("s", turn(*first))  # rebuilt objects, same ids: a replay
+    await provider.save_messages("s", turn(first[1], ("user", "how are you", "m3")))  # overlaps the tail
+    await provider.save_messages("s", turn(("user", "no id", None), ("assistant", "no id either", None)))
+    await provider.save_messages("s", turn(("user", "no id", None), ("assistant", "no id either", None)))
+    await provider.save_messages("s", turn(("user", "a new turn", "m1")))  # an id reused later: new
+    stored = await rows(store, "SELECT text FROM agent_messages WHERE session_id = 's' ORDER BY seq")
+    assert [t for (t,) in stored] == ["hi", "hello", "how are you", "no id", "no id either", "a new turn"]
+
+
+@pytest.mark.parametrize("key", [None, "request-1"], ids=["one-call", "checked"])
+async def test_a_first_commit_whose_reply_was_lost_is_recognised_by_its_retry(store: Store, key: str | None) -> None:
+    """A new session's first commit lands, its reply is lost, the caller commits again: the retry finds its own
+    run by id under the lock and reports it, on a new session as on an existing one; no ConflictError on the
+    keys it wrote, nothing written twice, and ``retry_on_conflict`` has no reason to run the turn again."""
+    run = await store.load("new", user_id="u", run_id=key)
+    run.history.extend(Message(role=role, contents=[f"{role} says"]) for role in ("user", "assistant"))
+    run.session.state["n"] = 1
+    run.session.state["user:seen"] = True
+    lose_the_reply(store)
+    with pytest.raises(StorageUnavailableError):
+        await run.commit()
+    result = await run.commit()
+    assert (result.version, result.messages_written, result.state_keys_written) == (1, 2, 2)
+    assert await rows(store, "SELECT count(*) FROM agent_messages") == [(2,)]
+    assert await rows(store, "SELECT version, next_seq FROM agent_sessions") == [(1, 2)]
+    assert await rows(store, "SELECT count(*) FROM agent_runs WHERE outcome = 'committed'") == [(1,)]
+    run.session.state["n"] = 2  # and the run goes on in the session it created
+    assert (await run.commit()).version == 2

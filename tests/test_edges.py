@@ -256,11 +256,14 @@ async def test_a_window_with_commits_between_all_its_reads_is_read_whole_at_last
     in one statement (one snapshot) and takes its pair-safe tail, never a window measured on another version."""
     from agent_store.loading import MAX_REMEASURES
 
-    def block(n: int) -> list[Message]:  # a window of 1 widens to call b, then (in a second read) to call a
-        return [call(f"a{n}"), call(f"b{n}"), result(f"a{n}"), result(f"b{n}")]
+    def block(n: int) -> list[Message]:
+        # A window of 1 widens to this block's user message and to call a, before it: a second read, which
+        # widens to the user message before that, and so on back to the first block.
+        user = Message(role="user", contents=[f"turn {n}"])
+        return [call(f"a{n}"), user, call(f"b{n}"), result(f"a{n}"), result(f"b{n}")]
 
     async with store.session("s", user_id="u") as session:
-        session.state["in_memory"]["messages"].extend(block(0))
+        session.state["in_memory"]["messages"].extend([Message(role="user", contents=["start"]), *block(0)])
 
     async def append_after_windowed_reads(reads: int, params: dict[str, Any]) -> None:
         if "limit" in params or "start" in params:  # not after a read of the whole history
@@ -269,7 +272,7 @@ async def test_a_window_with_commits_between_all_its_reads_is_read_whole_at_last
 
     run, reads = await load_with_writes_between_reads(store, 1, append_after_windowed_reads)
     calm = await store.load("s", user_id="u", history_limit=1)
-    assert reads == 2 * MAX_REMEASURES + 1 and len(calm.history) == 4
+    assert reads == 2 * MAX_REMEASURES + 1 and len(calm.history) == 1 + 5 * reads  # a block per windowed read
     assert [m.to_dict() for m in run.history] == [m.to_dict() for m in calm.history]
     check_request(run.history)
     await run.discard()
@@ -453,9 +456,9 @@ async def test_two_runs_moving_the_service_conversation_on_conflict(store: Store
 async def test_a_resave_reports_only_the_messages_it_wrote(store: Store) -> None:
     """A save of a session it did not load skips what is stored already, and says so in its result."""
     said = [Message(role="user", contents=["a"]), Message(role="assistant", contents=["b"])]
-    first = Run.unloaded(store.db, AgentSession(session_id="s"), user_id="u")
+    first = Run.unloaded(store.db, AgentSession(session_id="s"), user_id="u", read_at=None)
     first.add_messages(said)
-    again = Run.unloaded(store.db, AgentSession(session_id="s"), user_id="u")
+    again = Run.unloaded(store.db, AgentSession(session_id="s"), user_id="u", read_at=None)
     again.add_messages([*said, Message(role="user", contents=["c"])])
     assert ((await first.commit()).messages_written, (await again.commit()).messages_written) == (2, 1)
     assert await rows(store, "SELECT text FROM agent_messages ORDER BY seq") == [("a",), ("b",), ("c",)]

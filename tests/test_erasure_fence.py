@@ -1,0 +1,132 @@
+"""Issue 22, item 1: an erasure is final on every seam, whatever the model's latency.
+
+A run that read a user's data before ``erase_user`` may not write it back after: not through ``store.session``,
+``store.load``, ``StoreHistoryProvider`` on a plain ``AgentSession``, ``StoreSessionStore`` or ``MemoryProvider``.
+Each test lets the model answer well after the erasure (more than ``ERASURE_MARGIN``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from agent_framework import Agent, AgentSession, Message
+from helpers import rows
+
+from agent_store import SessionNotFoundError, Store
+from agent_store.agent_framework import MemoryProvider, StoreHistoryProvider, StoreSessionStore
+from agent_store.offline import OfflineChatClient
+from agent_store.run import ERASURE_MARGIN
+
+LATE = ERASURE_MARGIN.total_seconds() + 0.3
+
+
+class GatedClient(OfflineChatClient):
+    """The offline model; while ``gate`` is set, each call waits for it (a slow model), telling ``asked``."""
+
+    gate: asyncio.Event | None = None
+    asked: asyncio.Event | None = None
+
+    def _inner_get_response(self, *, messages: Sequence[Message], stream: bool, **kwargs: Any) -> Any:
+        answer = super()._inner_get_response(messages=messages, stream=False, **kwargs)
+        gate, asked = self.gate, self.asked
+
+        async def later() -> Any:
+            if gate is not None and asked is not None:
+                asked.set()
+                await gate.wait()
+            return await answer
+
+        return later()
+
+
+async def erase_while_the_model_thinks(store: Store, client: GatedClient, turn: Any) -> None:
+    """Run ``turn`` (a coroutine function) with the model held; erase the user meanwhile; answer late."""
+    client.gate, client.asked = asyncio.Event(), asyncio.Event()
+    task = asyncio.ensure_future(turn())
+    await client.asked.wait()
+    await store.erase_user("u")
+    await asyncio.sleep(LATE)
+    client.gate.set()
+    with pytest.raises(SessionNotFoundError):
+        await task
+    client.gate = client.asked = None
+
+
+async def assert_nothing_of_the_user(store: Store) -> None:
+    assert await rows(store, "SELECT count(*) FROM agent_sessions WHERE user_id = 'u'") == [(0,)]
+    assert await rows(store, "SELECT count(*) FROM agent_messages") == [(0,)]
+    assert await rows(store, "SELECT count(*) FROM agent_user_state WHERE user_id = 'u'") == [(0,)]
+
+
+async def test_history_provider_on_a_plain_session(store: Store) -> None:
+    client = GatedClient()
+    agent = Agent(client=client, name="a", context_providers=[StoreHistoryProvider(store, user_id="u")])
+    session = AgentSession(session_id="plain")
+    await agent.run("我叫李明", session=session)
+    assert await rows(store, "SELECT count(*) FROM agent_messages") == [(2,)]
+
+    await erase_while_the_model_thinks(store, client, lambda: agent.run("我叫什么名字？", session=session))
+    await assert_nothing_of_the_user(store)
+    reply = await agent.run("我叫什么名字？", session=session)  # a run that reads after the erasure is fine
+    assert reply.text == "我不知道你叫什么名字。"
+
+
+async def test_store_session_and_load_with_memory(store: Store) -> None:
+    client = GatedClient()
+    agent = Agent(client=client, name="a", context_providers=[MemoryProvider()])
+    async with store.session("s", user_id="u") as session:
+        MemoryProvider.remember(session, "name", "李明")
+        await agent.run("hello", session=session)
+
+    async def turn() -> None:
+        async with store.session("s", user_id="u") as session:
+            MemoryProvider.remember(session, "city", "上海")
+            await agent.run("hello again", session=session)
+
+    await erase_while_the_model_thinks(store, client, turn)
+    await assert_nothing_of_the_user(store)
+
+    async def new_session_turn() -> None:  # a first run of a new session, loaded before the erasure
+        run = await store.load("new", user_id="u")
+        await agent.run("hi", session=run.session)
+        await run.commit()
+
+    await erase_while_the_model_thinks(store, client, new_session_turn)
+    await assert_nothing_of_the_user(store)
+
+
+async def test_session_store_get_none_then_set(store: Store) -> None:
+    client = GatedClient()
+    agent = Agent(client=client, name="a")
+    sessions = StoreSessionStore(store, user_id="u")
+
+    async def turn() -> None:
+        session = await sessions.get("fresh") or AgentSession(session_id="fresh")
+        await agent.run("我叫李明", session=session)
+        await sessions.set("fresh", session)
+
+    await erase_while_the_model_thinks(store, client, turn)
+    await assert_nothing_of_the_user(store)
+    await turn()  # read after the erasure: stored
+    assert await rows(store, "SELECT count(*) FROM agent_messages WHERE session_id = 'fresh'") == [(2,)]
+
+
+async def test_session_store_set_of_a_session_it_never_saw(store: Store) -> None:
+    """A session restored from the app's own copy (``to_dict``) made before the erasure: when it was read is
+    not known, so an erasure of the user still on record refuses it; a user never erased is not affected."""
+    agent = Agent(client=OfflineChatClient(), name="a")
+    old = AgentSession(session_id="copy")
+    await agent.run("我叫李明", session=old)
+    saved = old.to_dict()
+    async with store.session("other", user_id="u") as session:
+        session.state["n"] = 1
+    await store.erase_user("u")
+    await asyncio.sleep(LATE)
+    with pytest.raises(SessionNotFoundError):
+        await StoreSessionStore(store, user_id="u").set("copy", AgentSession.from_dict(saved))
+    await assert_nothing_of_the_user(store)
+    await StoreSessionStore(store, user_id="v").set("copy", AgentSession.from_dict(saved))
+    assert await rows(store, "SELECT user_id, next_seq FROM agent_sessions") == [("v", 2)]
