@@ -2,6 +2,7 @@
 
 from .errors import (
     AgentStoreError,
+    CheckpointRefusedError,
     ConfigurationError,
     ConflictError,
     InvalidValueError,
@@ -29,6 +30,7 @@ from .store import Store
 
 __all__ = [
     "AgentStoreError",
+    "CheckpointRefusedError",
     "CommitResult",
     "ConfigurationError",
     "ConflictError",

@@ -2,9 +2,12 @@
 
 A workflow paused for a human's answer resumes from a checkpoint, often in another process and days later. Each
 checkpoint is one row of ``agent_checkpoints`` (migration 0006), its payload exactly what the framework's
-checkpoint encoding produces, as ``FileCheckpointStorage`` writes it to a file. Trust: reading a checkpoint
-back decodes only the framework's safe types plus those allowed here (``allowed_checkpoint_types``,
-``register_checkpoint_type``); a checkpoint that could not be read back that way is refused at ``save``.
+checkpoint encoding produces, as ``FileCheckpointStorage`` writes it to a file. Trust: a payload is decoded only
+when a caller asks for that checkpoint (``load``, ``list_checkpoints``, ``get_latest``; never to list ids or
+describe rows), only after checkpoint_payloads.py found it calls no constructor, and then by the framework's
+restricted decoding: its safe types plus those allowed here (``allowed_checkpoint_types``,
+``register_checkpoint_type``). A checkpoint that could not be read back that way is refused at ``save``, and one
+that came in another way (an imported file, SQL) raises :class:`~agent_store.CheckpointRefusedError` at ``load``.
 
 Saves of one workflow are numbered in commit order (the row lock of its ``agent_checkpoint_workflows`` row), so
 "latest" is the last one committed, never a wall-clock comparison. A ``user_id`` gives the storage its own
@@ -22,12 +25,13 @@ from typing import TYPE_CHECKING, Any
 from agent_framework import WorkflowCheckpoint, WorkflowCheckpointException
 
 # The framework's own checkpoint encoding (what FileCheckpointStorage uses; not re-exported by the package).
-from agent_framework._workflows._checkpoint_encoding import decode_checkpoint_value, encode_checkpoint_value
+from agent_framework._workflows._checkpoint_encoding import encode_checkpoint_value
 from sqlalchemy import delete, func, select, tuple_
 from sqlalchemy.dialects import postgresql, sqlite
 
 from . import codec
-from .errors import AgentStoreError, InvalidValueError
+from .checkpoint_payloads import decode_payload
+from .errors import AgentStoreError, CheckpointRefusedError, InvalidValueError
 from .retention import erased_since
 from .run import ERASURE_MARGIN
 from .statements import lock_user
@@ -77,11 +81,15 @@ class StoreCheckpointStorage:
             if not isinstance(checkpoint.timestamp, str) or len(checkpoint.timestamp) > 64:
                 raise InvalidValueError("timestamp must be the framework's ISO 8601 text (at most 64 characters)")
             encoded = encode_checkpoint_value(checkpoint.to_dict())
-            decode_checkpoint_value(encoded, allowed_types=self._allowed)  # refused now, not at resume time
+            decode_payload(encoded, self._allowed)  # read back as load will: refused now, not at resume time
             # Key order kept (the framework iterates pending requests in order); NaN / Infinity refused (not JSON).
             payload = codec.dumps(
                 encoded, where=f"checkpoint {ident!r}", max_bytes=self._db.settings.max_value_bytes, sort_keys=False
             )
+        except CheckpointRefusedError as exc:  # what load would raise: said now, as a save's refusal
+            raise WorkflowCheckpointException(
+                f"Checkpoint {ident} would not be read back; refusing to save: {exc}"
+            ) from exc
         except WorkflowCheckpointException:
             raise
         except InvalidValueError as exc:
@@ -121,7 +129,13 @@ class StoreCheckpointStorage:
             await conn.execute(upsert.on_conflict_do_update(index_elements=[C.user_id, C.checkpoint_id], set_=columns))
 
     async def load(self, checkpoint_id: str) -> WorkflowCheckpoint:
-        """The checkpoint with this id. Raises ``WorkflowCheckpointException`` if there is none (for this user)."""
+        """The checkpoint with this id.
+
+        Raises:
+            WorkflowCheckpointException: there is none with this id (for this user).
+            CheckpointRefusedError: (also a ``WorkflowCheckpointException``) it may not be read back under this
+                storage's allowed types, or would run a constructor; nothing of it was built.
+        """
         rows = []
         if _storable(checkpoint_id):  # anything else was never stored: the same answer as an unknown id
             rows = await self._read(select(C.payload).where(*self._mine(), C.checkpoint_id == checkpoint_id))
@@ -135,8 +149,13 @@ class StoreCheckpointStorage:
         return [found for (payload,) in rows if (found := self._decode_or_skip(payload)) is not None]
 
     async def list_checkpoint_ids(self, *, workflow_name: str) -> list[str]:
-        """The ids of :meth:`list_checkpoints`, in the same order."""
-        return [checkpoint.checkpoint_id for checkpoint in await self.list_checkpoints(workflow_name=workflow_name)]
+        """The ids of the workflow's stored checkpoints, oldest first, read without decoding any payload.
+
+        Unlike ``FileCheckpointStorage``, which decodes every file to list ids, an id is listed here even if its
+        checkpoint does not decode under this storage's allowed types (``load`` then refuses it): listing reads
+        no payload, so it never builds anything a payload names.
+        """
+        return [ident for (ident,) in await self._read(self._of(workflow_name, C.checkpoint_id).order_by(C.seq))]
 
     async def get_latest(self, *, workflow_name: str) -> WorkflowCheckpoint | None:
         """The workflow's last committed checkpoint that decodes, or None."""
@@ -181,12 +200,12 @@ class StoreCheckpointStorage:
             return list((await conn.execute(statement)).all())
 
     def _decode(self, payload: Any) -> WorkflowCheckpoint:
-        return WorkflowCheckpoint.from_dict(decode_checkpoint_value(payload, allowed_types=self._allowed))
+        return decode_payload(payload, self._allowed)
 
     def _decode_or_skip(self, payload: Any) -> WorkflowCheckpoint | None:
         try:
             return self._decode(payload)
-        except WorkflowCheckpointException as exc:
+        except CheckpointRefusedError as exc:
             logger.warning("a stored workflow checkpoint does not decode under the allowed types: %s", exc)
             return None
 

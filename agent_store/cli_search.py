@@ -60,17 +60,22 @@ def loopback(host: str) -> bool:
 @click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True)
 @click.option("--token", envvar="AGENT_STORE_UI_TOKEN", show_envvar=True, default=None,
               help="Required on every request (needed to listen beyond loopback).")  # fmt: skip
-def ui(url: str | None, host: str, port: int, token: str | None) -> None:
+@click.option("--allow-host", "allow_hosts", multiple=True, metavar="NAME[:PORT]",
+              help="Another name requests may use in their Host header (repeatable; '*': any). Loopback names "
+                   "and the --host address are always allowed; others are answered 400 (DNS rebinding).")  # fmt: skip
+def ui(url: str | None, host: str, port: int, token: str | None, allow_hosts: tuple[str, ...]) -> None:
     """A read-only web browser of sessions, transcripts, state and search (pip install "agent-store[ui]")."""
     try:
         import uvicorn
 
-        from .ui import create_app
+        from .ui import LOOPBACK_HOSTS, create_app
     except ImportError as exc:
         raise click.ClickException(f'the browser needs its extra: pip install "agent-store[ui]" ({exc.name})') from None
     if not loopback(host) and not token:
         raise click.UsageError(f"refusing to serve {host} without --token (or AGENT_STORE_UI_TOKEN): "
                                "anyone who can reach it could read every conversation")  # fmt: skip
-    app = create_app(Store.from_url(url), token=token, owns_store=True)
+    bound = f"[{host}]" if ":" in host and not host.startswith("[") else host  # an IPv6 address, as Host gives it
+    allowed = [*LOOPBACK_HOSTS, bound, *allow_hosts]
+    app = create_app(Store.from_url(url), token=token, owns_store=True, allowed_hosts=allowed)
     click.echo(f"agent-store ui: http://{host}:{port}/" + ("?token=<your token>" if token else ""), err=True)
     uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -179,8 +179,19 @@ def _encode_dict(value: dict[Any, Any], path: str, active: set[int], *, tag_chec
 
 
 def decode_state(value: Any, *, key: str) -> Any:
-    """Rebuild a state value stored by :func:`encode_state`."""
-    return _decode(value, f"state[{key!r}]")
+    """Rebuild a state value stored by :func:`encode_state`.
+
+    Raises:
+        InvalidValueError: the stored value is malformed (a bad ``$datetime``, a registered type's decoder
+            refusing its payload, ...): named by key, the original error as ``__cause__``.
+    """
+    path = f"state[{key!r}]"
+    try:
+        return _decode(value, path)
+    except InvalidValueError:
+        raise
+    except Exception as exc:  # a decoder of a registered type may raise anything: say which key, keep the cause
+        raise InvalidValueError(f"{path}: the stored value cannot be rebuilt ({type(exc).__name__})") from exc
 
 
 def _decode(value: Any, path: str) -> Any:

@@ -23,6 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 
 from . import text_match
 from .errors import ConfigurationError, SchemaOutOfDateError, SchemaTooNewError, redact
+from .log_redaction import keep_values_out_of_logs
 from .tables import SCHEMA_REVISION
 
 DEFAULT_URL = "sqlite+aiosqlite:///agent_store.db"
@@ -107,8 +108,10 @@ def configure_engine(engine: AsyncEngine) -> None:
     It runs at checkout, so an engine handed to ``Store(engine)`` after it already opened connections gets it on
     those connections too. SQLite: the pragmas, once per pooled connection (marked in its record).
     PostgreSQL: a connection the server closed while it sat in the pool is replaced before it is handed out.
+    Both: the drivers' log records never carry a statement's values (log_redaction.py).
     """
     sync_engine = engine.sync_engine
+    keep_values_out_of_logs(engine)  # statement parameters and rows are message text: never in a log record
     if sync_engine.dialect.name == "postgresql" and not event.contains(sync_engine, "checkout", _closed_while_idle):
         event.listen(sync_engine, "checkout", _closed_while_idle)
     if sync_engine.dialect.name != "sqlite" or event.contains(sync_engine, "checkout", _sqlite_checkout):

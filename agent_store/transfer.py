@@ -9,8 +9,10 @@ kept: ids, seq, timestamps (ISO 8601, UTC), JSON values as JSON.
   connection. Each session is read as of one moment (its row, state and run log together; its messages
   paged below the ``next_seq`` of that moment); a session truncated or cleared mid-export raises.
 - Import is all-or-nothing per file: one transaction, committed only after the trailer matched. A
-  truncated file writes nothing. Existing sessions are skipped, never duplicated; imported sessions and
-  state rows get fresh incarnations and stamps (a runner of the old database cannot commit into them).
+  truncated file writes nothing. Each row is checked as it is read, by the rules the API writes by
+  (import_rows.py): a row no run could have stored is refused, naming its line, and nothing is written.
+  Existing sessions are skipped, never duplicated; imported sessions and state rows get fresh incarnations
+  and stamps (a runner of the old database cannot commit into them).
   A workflow's checkpoints are restored (in the file's order) only where that user's workflow has none: one
   that went on here is skipped whole, so an older backup never becomes its latest.
 """
@@ -19,10 +21,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Callable, Iterable
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, Integer, Table, insert, select, tuple_
+from sqlalchemy import Table, insert, select, tuple_
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -30,14 +32,12 @@ from . import codec
 from .database import Database
 from .delta import new_stamp
 from .errors import ConflictError, InvalidValueError
+from .import_rows import TABLES, row_values
 from .models import TransferReport
 from .scopes import owner_is
 from .statements import lock_user, not_found
 from .tables import (
     SCHEMA_REVISION,
-    ExactJsonText,
-    JsonText,
-    UTCDateTime,
     checkpoint_workflows_t,
     checkpoints_t,
     messages_t,
@@ -52,9 +52,6 @@ FORMAT = "agent_store.jsonl"
 # Insertion order: messages before the tool calls that reference them.
 _SESSION_TABLES: dict[str, Table] = {"state": state_t, "run": runs_t, "message": messages_t, "tool_call": tool_calls_t}
 PAGE = 1000  # messages per short read transaction
-_TABLES: dict[str, Table] = {
-    "session": sessions_t, **_SESSION_TABLES, "user_state": user_state_t, "checkpoint": checkpoints_t
-}  # fmt: skip
 
 
 def _to_json(table: Table, row: Any) -> dict[str, Any]:
@@ -63,27 +60,6 @@ def _to_json(table: Table, row: Any) -> dict[str, Any]:
         value = row._mapping[column]
         out[column.name] = value.isoformat() if isinstance(value, datetime) else value
     return out
-
-
-def _from_json(table: Table, data: dict[str, Any]) -> dict[str, Any]:
-    """Column values for an insert; JSON columns are re-serialized with the store's own rules."""
-    try:
-        values = {column.name: data[column.name] for column in table.c if column.name in data}
-        for column in table.c:
-            value = values.get(column.name)
-            if value is None:
-                continue
-            if isinstance(column.type, (Integer, BigInteger)):
-                bound = codec.INT64 if isinstance(column.type, BigInteger) else codec.INT32
-                codec.check_int(value, f"{table.name}.{column.name}", low=-bound, high=bound)
-            elif isinstance(column.type, UTCDateTime):
-                values[column.name] = datetime.fromisoformat(value).astimezone(UTC)
-            elif isinstance(column.type, JsonText):
-                exact = isinstance(column.type, ExactJsonText)  # kept as written: key order included
-                values[column.name] = codec.dumps(value, where=f"{table.name}.{column.name}", sort_keys=not exact)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise InvalidValueError(f"import: a {table.name} row is malformed: {exc}") from exc
-    return values
 
 
 def _line(kind: str, row: dict[str, Any]) -> str:
@@ -163,17 +139,26 @@ async def _export_session(db: Database, sid: str) -> AsyncIterator[str]:
             page = (await conn.execute(select(messages_t).where(*window).order_by(M.seq))).all()
             tools = (T.session_id == sid, T.seq > after, T.seq < upto)
             tool_rows = (await conn.execute(select(tool_calls_t).where(*tools).order_by(T.seq, T.call_id))).all()
+            rewritten = await _rewritten(conn, row, select(M.run_id).where(*window))
         expected = upto - after - 1
         # Messages below next_seq never change, unless the session is cleared or truncated and written again:
-        # then a page is short, or holds a message committed after the session row was read (its commit time
-        # is later than the row's last update).
-        if len(page) != expected or any(r.created_at > row.updated_at for r in page):
+        # then a page is short, or holds a message of a commit later than the session row that was read.
+        if len(page) != expected or rewritten:
             raise ConflictError(sid, [], reason="the session was truncated or cleared while it was being exported")
         after = page[-1].seq
         for r in page:
             yield _line("message", _to_json(messages_t, r))
         for r in tool_rows:
             yield _line("tool_call", _to_json(tool_calls_t, r))
+
+
+async def _rewritten(conn: AsyncConnection, session: Any, run_ids: Any) -> bool:
+    """Whether the session was re-created since ``session`` (its row) was read, or a message of ``run_ids`` was
+    committed after it: by incarnation and version (commit order), never by comparing app servers' clocks."""
+    S, R = sessions_t.c, runs_t.c
+    now = (await conn.execute(select(S.incarnation).where(S.id == session.id))).scalar_one_or_none()
+    later = select(R.run_id).where(R.session_id == session.id, R.run_id.in_(run_ids), R.version > session.version)
+    return bool(now != session.incarnation or (await conn.execute(later.limit(1))).first() is not None)
 
 
 async def import_lines(
@@ -210,7 +195,7 @@ async def import_lines(
             try:
                 record = json.loads(line)
                 kind, row = record["kind"], record.get("row")
-            except (ValueError, KeyError, TypeError) as exc:
+            except (ValueError, KeyError, TypeError, RecursionError) as exc:
                 raise InvalidValueError(f"import: line {number} is not an agent_store export record") from exc
             if header is None:
                 if kind != "header" or record.get("format") != FORMAT:
@@ -223,20 +208,23 @@ async def import_lines(
                 if record.get("lines") != number or record.get("sessions") != imported + skipped:
                     raise InvalidValueError("import: the trailer's counts do not match the file; nothing was imported")
                 continue
-            if kind not in _TABLES or not isinstance(row, dict):
-                raise InvalidValueError(f"import: line {number}: unknown record kind {kind!r}")
+            if not isinstance(kind, str) or kind not in TABLES or not isinstance(row, dict):
+                raise InvalidValueError(f"import: line {number}: unknown record kind {kind!r}"[:300])
+            try:
+                values = row_values(kind, row, db.settings)
+            except InvalidValueError as exc:
+                raise InvalidValueError(f"import: line {number}: {exc}; nothing was imported") from exc
             if kind in ("session", "user_state", "checkpoint"):
                 await flush()
             if kind == "checkpoint":
-                checkpoints += await _insert_checkpoint(conn, _from_json(checkpoints_t, row), restoring)
+                checkpoints += await _insert_checkpoint(conn, values, restoring)
                 continue
             if kind == "user_state":
-                values = {**_from_json(user_state_t, row), "version": new_stamp()}
-                await conn.execute(_insert_ignoring_existing(conn, user_state_t), values)
+                await conn.execute(_insert_ignoring_existing(conn, user_state_t), {**values, "version": new_stamp()})
                 continue
             if kind != "session" and not pending:
                 raise InvalidValueError(f"import: line {number}: a {kind} row before any session row")
-            pending.append((kind, row))
+            pending.append((kind, values))
         if trailer is None:
             raise InvalidValueError(
                 f"import: the file ends at line {number} without its trailer (truncated?); nothing was imported"
@@ -274,15 +262,9 @@ def _insert_ignoring_existing(conn: AsyncConnection, table: Table) -> Any:
 
 
 async def _insert_session(conn: AsyncConnection, records: list[tuple[str, dict[str, Any]]]) -> bool:
+    """Insert one session and its rows (each already checked by import_rows.row_values)."""
     (_, session_row), rest = records[0], records[1:]
-    session = {**_from_json(sessions_t, session_row), "incarnation": new_stamp()}
-    codec.check_id(session.get("id"), "session id", required=True)
-    codec.check_id(session.get("user_id"), "session user_id")
-    codec.check_id(session.get("agent_id"), "session agent_id")
-    if missing := [
-        c.name for c in sessions_t.c if not c.nullable and c.server_default is None and session.get(c.name) is None
-    ]:
-        raise InvalidValueError(f"import: session {session['id']!r} lacks {missing}")
+    session = {**session_row, "incarnation": new_stamp()}
     if session.get("user_id") is not None:
         await lock_user(conn, session["user_id"], exclusive=False)  # creates one of the user's sessions
     if not (await conn.execute(_insert_ignoring_existing(conn, sessions_t), session)).rowcount:
@@ -294,7 +276,7 @@ async def _insert_session(conn: AsyncConnection, records: list[tuple[str, dict[s
         raise InvalidValueError(f"import: session {session['id']!r}: a tool_call row names a message it lacks")
     stamp = new_stamp()
     for kind, table in _SESSION_TABLES.items():
-        rows = [{**_from_json(table, row), "session_id": session["id"]} for k, row in rest if k == kind]
+        rows = [{**row, "session_id": session["id"]} for k, row in rest if k == kind]
         if kind == "state":
             rows = [{**r, "version": stamp} for r in rows]
         if rows:

@@ -5,13 +5,21 @@ writes. Jinja2 escapes every stored string, and the Content-Security-Policy forb
 message ``<script>`` is shown as text and could not run even if it got through. Bound to anything but
 loopback, the CLI refuses to start without a token; with one, every request must carry it (``?token=`` once,
 then a cookie, or ``Authorization: Bearer``).
+
+Every request must also name, in its ``Host`` header, a host the browser serves: the loopback names and its bind
+address, plus any the operator allows (``allowed_hosts``, ``--allow-host``). Without that check, DNS rebinding
+would let any web page the operator visits read every transcript from the loopback browser: the page's own
+name is made to resolve to 127.0.0.1, so the browser lets it read the answers (same origin), and only the Host
+header still shows the name the request was made for. Another name gets 400, as Starlette's TrustedHostMiddleware
+and Django answer; not 421, which HTTP/2 clients take as "retry on another connection".
 """
 
 from __future__ import annotations
 
 import hmac
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import urlencode
@@ -30,6 +38,8 @@ from .errors import AgentStoreError, InvalidValueError, SessionNotFoundError
 from .store import Store
 
 COOKIE = "agent_store_ui_token"
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")  # on any port: an SSH tunnel's local port is another one
+SEQ_MAX = 2**31  # seq is a 32-bit column
 HEADERS = {
     "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'",
     "X-Content-Type-Options": "nosniff",
@@ -51,6 +61,45 @@ def _json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, default=repr)
 
 
+def host_and_port(value: str) -> tuple[str, str | None]:
+    """A ``Host`` header (or an allowed host) as a lower-case name and its port (None: none given); an IPv6
+    address keeps its brackets. Anything malformed gives an empty name, which matches nothing."""
+    value = value.strip().lower()
+    if value.startswith("["):  # [::1] or [::1]:8765
+        name, closed, rest = value.partition("]")
+        if not closed or (rest and not rest.startswith(":")):
+            return "", None
+        name, port = name + "]", rest[1:] if rest else None
+    elif value.count(":") == 1:
+        name, _, port = value.partition(":")
+    elif ":" in value:  # an IPv6 address without brackets is no Host
+        return "", None
+    else:
+        name, port = value, None
+    if port is not None and not (port.isascii() and port.isdigit()):
+        return "", None
+    return name.rstrip("."), port
+
+
+class HostGate(BaseHTTPMiddleware):
+    """Answer only requests whose ``Host`` names a host this browser serves (see the module docstring)."""
+
+    def __init__(self, app: Any, allowed: Sequence[str]) -> None:
+        super().__init__(app)
+        self.allowed = [host_and_port(host) for host in allowed]
+
+    async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
+        name, port = host_and_port(request.headers.get("host", ""))
+        if name and any(name == n and p in (None, port) for n, p in self.allowed):
+            return await call_next(request)
+        return PlainTextResponse(
+            "this browser does not serve the host this request names (the Host header); to open it under another "
+            "name, start it with --allow-host NAME",
+            400,
+            headers=HEADERS,
+        )
+
+
 class TokenGate(BaseHTTPMiddleware):
     def __init__(self, app: Any, token: str) -> None:
         super().__init__(app)
@@ -68,8 +117,19 @@ class TokenGate(BaseHTTPMiddleware):
         return response
 
 
-def create_app(store: Store, *, token: str | None = None, page_size: int = 50, owns_store: bool = False) -> Starlette:
-    """The browser's ASGI app over ``store`` (``owns_store``: close it when the app shuts down)."""
+def create_app(
+    store: Store, *, token: str | None = None, page_size: int = 50, owns_store: bool = False,
+    allowed_hosts: Sequence[str] | None = None,
+) -> Starlette:  # fmt: skip
+    """The browser's ASGI app over ``store`` (``owns_store``: close it when the app shuts down).
+
+    ``allowed_hosts``: the names (``"host"``: any port; ``"host:port"``: that port) a request's ``Host`` header may
+    give; None: the loopback names (:data:`LOOPBACK_HOSTS`); ``["*"]``: any (no check, e.g. behind a proxy that
+    checks it). Another name is answered 400.
+    """
+    if isinstance(allowed_hosts, str):
+        raise InvalidValueError("allowed_hosts is a list of host names, not one string")
+    allowed = list(LOOPBACK_HOSTS if allowed_hosts is None else allowed_hosts)
     env = Environment(loader=PackageLoader("agent_store", "templates"), autoescape=True)
     env.filters.update(marked=marked, json=_json, query=lambda params: urlencode(params, doseq=True))
 
@@ -119,8 +179,9 @@ def create_app(store: Store, *, token: str | None = None, page_size: int = 50, o
     async def transcript(request: Request) -> tuple[Any, list[Any], int]:
         q = request.query_params
         sid, user, after = q.get("id") or "", q.get("user") or None, q.get("after") or "-1"
-        if not after.lstrip("-").isdigit():
-            raise InvalidValueError(f"after must be a message seq, not {after!r}")
+        # ASCII digits only: str.isdigit() takes "²", which int() then refuses (that was an HTTP 500).
+        if not re.fullmatch(r"-1|[0-9]{1,10}", after) or int(after) >= SEQ_MAX:
+            raise InvalidValueError(f"after must be a message seq (-1, or 0 to {SEQ_MAX - 1}), not {after[:40]!r}")
         info = await store.get(sid, user_id=user)
         # Encrypted messages (the browser holds no cipher) show as such; the rest of the page still works.
         messages = await lifecycle.messages(store.db, sid, user, int(after), page_size, sealed_ok=True)
@@ -169,7 +230,8 @@ def create_app(store: Store, *, token: str | None = None, page_size: int = 50, o
         Route("/search", search),
         Route("/search.jsonl", search_jsonl),
     ]  # Route's default methods: GET and HEAD only; anything else is 405
-    middleware = [Middleware(TokenGate, token=token)] if token else []
+    middleware = [] if "*" in allowed else [Middleware(HostGate, allowed=allowed)]  # the outermost: first
+    middleware += [Middleware(TokenGate, token=token)] if token else []
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

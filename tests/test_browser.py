@@ -241,7 +241,7 @@ async def test_the_session_list_filters_and_pages(store: Store) -> None:
         return re.findall(r'class="session-link" href="[^"]*">([^<]*)</a>', html)
 
     transport = httpx.ASGITransport(app=create_app(store, page_size=2))
-    async with httpx.AsyncClient(transport=transport, base_url="http://ui") as client:
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
         seen, path = [], "/sessions?user=u"
         while path:
             html = (await client.get(path)).text
@@ -280,7 +280,7 @@ async def test_odd_ids_and_encrypted_sessions_still_open(url: str) -> None:
         async with store.session("a/b", user_id="u") as session:
             session.state["in_memory"]["messages"].append(Message(role="user", contents=["slash 100%"]))
         transport = httpx.ASGITransport(app=create_app(store))
-        async with httpx.AsyncClient(transport=transport, base_url="http://ui") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
             listing = (await client.get("/sessions?user=u")).text
             links = dict(re.findall(r'class="session-link" href="([^"]*)">([^<]*)</a>', listing))
             assert set(links.values()) == {"a/b", "x/export.jsonl"}

@@ -6,6 +6,7 @@ Each test failed on the code before its fix; every one runs on SQLite and Postgr
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -16,9 +17,9 @@ import asyncpg
 import pytest
 from agent_framework import Message
 from helpers import expire_now, lose_the_reply, plain_dsn, rows
-from sqlalchemy import event, make_url
+from sqlalchemy import event, make_url, text
 
-from agent_store import InvalidValueError, SessionClosedError, StorageUnavailableError, Store
+from agent_store import ConflictError, InvalidValueError, SessionClosedError, StorageUnavailableError, Store
 from agent_store.agent_framework import StoreHistoryProvider
 
 
@@ -207,3 +208,39 @@ async def test_a_first_commit_whose_reply_was_lost_is_recognised_by_its_retry(st
     assert await rows(store, "SELECT count(*) FROM agent_runs WHERE outcome = 'committed'") == [(1,)]
     run.session.state["n"] = 2  # and the run goes on in the session it created
     assert (await run.commit()).version == 2
+
+
+async def test_an_export_after_a_commit_from_a_server_whose_clock_lags_succeeds(store: Store) -> None:
+    """App servers' clocks differ: a commit from one a few seconds behind leaves the session's ``updated_at``
+    earlier than messages committed before it (as here, set back by SQL). An export of that intact session
+    succeeds; consistency is judged by commit order (versions), never by comparing clocks."""
+    for turn in range(3):
+        async with store.session("s", user_id="u") as session:
+            session.state["in_memory"]["messages"].append(Message(role="user", contents=[f"turn {turn}"]))
+    async with store.engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            await conn.execute(text("UPDATE agent_sessions SET updated_at = updated_at - interval '5 seconds'"))
+        else:  # SQLite keeps UTC text: the same value, five seconds earlier
+            (updated,) = (await conn.execute(text("SELECT updated_at FROM agent_sessions"))).one()
+            lagging = datetime.fromisoformat(str(updated)) - timedelta(seconds=5)
+            await conn.execute(text("UPDATE agent_sessions SET updated_at = :t"), {"t": lagging.isoformat(" ")})
+    lines = [json.loads(line) async for line in store.export(user_id="u")]
+    assert [line["row"]["text"] for line in lines if line["kind"] == "message"] == ["turn 0", "turn 1", "turn 2"]
+
+
+async def test_an_export_refuses_a_session_deleted_and_created_again_midway(store: Store) -> None:
+    """The same id, a new conversation with as many messages (low versions, so commit order alone cannot
+    tell): the incarnation does, and the export raises instead of mixing two conversations."""
+    for turn in range(2):
+        async with store.session("s", user_id="u") as session:
+            session.state["in_memory"]["messages"].append(Message(role="user", contents=[f"old {turn}"]))
+    lines = store.export(user_id="u")
+    async for line in lines:
+        if json.loads(line)["kind"] == "run":  # the session's row is read; its messages are not yet
+            await store.delete("s", user_id="u")
+            async with store.session("s", user_id="u") as session:
+                session.state["in_memory"]["messages"] += [Message(role="user", contents=[f"new {i}"]) for i in (0, 1)]
+            break
+    with pytest.raises(ConflictError, match="truncated or cleared"):
+        async for _ in lines:
+            pass
