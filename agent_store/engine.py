@@ -27,6 +27,8 @@ from .log_redaction import keep_values_out_of_logs
 from .tables import SCHEMA_REVISION
 
 DEFAULT_URL = "sqlite+aiosqlite:///agent_store.db"
+BUSY_TIMEOUT_S = 30  # how long a SQLite writer waits for the lock, unless connect_args says otherwise
+SQLITE3_DEFAULT_BUSY_MS = 5000  # what sqlite3.connect() sets when not told: Store(engine) raises it to ours
 URL_ENV = "AGENT_STORE_URL"
 CONNECT_TIMEOUT_S = 10.0
 NO_TRANSACTION = "agent_store_no_transaction"  # set on a SQLite connection whose last hop left no transaction
@@ -75,6 +77,9 @@ def make_engine(url: str | URL | None = None, **engine_kwargs: Any) -> AsyncEngi
     database = parsed.database or ""
     if database in ("", ":memory:") or database.startswith("file::memory:"):
         raise ConfigurationError("an in-memory SQLite database cannot be shared by runs; give a file path")
+    # A writer waits this long for SQLite's lock ("database is locked" after it); connect_args={"timeout": s}
+    # sets another wait, as for sqlite3.connect.
+    engine_kwargs["connect_args"] = {"timeout": BUSY_TIMEOUT_S, **engine_kwargs.pop("connect_args", {})}
     engine_kwargs.setdefault("hide_parameters", True)
     if "pool" not in engine_kwargs:  # a pool object of the caller's resets its connections its own way
         engine_kwargs.setdefault("pool_reset_on_return", None)  # _sqlite_reset does it, skipping what needs none
@@ -165,7 +170,9 @@ def _sqlite_checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
 def _sqlite_connect(dbapi_connection: Any) -> None:
     dbapi_connection.isolation_level = None  # we emit BEGIN ourselves, see _sqlite_begin
     cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA busy_timeout = 30000")  # ms; a writer waits this long for the lock
+    cursor.execute("PRAGMA busy_timeout")
+    if cursor.fetchone()[0] == SQLITE3_DEFAULT_BUSY_MS:  # an engine made elsewhere, with sqlite3's default
+        cursor.execute("PRAGMA busy_timeout = 30000")  # BUSY_TIMEOUT_S, in ms
     cursor.execute("PRAGMA journal_mode = WAL")
     cursor.execute("PRAGMA synchronous = NORMAL")
     cursor.execute("PRAGMA foreign_keys = ON")

@@ -11,13 +11,13 @@ import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import asyncpg
 import pytest
 from agent_framework import Message
 from helpers import expire_now, lose_the_reply, plain_dsn, rows
-from sqlalchemy import event, make_url, text
+from sqlalchemy import make_url, text
+from sqlalchemy.ext.asyncio import create_async_engine
 
 from agent_store import ConflictError, InvalidValueError, SessionClosedError, StorageUnavailableError, Store
 from agent_store.agent_framework import StoreHistoryProvider
@@ -144,13 +144,8 @@ async def test_a_first_commit_the_database_refused_can_be_retried(url: str, key:
     """A new session's first commit meets a lock it cannot get and the database refuses it (a retryable
     StorageUnavailableError): nothing was written, so ``commit()`` again creates the session with exactly that
     run, once (before the fix the retry looked for a session the refused attempt never made)."""
-    async with Store.from_url(url) as store:
-        if url.startswith("sqlite"):  # a short busy timeout: the commit is refused in 0.2 s, not 30
-
-            def short_busy_timeout(dbapi_connection: Any, record: Any, proxy: Any) -> None:
-                dbapi_connection.cursor().execute("PRAGMA busy_timeout = 200")  # after the store's own set-up
-
-            event.listen(store.engine.sync_engine, "checkout", short_busy_timeout)
+    short_wait = {"connect_args": {"timeout": 0.2}} if url.startswith("sqlite") else {}  # refused in 0.2 s, not 30
+    async with Store.from_url(url, **short_wait) as store:
         await store.migrate()
         run = await store.load("new", user_id="u", run_id=key)
         run.history.append(Message(role="user", contents=["hello"]))
@@ -244,3 +239,19 @@ async def test_an_export_refuses_a_session_deleted_and_created_again_midway(stor
     with pytest.raises(ConflictError, match="truncated or cleared"):
         async for _ in lines:
             pass
+
+
+async def test_sqlite_writers_wait_as_long_as_the_caller_says(sqlite_url: str) -> None:
+    """30 s for the lock by default; ``connect_args={"timeout": s}`` is honoured (it was overridden to 30 s);
+    an engine made elsewhere with sqlite3's 5 s default gets the store's 30 s."""
+
+    async def busy_ms(store: Store) -> int:
+        async with store.engine.connect() as conn:
+            return int((await conn.exec_driver_sql("PRAGMA busy_timeout")).scalar_one())
+
+    async with Store.from_url(sqlite_url) as store:
+        assert await busy_ms(store) == 30_000
+    async with Store.from_url(sqlite_url, connect_args={"timeout": 0.2}) as store:
+        assert await busy_ms(store) == 200
+    async with Store(create_async_engine(sqlite_url)) as store:
+        assert await busy_ms(store) == 30_000
