@@ -122,6 +122,7 @@ async def refusing_writes(url: str) -> AsyncIterator[Callable[[], Awaitable[None
 
     async def cancel_waiters() -> None:
         for _ in range(200):
+            await blocker_conn.execute("SELECT pg_stat_clear_snapshot()")  # a transaction caches what it saw
             waiting = await blocker_conn.fetch(
                 "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
             )
