@@ -4,6 +4,8 @@ Web front ends speaking AG-UI (``agent-framework-ag-ui``) keep the latest snapsh
 messages, shared state, pending interrupts and the private session state) under an application-defined scope,
 the app's authorization boundary. One row per (scope, thread) in ``agent_ui_snapshots`` (migration 0006): a
 scope never sees another's threads, and ``erase_user(user_id)`` removes the snapshots whose scope is that user id.
+A ``save`` dates from the ``get`` before it (the runner reads the thread, the model thinks, the runner saves): if
+the scope's user was erased since, it is refused, so an erased transcript is never written back.
 """
 
 from __future__ import annotations
@@ -16,7 +18,11 @@ from sqlalchemy import delete, select
 from sqlalchemy.dialects import postgresql, sqlite
 
 from . import codec
-from .errors import ConfigurationError, InvalidValueError
+from .errors import ConfigurationError, InvalidValueError, SessionNotFoundError
+from .read_times import UNKNOWN, ReadTimes
+from .retention import erased_since
+from .run import ERASURE_MARGIN
+from .statements import lock_user
 from .tables import ui_snapshots_t
 
 if TYPE_CHECKING:
@@ -39,23 +45,35 @@ class StoreThreadSnapshotStore:
                 'StoreThreadSnapshotStore needs the AG-UI package: pip install "agent-store[ag-ui]"'
             ) from exc
         self._db, self._snapshot_type = store.db, AGUIThreadSnapshot
+        self._reads = ReadTimes()  # per (scope, thread): gets not yet followed by a save
 
     async def save(self, *, scope: str, thread_id: str, snapshot: AGUIThreadSnapshot) -> None:
-        """Save (replace) the thread's latest snapshot. Raises ``InvalidValueError`` for what JSON cannot hold."""
+        """Save (replace) the thread's latest snapshot.
+
+        Raises ``InvalidValueError`` for what JSON cannot hold, ``SessionNotFoundError`` when the scope's user was
+        erased after the ``get`` this save follows (none on record: while any erasure of it is on record)."""
         key = _key(scope, thread_id)
         text = codec.dumps(
             dataclasses.asdict(snapshot), where=f"snapshot of thread {thread_id!r}",
             max_bytes=self._db.settings.max_value_bytes, sort_keys=False,
         )  # fmt: skip
         row = {"scope": key[0], "thread_id": key[1], "snapshot": text, "updated_at": datetime.now(UTC)}
+        read_at = self._reads.earliest(key)  # none on record: any erasure of the scope still on record fences it
+        since = UNKNOWN if read_at is None else read_at - ERASURE_MARGIN
         async with self._db.transaction(write=True, doing="saving an AG-UI thread snapshot") as conn:
+            await lock_user(conn, key[0], exclusive=False)  # erase_user takes it too: wholly before or after
+            if await erased_since(conn, key[0], since):
+                self._reads.written(key)
+                raise SessionNotFoundError(f"thread {thread_id!r}: its scope's user was erased since it was read")
             insert = (postgresql if conn.dialect.name == "postgresql" else sqlite).insert(ui_snapshots_t).values(row)
             changed = {"snapshot": insert.excluded.snapshot, "updated_at": insert.excluded.updated_at}
             await conn.execute(insert.on_conflict_do_update(index_elements=[U.scope, U.thread_id], set_=changed))
+        self._reads.written(key)
 
     async def get(self, *, scope: str, thread_id: str) -> AGUIThreadSnapshot | None:
         """The thread's latest snapshot in this scope, or None (also for another scope's thread)."""
         key = _key(scope, thread_id)
+        self._reads.read(key, datetime.now(UTC))
         async with self._db.transaction(write=False, doing="reading an AG-UI thread snapshot") as conn:
             found = (await conn.execute(select(U.snapshot).where(U.scope == key[0], U.thread_id == key[1]))).first()
         if found is None:

@@ -12,7 +12,6 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
-from weakref import WeakKeyDictionary
 
 from agent_framework import (
     AgentSession,
@@ -22,12 +21,11 @@ from agent_framework import (
     SessionContext,
     tool,
 )
-from agent_framework._sessions import filter_new_messages
 
 from . import loading
 from .checkpoints import StoreCheckpointStorage
-from .codec import STORE_ID
 from .delta import close_tool_pairs, pair_safe_tail
+from .read_times import ReadTimes
 from .run import Run, run_of
 from .run_middleware import ContinueLocally, ResultSizeGuard, ToolResultTooLargeError, service_keeps_history
 from .search_tool import SearchHistoryProvider
@@ -105,15 +103,14 @@ class StoreHistoryProvider(HistoryProvider):
         super().__init__(source_id, **options)
         self.store, self.user_id, self.history_limit = store, user_id, history_limit
         self.continue_locally = continue_locally
-        # A plain session's run: when its before_run began reading (an erasure after that refuses its save).
-        # One run at a time per session object, as the framework's own providers assume.
-        self._read_at: WeakKeyDictionary[AgentSession, datetime] = WeakKeyDictionary()
+        # A plain session's runs: when each before_run began reading (an erasure after that refuses the save).
+        self._reads = ReadTimes()
 
     async def before_run(
         self, *, agent: Any, session: AgentSession, context: SessionContext, state: dict[str, Any]
     ) -> None:
         if run_of(session) is None:
-            self._read_at[session] = datetime.now(UTC)
+            self._reads.read(session.session_id, datetime.now(UTC))
         context.extend_middleware(self.source_id, [ResultSizeGuard(self.store.db.settings.max_value_bytes)])
         if session.service_session_id is not None and service_keeps_history(agent):
             # The service keeps this conversation: the local transcript is stored, not sent again, unless the
@@ -128,13 +125,17 @@ class StoreHistoryProvider(HistoryProvider):
         self, *, agent: Any, session: AgentSession, context: SessionContext, state: dict[str, Any]
     ) -> None:
         usage = context.response.usage_details if context.response is not None else None
-        token, read = _USAGE.set(dict(usage) if usage else None), _READ_AT.set(self._read_at.pop(session, None))
+        joined = run_of(session) is not None
+        read_at = None if joined else self._reads.earliest(session.session_id)
+        token, read = _USAGE.set(dict(usage) if usage else None), _READ_AT.set(read_at)
         try:
             with _hooked(session, context):
                 await super().after_run(agent=agent, session=session, context=context, state=state)
         finally:
             _USAGE.reset(token)
             _READ_AT.reset(read)
+            if not joined:
+                self._reads.written(session.session_id)  # this run is over: its read is used up
         record_usage(session, context)
 
     async def local_history(self, session: AgentSession) -> list[Message]:
@@ -173,30 +174,16 @@ class StoreHistoryProvider(HistoryProvider):
         if (run := self._joined_run(session_id)) is not None:
             run.add_messages(messages)
             return
-        # A save that replays the stored tail (the same ids; the same content where there is no id: a request
-        # retried after a timeout, an AG-UI client resending its messages) stores nothing again, as the
-        # framework's own providers decide it (filter_new_messages), against the tail as stored now.
-        calls = frozenset(c.call_id for m in messages for c in m.contents if c.call_id)
-        stored = await loading.load(
-            self.store.db, session_id, user_id=self.user_id, agent_id=None, history_limit=len(messages),
-            answered=calls,
-        )  # fmt: skip
-        messages = filter_new_messages([_as_given(m) for m in stored.history], messages)
-        if not messages:
-            return
+        # Dated from this run's before_run (a save per service call comes before after_run: the earliest read of
+        # the id not yet saved); a provider that loads nothing (load_messages=False) read nothing: now.
+        read_at = _READ_AT.get() or self._reads.earliest(session_id)
+        read_at = read_at or (None if self.load_messages else datetime.now(UTC))
         session = AgentSession(session_id=session_id)
-        standalone = Run.unloaded(self.store.db, session, user_id=self.user_id, read_at=_READ_AT.get())
+        standalone = Run.unloaded(self.store.db, session, user_id=self.user_id, read_at=read_at)
+        standalone.skip_replays = True  # a replay of the stored tail stores nothing (replays.py)
         standalone.add_messages(messages)
         standalone.add_usage(_USAGE.get())
         await standalone.commit()
-
-
-def _as_given(message: Message) -> Message:
-    """A stored message as its provider gave it: one that came with no id is known by its content (the store
-    gave it its own id as ``message_id``), as the framework's de-duplication knows it."""
-    if message.message_id != message.additional_properties.get(STORE_ID):
-        return message
-    return Message(role=message.role, contents=message.contents)
 
 
 def record_usage(session: AgentSession, context: SessionContext) -> None:

@@ -148,7 +148,9 @@ def _check_pickle(data: bytes, trusted: frozenset[str]) -> None:
                 stack.append(_BUILT)
             elif name in ("NEWOBJ", "NEWOBJ_EX"):
                 cls = pop(3 if name == "NEWOBJ_EX" else 2)[0]
-                if cls == ("global", "builtins:type"):
+                if cls[0] != "global":  # e.g. getattr(int, "__class__"), which is type
+                    raise _refused("makes an object of a class it computed")
+                if _makes_classes(cls[1], trusted):
                     raise _refused("makes a class")
                 stack.append(_BUILT)  # cls.__new__: no constructor runs
             elif name == "BUILD":
@@ -191,6 +193,16 @@ def _callable(item: tuple[Any, ...], trusted: frozenset[str]) -> None:
         raise _refused(f"names {key[:200]!r}, which the allow-list refuses ({type(exc).__name__})") from exc
     if not (isinstance(resolved, type) and issubclass(resolved, (Enum, BaseException))):
         raise _refused(f"would run the constructor of {key[:200]!r}; only value types are ever called")
+
+
+def _makes_classes(key: str, trusted: frozenset[str]) -> bool:
+    """Whether the named class is ``type`` or a metaclass (its ``__new__`` makes a class, running code)."""
+    module, _, attr = key.partition(":")
+    try:
+        resolved = _RestrictedUnpickler(b"", trusted).find_class(module, attr)
+    except Exception as exc:
+        raise _refused(f"names {key[:200]!r}, which the allow-list refuses ({type(exc).__name__})") from exc
+    return isinstance(resolved, type) and issubclass(resolved, type)
 
 
 def _refused(why: str) -> CheckpointRefusedError:

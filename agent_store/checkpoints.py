@@ -12,13 +12,15 @@ that came in another way (an imported file, SQL) raises :class:`~agent_store.Che
 Saves of one workflow are numbered in commit order (the row lock of its ``agent_checkpoint_workflows`` row), so
 "latest" is the last one committed, never a wall-clock comparison. A ``user_id`` gives the storage its own
 namespace: another user's checkpoints answer as unknown ids do. A save takes the user's lock (before the
-workflow's row, the one lock order) and is refused after the user was erased (``erase_user``) since the
-storage was made, as a run loaded before an erasure cannot write for the user after it.
+workflow's row, the one lock order) and is refused after the user was erased (``erase_user``) since what it
+carries was read: a new lineage (no ``previous_checkpoint_id``) read nothing; one that continues a checkpoint
+this storage read dates from that read (unknown, e.g. read by another process: any erasure still on record).
 """
 
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +34,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from . import codec
 from .checkpoint_payloads import decode_payload
 from .errors import AgentStoreError, CheckpointRefusedError, InvalidValueError
+from .read_times import UNKNOWN
 from .retention import erased_since
 from .run import ERASURE_MARGIN
 from .statements import lock_user
@@ -44,6 +47,7 @@ if TYPE_CHECKING:
 __all__ = ["StoreCheckpointStorage", "purge_checkpoints"]
 logger = logging.getLogger("agent_store")
 C, W = checkpoints_t.c, checkpoint_workflows_t.c
+DATED_KEPT = 10_000  # checkpoint ids whose read time is remembered (the oldest are forgotten: then UNKNOWN)
 
 
 class StoreCheckpointStorage:
@@ -62,7 +66,8 @@ class StoreCheckpointStorage:
         codec.check_id(user_id, "user_id")
         self._db, self._user, self._owner = store.db, user_id, user_id or ""
         self._allowed: frozenset[str] = frozenset(allowed_checkpoint_types or [])
-        self._since = datetime.now(UTC) - ERASURE_MARGIN  # saves after an erasure later than this are refused
+        # Per checkpoint id, when what it carries was read from the store (the fence of saves that continue it).
+        self._dated: OrderedDict[str, datetime] = OrderedDict()
 
     async def save(self, checkpoint: WorkflowCheckpoint) -> str:
         """Store (or replace) a checkpoint; it becomes its workflow's latest.
@@ -104,17 +109,28 @@ class StoreCheckpointStorage:
             "previous_checkpoint_id": checkpoint.previous_checkpoint_id, "timestamp": checkpoint.timestamp,
             "iteration_count": checkpoint.iteration_count, "saved_at": datetime.now(UTC), "payload": payload,
         }  # fmt: skip
+        # A new lineage read nothing from the store; one that continues a checkpoint carries what was read with
+        # it (unknown if another storage read it: then any erasure of the user still on record fences it).
+        previous = checkpoint.previous_checkpoint_id
+        read_at = datetime.now(UTC) if previous is None else self._dated.get(previous, UNKNOWN)
         try:
-            await self._write(row)
+            await self._write(row, read_at)
         except InvalidValueError as exc:  # a value the database refused (both backends check the same first)
             raise WorkflowCheckpointException(f"Checkpoint {ident} cannot be stored: {exc}") from exc
+        self._date(ident, read_at)
         return ident
 
-    async def _write(self, row: dict[str, Any]) -> None:
+    def _date(self, checkpoint_id: str, read_at: datetime) -> None:
+        self._dated[checkpoint_id] = min(read_at, self._dated.get(checkpoint_id, read_at))
+        self._dated.move_to_end(checkpoint_id)
+        while len(self._dated) > DATED_KEPT:
+            self._dated.popitem(last=False)
+
+    async def _write(self, row: dict[str, Any], read_at: datetime) -> None:
         async with self._db.transaction(write=True, doing="saving a workflow checkpoint") as conn:
             if self._user is not None:  # erase_user takes the same lock: a save lands wholly before or after it
                 await lock_user(conn, self._user, exclusive=False)
-                if await erased_since(conn, self._user, self._since):
+                if await erased_since(conn, self._user, read_at - ERASURE_MARGIN):
                     raise WorkflowCheckpointException(f"user {self._user!r} was erased; the checkpoint was not saved")
             insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
             first = insert(checkpoint_workflows_t).values(
@@ -136,17 +152,18 @@ class StoreCheckpointStorage:
             CheckpointRefusedError: (also a ``WorkflowCheckpointException``) it may not be read back under this
                 storage's allowed types, or would run a constructor; nothing of it was built.
         """
-        rows = []
+        rows, read_at = [], datetime.now(UTC)
         if _storable(checkpoint_id):  # anything else was never stored: the same answer as an unknown id
             rows = await self._read(select(C.payload).where(*self._mine(), C.checkpoint_id == checkpoint_id))
         if not rows:
             raise WorkflowCheckpointException(f"No checkpoint found with ID {checkpoint_id}")
-        return self._decode(rows[0][0])
+        return self._decode(rows[0][0], read_at)
 
     async def list_checkpoints(self, *, workflow_name: str) -> list[WorkflowCheckpoint]:
         """A workflow's checkpoints, oldest first (commit order); those that no longer decode are left out."""
+        read_at = datetime.now(UTC)
         rows = await self._read(self._of(workflow_name, C.payload).order_by(C.seq))
-        return [found for (payload,) in rows if (found := self._decode_or_skip(payload)) is not None]
+        return [found for (payload,) in rows if (found := self._decode_or_skip(payload, read_at)) is not None]
 
     async def list_checkpoint_ids(self, *, workflow_name: str) -> list[str]:
         """The ids of the workflow's stored checkpoints, oldest first, read without decoding any payload.
@@ -159,10 +176,11 @@ class StoreCheckpointStorage:
 
     async def get_latest(self, *, workflow_name: str) -> WorkflowCheckpoint | None:
         """The workflow's last committed checkpoint that decodes, or None."""
+        read_at = datetime.now(UTC)
         ids = await self._read(self._of(workflow_name, C.checkpoint_id).order_by(C.seq.desc()))
         for (ident,) in ids:  # the first, unless it no longer decodes under this storage's allowed types
             rows = await self._read(select(C.payload).where(*self._mine(), C.checkpoint_id == ident))
-            if rows and (found := self._decode_or_skip(rows[0][0])) is not None:
+            if rows and (found := self._decode_or_skip(rows[0][0], read_at)) is not None:
                 return found
         return None
 
@@ -199,12 +217,15 @@ class StoreCheckpointStorage:
         async with self._db.transaction(write=False, doing="reading workflow checkpoints") as conn:
             return list((await conn.execute(statement)).all())
 
-    def _decode(self, payload: Any) -> WorkflowCheckpoint:
-        return decode_payload(payload, self._allowed)
+    def _decode(self, payload: Any, read_at: datetime) -> WorkflowCheckpoint:
+        """The checkpoint, dated: saves that continue its lineage are fenced from ``read_at``."""
+        checkpoint = decode_payload(payload, self._allowed)
+        self._date(checkpoint.checkpoint_id, read_at)
+        return checkpoint
 
-    def _decode_or_skip(self, payload: Any) -> WorkflowCheckpoint | None:
+    def _decode_or_skip(self, payload: Any, read_at: datetime) -> WorkflowCheckpoint | None:
         try:
-            return self._decode(payload)
+            return self._decode(payload, read_at)
         except CheckpointRefusedError as exc:
             logger.warning("a stored workflow checkpoint does not decode under the allowed types: %s", exc)
             return None

@@ -139,15 +139,19 @@ def pair_safe_tail(messages: list[Message], limit: int | None) -> list[Message]:
     before): what load_statement.py's window is, in memory."""
     if not limit or len(messages) <= limit:
         return list(messages)
+    # Each result's call: the nearest message at or before it with a call of its id (providers reuse ids).
+    last_call: dict[str, int] = {}
+    pairs: list[tuple[int, int]] = []  # (result's index, its call's index)
+    for j, m in enumerate(messages):
+        last_call.update((c.call_id, j) for c in m.contents if c.type == "function_call" and c.call_id)
+        pairs += [(j, last_call[c.call_id]) for c in m.contents
+                  if c.type == "function_result" and c.call_id in last_call]  # fmt: skip
     start = len(messages) - limit
     while start > 0:
         if messages[start].role != "user":
             start = max((i for i in range(start) if messages[i].role == "user"), default=0)
             continue
-        calls_before = {c.call_id: i for i, m in enumerate(messages[:start]) for c in m.contents
-                        if c.type == "function_call"}  # fmt: skip
-        needed = [calls_before[c.call_id] for m in messages[start:] for c in m.contents
-                  if c.type == "function_result" and c.call_id in calls_before]  # fmt: skip
+        needed = [call for result, call in pairs if result >= start and call < start]
         if not needed:
             break
         start = min(needed)

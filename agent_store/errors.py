@@ -203,7 +203,9 @@ def _by_sqlstate(state: str, line: str, orig: object) -> AgentStoreError:
     if state in _PG_CONFIGURATION or (state == "08P01" and _POOLER_REFUSAL.search(str(orig))):
         return ConfigurationError(line)
     if state in _PG_READ_ONLY:
-        return StorageUnavailableError(line + " (the server is read-only: a standby?)", retryable=False)
+        read_only = StorageUnavailableError(line + " (the server is read-only: a standby?)", retryable=False)
+        read_only.refused = True
+        return read_only
     if state in _PG_RETRYABLE or state[:2] in _PG_RETRYABLE_CLASSES:
         unavailable = StorageUnavailableError(line)
         unavailable.refused = state in _PG_REFUSED
@@ -216,10 +218,12 @@ def _by_sqlite_error(orig: sqlite3.Error, line: str) -> AgentStoreError:
     if name in _SQLITE_CONFIGURATION or "unable to open" in str(orig):
         return ConfigurationError(line)
     if name.startswith("SQLITE_READONLY") or "readonly" in str(orig):
-        return StorageUnavailableError(line + " (the database file is read-only)", retryable=False)
+        read_only = StorageUnavailableError(line + " (the database file is read-only)", retryable=False)
+        read_only.refused = True
+        return read_only
     if isinstance(orig, sqlite3.OperationalError):  # busy, locked, I/O, disk full, interrupted
         unavailable = StorageUnavailableError(line)
-        unavailable.refused = name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED"))  # the lock was never had
+        unavailable.refused = True  # a file drops no connection: an error means the transaction did not commit
         return unavailable
     return DatabaseError(line)
 

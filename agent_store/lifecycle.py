@@ -11,7 +11,7 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, delete, func, literal, or_, select, text, tuple_, update
+from sqlalchemy import ColumnElement, and_, case, delete, func, literal, or_, select, text, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from . import codec
@@ -20,7 +20,7 @@ from .errors import InvalidValueError
 from .models import MessageRecord, SessionInfo, SessionPage
 from .scopes import owner_is
 from .statements import not_found
-from .tables import JsonText, checkpoints_t, messages_t, runs_t, sessions_t, state_t, user_state_t
+from .tables import JsonText, UTCDateTime, checkpoints_t, messages_t, runs_t, sessions_t, state_t, user_state_t
 
 S = sessions_t.c
 _SCALARS = (str, int, float, bool)
@@ -193,7 +193,10 @@ async def update_info(db: Database, session_id: str, user_id: str | None, change
         # expires), and its expiry is recomputed now, as a commit would; the old deadline does not linger.
         values["ttl_seconds"] = seconds = codec.check_ttl(changes["ttl"], "ttl")
         seconds = db.settings.idle_ttl_seconds if seconds is None else seconds
-        values["expires_at"] = values["updated_at"] + timedelta(seconds=seconds) if seconds else None
+        expires = values["updated_at"] + timedelta(seconds=seconds) if seconds else None
+        # A closed session keeps its deadline: one that purge has begun to empty (it closes it first) stays
+        # expired, so the next purge finishes it instead of leaving it half gone.
+        values["expires_at"] = case((S.closed_at.is_(None), literal(expires, UTCDateTime())), else_=S.expires_at)
     await _change(db, "updating a session", session_id, user_id, **values)
 
 

@@ -51,6 +51,7 @@ async def load(
         history_limit = None
     if if_expired not in ("error", "restart"):
         raise InvalidValueError(f'if_expired must be "error" or "restart", not {if_expired!r}')
+    read_at = datetime.now(UTC)  # before the read: an erasure from then on fences the run (not after decoding)
     with telemetry.operation("load", session_id=session_id):
         held = await db.hold(session_id) if serialized else None
         try:
@@ -66,7 +67,7 @@ async def load(
             if held is not None:
                 await db.release(held, commit=False)  # a rollback's failure is logged there, never raised
             raise
-    run._held, run._key = held, run_id
+    run._held, run._key, run._read_at = held, run_id, read_at
     return run
 
 
@@ -105,10 +106,10 @@ async def _read(
     if row is not None:
         if row.key != user_id or row.other not in (None, agent_id):
             raise sql.not_found(session_id, user_id)  # the same answer as for an unused id
+        if row.t2 is not None and row.t2 <= datetime.now(UTC):  # first: if_expired="restart" also replaces a
+            raise SessionExpiredError(f"session {session_id!r} expired at {row.t2.isoformat()}")  # half-purged one
         if row.t1 is not None:
             raise SessionClosedError(f"session {session_id!r} was closed at {row.t1.isoformat()}")
-        if row.t2 is not None and row.t2 <= datetime.now(UTC):
-            raise SessionExpiredError(f"session {session_id!r} expired at {row.t2.isoformat()}")
     snap = Snapshot()
     session = StoredSession(session_id=session_id)
     for state in (r for r in rows if r.kind == STATE):

@@ -31,7 +31,7 @@ from sqlalchemy.engine import Row
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from . import codec, fast_commit, retention, runlog, sqlite_commit, telemetry
+from . import codec, fast_commit, replays, retention, runlog, sqlite_commit, telemetry
 from . import statements as sql
 from .database import Database
 from .delta import Delta, IdentifiedHistory, Snapshot, assign_id, diff
@@ -45,6 +45,7 @@ from .errors import (
     StorageUnavailableError,
 )
 from .models import CommitResult
+from .read_times import UNKNOWN
 from .scopes import APP_PREFIX, USER_PREFIX, scope_of, scopes
 from .stored_session import StoredSession, run_of
 from .stored_twice import StoredTwice, named
@@ -55,7 +56,6 @@ __all__ = ["ERASURE_MARGIN", "HISTORY_KEY", "KEY_MAX", "Run", "StoredSession", "
 HISTORY_KEY = InMemoryHistoryProvider.DEFAULT_SOURCE_ID
 # Clock skew allowed between the app servers that load runs and the one that erases a user.
 ERASURE_MARGIN = timedelta(seconds=1)
-UNKNOWN_READ = datetime(2000, 1, 1, tzinfo=UTC)  # before any erasure on record: every one of them fences
 KEY_MAX = 240  # a caller's idempotency key; later commits of the same run append "#2", "#3", ...
 logger = logging.getLogger("agent_store")
 
@@ -86,6 +86,7 @@ class Run:
         self._read_at: datetime | None = self._started_at
         self.usage: dict[str, int] = {}  # token usage reported by the agent's responses (see add_usage)
         self._held: AsyncConnection | None = None  # serialized mode: the transaction that holds the lock
+        self.skip_replays = False  # a history provider's save: what replays the stored tail is not stored again
         if isinstance(session, StoredSession):
             session._run = self  # a cycle the garbage collector frees with the session
 
@@ -107,7 +108,7 @@ class Run:
 
     def _fence_since(self) -> datetime:
         """Erasures of the user at or after this moment refuse the commit: they came after this run read."""
-        return UNKNOWN_READ if self._read_at is None else self._read_at - ERASURE_MARGIN
+        return UNKNOWN if self._read_at is None else self._read_at - ERASURE_MARGIN
 
     @property
     def exists(self) -> bool:
@@ -273,8 +274,16 @@ class Run:
             await sql.lock_user(db, self.user_id, exclusive=writes_user_keys)  # before the row lock, always
             if await retention.erased_since(db, self.user_id, self._fence_since()):
                 raise sql.not_found(sid, self.user_id)  # the user was erased after this run loaded
-        # A retry of a run that found no session, whose first COMMIT may have landed, is bound to the incarnation
-        # that attempt created: it never re-creates a session deleted or erased since, nor joins a new one.
+        if not snap.exists and self._maybe_landed:
+            # A first commit whose outcome is unknown created the session or joined one another run created
+            # first: its run id is in the log of the session there now, looked up under the row's lock. Not
+            # there: that attempt did not land in this session, and the run commits as a first run does.
+            if (there := await sql.lock_session(db, sid)) is not None:
+                if (landed := await runlog.run_recorded(db, sid, delta.run_id)) is not None:
+                    raise _Landed(landed, there)
+                self._maybe_landed = False
+        # A retry of a run that found no session, whose first COMMIT may have landed, and no session is there: it
+        # never re-creates one (it may have been deleted or erased since), bound to the incarnation it drew.
         bound = snap.incarnation if snap.exists else delta.incarnation if self._maybe_landed else None
         if not snap.exists and not self._maybe_landed:
             row = {"id": sid, "user_id": self.user_id, "agent_id": self.agent_id, "incarnation": delta.incarnation,
@@ -308,10 +317,17 @@ class Run:
             await sql.write_state(db, scope, upserts, [k for k in delta.deletes if k in keys], delta.stamp, now)
         records, first_seq = delta.messages, next_seq - len(delta.messages)
         if records and snap.verify_new_ids:
-            # Skip any message this run carries that is stored already (a retried save of a session it did not load).
+            # Skip any message this run carries that is stored already (a retried save of a session it did not load),
+            # and for a provider's save, what replays the stored tail (replays.py); their seqs are given back.
+            keep = records
             if stored_ids := await sql.already_stored(db, sid, [r.message_id for r in records]):
-                records = [r for r in records if r.message_id not in stored_ids]
-                await sql.give_back_seq(db, sid, len(stored_ids))
+                keep = [r for r in records if r.message_id not in stored_ids]
+            if keep and self.skip_replays:
+                by_id = {codec.store_id(m): m for m in self.history}
+                keep = await replays.not_replayed(db, sid, keep, by_id, first_seq, settings.message_cipher)
+            if len(keep) != len(records):
+                await sql.give_back_seq(db, sid, len(records) - len(keep))
+                records = keep
         try:
             await sql.insert_messages(db, sid, records, first_seq, delta.run_id, now)
         except IntegrityError as exc:  # (session_id, message_id) is unique: an old message added to the history

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import warnings
-from collections import OrderedDict
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from agent_framework import AgentSession, SessionStore
 from agent_framework._feature_stage import ExperimentalWarning
 
-from .errors import InvalidValueError, SessionNotFoundError
+from .errors import AgentStoreError, InvalidValueError, SessionNotFoundError
+from .read_times import ReadTimes
 from .run import Run, run_of
 
 if TYPE_CHECKING:
@@ -38,12 +38,10 @@ class StoreSessionStore(_SessionStoreBase):
     (skipping ids already stored) and its keys (a key that already exists is a conflict, not an overwrite).
     """
 
-    ABSENT_KEPT = 10_000  # ids whose get() found nothing, remembered with when (the erasure fence of their set)
-
     def __init__(self, store: Store, *, user_id: str | None = None, history_limit: int | None = None) -> None:
         super().__init__()
         self.store, self.user_id, self.history_limit = store, user_id, history_limit
-        self._absent: OrderedDict[str, datetime] = OrderedDict()
+        self._absent = ReadTimes()  # gets that found nothing: the sessions the callers build date from them
 
     async def get(self, session_id: str) -> AgentSession | None:
         SessionStore.validate_session_id(session_id)
@@ -54,15 +52,8 @@ class StoreSessionStore(_SessionStoreBase):
             run = None
         if run is not None and run.exists:
             return run.session
-        self._found_nothing(session_id, read_at)
+        self._absent.read(session_id, read_at)
         return None
-
-    def _found_nothing(self, session_id: str, read_at: datetime) -> None:
-        """Remember when ``get`` found nothing: the session the caller then builds and ``set``s began then."""
-        self._absent[session_id] = read_at  # the latest get: what the caller builds next starts from it
-        self._absent.move_to_end(session_id)
-        while len(self._absent) > self.ABSENT_KEPT:
-            self._absent.popitem(last=False)
 
     async def set(self, session_id: str, session: AgentSession) -> None:
         SessionStore.validate_session_id(session_id)
@@ -74,10 +65,18 @@ class StoreSessionStore(_SessionStoreBase):
         if run is None or run.db is not self.store.db:
             # Its contents date from the get() that found nothing; not known otherwise (then an erasure of the
             # user still on record refuses it: it may hold what was read before).
-            read_at = self._absent.get(session_id)
+            # The earliest get of the id not yet followed by a set: never later than this caller's own.
+            read_at = self._absent.earliest(session_id)
             run = Run.unloaded(self.store.db, session, user_id=self.user_id, read_at=read_at)
+            try:
+                await run.commit()
+            except AgentStoreError as exc:
+                if not exc.retryable:  # refused for good: that get is used up (a retry keeps its date)
+                    self._absent.written(session_id)
+                raise
+            self._absent.written(session_id)
+            return
         await run.commit()
-        self._absent.pop(session_id, None)
 
     async def delete(self, session_id: str) -> None:
         SessionStore.validate_session_id(session_id)

@@ -46,6 +46,12 @@ READ_SESSION = select(
 # ---- commit ---------------------------------------------------------------------------------------------
 
 
+async def lock_session(db: AsyncConnection, session_id: str) -> int | None:
+    """Take the session row's lock (SQLite's write lock holds it already): its incarnation, None if no row."""
+    found = await db.execute(select(_S.incarnation).where(_S.id == session_id).with_for_update())
+    return found.scalar_one_or_none()
+
+
 async def create_session(db: AsyncConnection, row: dict[str, Any]) -> None:
     await db.execute(_insert(db, sessions_t).on_conflict_do_nothing(), row)
 

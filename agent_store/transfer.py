@@ -274,6 +274,9 @@ async def _insert_session(conn: AsyncConnection, records: list[tuple[str, dict[s
         raise InvalidValueError(f"import: session {session['id']!r}: its messages are not seq 0..next_seq-1")
     if not {row.get("seq") for k, row in rest if k == "tool_call"} <= set(seqs):
         raise InvalidValueError(f"import: session {session['id']!r}: a tool_call row names a message it lacks")
+    if any((row.get("version") or 0) > (session.get("version") or 0) for k, row in rest if k == "run"):
+        # Its export would be refused for ever (a message of a commit later than its session: rewritten).
+        raise InvalidValueError(f"import: session {session['id']!r}: a run is of a version its session never had")
     stamp = new_stamp()
     for kind, table in _SESSION_TABLES.items():
         rows = [{**row, "session_id": session["id"]} for k, row in rest if k == kind]

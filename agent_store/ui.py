@@ -192,7 +192,7 @@ def create_app(
         info, messages, after = await transcript(request)
         panels = await browse.session_panels(store.db, info.id, info.user_id, store.app_id)
         results = {c["call_id"]: c for m in messages for c in m.body.get("contents", [])
-                   if c.get("type") == "function_result"}  # fmt: skip
+                   if c.get("type") == "function_result" and c.get("call_id")}  # fmt: skip  # none: shown alone
         return page("session.html", s=info, messages=messages, after=after, panels=panels, results=results,
                     checkpoints=await browse.user_checkpoints(store.db, info.user_id), page_size=page_size,
                     user=info.user_id)  # fmt: skip

@@ -79,7 +79,9 @@ async def test_history_provider_on_a_plain_session_commits_each_save(store: Stor
         ).run("hi", session=AgentSession(session_id="plain"))
 
 
-async def test_a_retried_save_stores_nothing_twice_and_reads_no_history(store: Store) -> None:
+async def test_a_retried_save_stores_nothing_twice_and_reads_only_its_own_length_of_history(store: Store) -> None:
+    """A save looks up the ids it carries, and (for the framework's replay rule) the stored tail as long as
+    itself: an index range with a LIMIT, never the whole history."""
     provider = StoreHistoryProvider(store, user_id="u")
     old = [Message(role="user", contents=[f"old {i}"]) for i in range(30)]
     await provider.save_messages("s", old)
@@ -96,8 +98,11 @@ async def test_a_retried_save_stores_nothing_twice_and_reads_no_history(store: S
     finally:
         event.remove(store.engine.sync_engine, "before_cursor_execute", capture)
     assert await rows(store, "SELECT count(*), max(seq) FROM agent_messages") == [(32, 31)]
-    reads = [s for s in statements if s.lstrip().upper().startswith("SELECT") and "agent_messages" in s]
-    assert reads and all("body" not in s and "message_id IN" in s.replace("agent_messages.", "") for s in reads)
+    reads = [s.replace("agent_messages.", "") for s in statements if s.lstrip().upper().startswith("SELECT")
+             and "agent_messages" in s]  # fmt: skip
+    lookups = [s for s in reads if "body" not in s and "message_id IN" in s]
+    tails = [s for s in reads if "ORDER BY seq DESC" in s and "LIMIT" in s and "seq <" in s]
+    assert lookups and tails and len(lookups) + len(tails) == len(reads)
 
 
 async def test_the_same_words_twice_are_two_turns(store: Store, agent: Agent) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from urllib.parse import quote
 
-from agent_framework import Agent
+from agent_framework import Agent, Content, Message
 from test_browser import get, serving
 
 from agent_store import Store
@@ -63,3 +63,16 @@ async def test_a_malformed_query_parameter_is_a_400_that_says_so(url: str, agent
                 assert status == 400 and "after must be a message seq" in body, (path, after, status)
         assert get(base + "/session?id=chat&user=u&after=0")[0] == 200
         assert get(base + "/session?id=chat&user=u&after=2147483647")[0] == 200  # the largest seq: an empty page
+
+
+async def test_a_function_result_without_a_call_id_is_shown_not_a_500(url: str) -> None:
+    """A stored result with no ``call_id`` (a commit accepts one; so does an import): the page shows it."""
+    async with Store.from_url(url) as store:
+        await store.migrate()
+        async with store.session("odd", user_id="u") as session:
+            result = Content.from_function_result(call_id=None, result="no id at all")  # type: ignore[arg-type]
+            session.state["in_memory"]["messages"] += [Message(role="user", contents=["a question"]),
+                                                       Message(role="tool", contents=[result])]  # fmt: skip
+    with serving(url) as base:
+        status, body, _ = get(base + "/session?id=odd&user=u")
+        assert status == 200 and "a question" in body

@@ -256,3 +256,42 @@ async def test_sqlite_writers_wait_as_long_as_the_caller_says(sqlite_url: str) -
         assert await busy_ms(store) == 200
     async with Store(create_async_engine(sqlite_url)) as store:
         assert await busy_ms(store) == 30_000
+
+
+async def test_a_first_commit_that_joined_a_session_and_lost_its_reply_is_recognised(store: Store) -> None:
+    """Two tabs start one new chat: B creates it first, A's first commit joins it and lands, but A's reply is
+    lost. A's retry finds its run in the log of the session there (not under the incarnation it drew)."""
+    a, b = await store.load("chat", user_id="u"), await store.load("chat", user_id="u")
+    a.history.append(Message(role="user", contents=["from tab a"]))
+    b.history.append(Message(role="user", contents=["from tab b"]))
+    await b.commit()
+    lose_the_reply(store)
+    with pytest.raises(StorageUnavailableError):
+        await a.commit()
+    result = await a.commit()
+    assert (result.version, result.messages_written) == (2, 1)
+    assert await rows(store, "SELECT text FROM agent_messages ORDER BY seq") == [("from tab b",), ("from tab a",)]
+
+
+async def test_purge_finishes_what_it_began_whatever_happens_in_between(store: Store) -> None:
+    """Interrupted after its first batch: ``if_expired="restart"`` still starts afresh (the half-purged session
+    is expired, not merely closed), and a TTL set meanwhile does not strand it: the next purge ends it."""
+    for sid in ("big", "other"):
+        async with store.session(sid, user_id="u") as session:
+            session.state["in_memory"]["messages"] += [Message(role="user", contents=[f"m{i}"]) for i in range(7)]
+        await expire_now(store, sid)
+
+    def interrupt(count: int) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):  # after one batch of "big" (the first in the purge's order)
+        await store.purge_expired(batch_messages=3, progress=interrupt)
+    assert await rows(store, "SELECT id FROM agent_sessions WHERE closed_at IS NOT NULL") == [("big",)]
+    async with store.session("big", user_id="u", if_expired="restart") as session:
+        assert session.state["in_memory"]["messages"] == []
+        session.state["fresh"] = True
+    with pytest.raises(KeyboardInterrupt):  # now "other" is begun on, and its TTL set before the purge ends it
+        await store.purge_expired(batch_messages=3, progress=interrupt)
+    await store.update("other", user_id="u", ttl=timedelta(hours=1))
+    assert await store.purge_expired(batch_messages=3) == 1
+    assert await rows(store, "SELECT id, closed_at IS NULL FROM agent_sessions") == [("big", True)]

@@ -130,3 +130,66 @@ async def test_session_store_set_of_a_session_it_never_saw(store: Store) -> None
     await assert_nothing_of_the_user(store)
     await StoreSessionStore(store, user_id="v").set("copy", AgentSession.from_dict(saved))
     assert await rows(store, "SELECT user_id, next_seq FROM agent_sessions") == [("v", 2)]
+
+
+async def test_session_store_two_gets_then_the_older_set(store: Store) -> None:
+    """Request A gets nothing and thinks; the user is erased; request B gets nothing too. A's set is dated
+    from A's get (the earliest not yet followed by a set), not from B's: refused. B's then lands."""
+    sessions = StoreSessionStore(store, user_id="u")
+    async with store.session("other", user_id="u") as session:
+        session.state["n"] = 1
+    first = await sessions.get("chat") or AgentSession(session_id="chat")
+    first.state["secret"] = "read before the erasure"
+    await store.erase_user("u")
+    await asyncio.sleep(LATE)
+    second = await sessions.get("chat") or AgentSession(session_id="chat")
+    second.state["fresh"] = True
+    with pytest.raises(SessionNotFoundError):
+        await sessions.set("chat", first)
+    await sessions.set("chat", second)
+    assert await rows(store, "SELECT key FROM agent_state WHERE session_id = 'chat'") == [("fresh",)]
+
+
+async def test_ag_ui_snapshot_saved_after_an_erasure_of_its_scope_is_refused(store: Store) -> None:
+    from agent_framework_ag_ui import AGUIThreadSnapshot
+
+    from agent_store.ag_ui import StoreThreadSnapshotStore
+
+    snapshots = StoreThreadSnapshotStore(store)
+    old = AGUIThreadSnapshot(messages=[{"id": "m1", "role": "user", "content": "my SSN is 123"}])
+    await snapshots.save(scope="u", thread_id="t", snapshot=old)  # the first save of a new thread: no read
+    seen = await snapshots.get(scope="u", thread_id="t")  # the runner reads the thread, the model thinks ...
+    assert seen is not None
+    await store.erase_user("u")
+    await asyncio.sleep(LATE)
+    with pytest.raises(SessionNotFoundError):
+        await snapshots.save(scope="u", thread_id="t", snapshot=seen)  # ... and its save is refused
+    assert await rows(store, "SELECT count(*) FROM agent_ui_snapshots") == [(0,)]
+    assert await snapshots.get(scope="u", thread_id="t") is None  # read after the erasure: saved again
+    await snapshots.save(scope="u", thread_id="t", snapshot=AGUIThreadSnapshot(messages=[]))
+    assert await rows(store, "SELECT count(*) FROM agent_ui_snapshots") == [(1,)]
+
+
+async def test_a_returning_user_is_not_refused(store: Store) -> None:
+    """After an erasure, what reads nothing of the old data is not refused: an audit-only history provider
+    (``load_messages=False``), and a new workflow on a checkpoint storage made before the erasure. A workflow
+    that continues a checkpoint read before the erasure is refused."""
+    from agent_framework import WorkflowCheckpoint, WorkflowCheckpointException
+
+    from agent_store.agent_framework import StoreCheckpointStorage
+
+    checkpoints = StoreCheckpointStorage(store, user_id="u")  # made at start-up
+    await checkpoints.save(WorkflowCheckpoint(workflow_name="wf", graph_signature_hash="g", checkpoint_id="c1"))
+    resumed = await checkpoints.load("c1")
+    await store.erase_user("u")
+    await asyncio.sleep(LATE)
+    audit_only = StoreHistoryProvider(store, user_id="u", load_messages=False)
+    audit = Agent(client=OfflineChatClient(), context_providers=[audit_only])
+    await audit.run("hello again", session=AgentSession(session_id="back"))
+    assert await rows(store, "SELECT count(*) FROM agent_messages WHERE session_id = 'back'") == [(2,)]
+    await checkpoints.save(WorkflowCheckpoint(workflow_name="wf", graph_signature_hash="g", checkpoint_id="n1"))
+    continued = WorkflowCheckpoint(workflow_name="wf", graph_signature_hash="g", checkpoint_id="c2",
+                                   previous_checkpoint_id=resumed.checkpoint_id)  # fmt: skip
+    with pytest.raises(WorkflowCheckpointException, match="erased"):
+        await checkpoints.save(continued)
+    assert await rows(store, "SELECT checkpoint_id FROM agent_checkpoints") == [("n1",)]

@@ -48,12 +48,26 @@ def pickled(value: Any, type_key: str) -> dict[str, str]:
 
 
 STORAGE = "agent_framework._workflows._checkpoint:FileCheckpointStorage"
+
+
+def _text(s: str) -> bytes:  # pickle's SHORT_BINUNICODE
+    return b"\x8c" + bytes([len(s.encode())]) + s.encode()
+
+
+# type.__new__(type, "Made", (object,), {}) with ``type`` reached as getattr(int, "__class__"): a class built.
+CLASS_MAKER = b"".join([
+    b"\x80\x04", _text("builtins"), _text("getattr"), b"\x93", _text("builtins"), _text("int"), b"\x93",
+    _text("__class__"), b"\x86R", _text("Made"), _text("builtins"), _text("object"), b"\x93\x85}\x87\x81.",
+])  # fmt: skip
 CRAFTED = {
     "a framework constructor": lambda target: pickled(Calls(FileCheckpointStorage, target), STORAGE),
     "copyreg's reconstructor": lambda target: pickled(
         Calls(copyreg._reconstructor, FileCheckpointStorage, FileCheckpointStorage, target), STORAGE
     ),  # allowed by the framework's safe set: it runs the named base class's __init__
     "a name outside the allow-list": lambda target: pickled(Calls(os.makedirs, target), "builtins:NoneType"),
+    "a class made through getattr": lambda target: {
+        "__pickled__": base64.b64encode(CLASS_MAKER).decode(), "__type__": "builtins:type"
+    },
 }
 
 

@@ -57,6 +57,16 @@ HISTORIES = {
         _result("r4", "x4"),
         _say("assistant", "a2"),
     ],
+    "reused call ids": [
+        m
+        for turn in range(4)
+        for m in (
+            _say("user", f"u{turn}"),
+            _call(f"c{turn}", "call_0"),
+            _result(f"r{turn}", "call_0"),
+            _say("assistant", f"a{turn}"),
+        )
+    ],
     "system then chat": [
         _say("system", "s"),
         _say("user", "u0"),
