@@ -189,15 +189,16 @@ def check_framework_message(message: Message, where: str) -> None:
 def check_state_value(doc: Any, key: str, max_bytes: int) -> None:
     """A stored state value that decodes, and encodes again, by codec.py's rules (see the module docstring)."""
     where = f"state[{key!r}]"
-    if _unregistered(doc, where):
-        return
-    try:
-        value = codec.decode_state(doc, key=key)
-    except InvalidValueError:
-        raise
-    except Exception as exc:  # a registered type's decoder refused its payload
-        raise InvalidValueError(f"{where}: cannot be read back ({type(exc).__name__}: {exc})"[:300]) from exc
-    codec.dumps(codec.encode_state(value, key=key), where=where, max_bytes=max_bytes)
+    unregistered, registered = _unregistered(doc, where)
+    # A value holding a type this process does not know is checked in its known parts (each registered type,
+    # Message among them, decoded and checked as it will be where it loads); otherwise whole.
+    for part in registered if unregistered else [doc]:
+        value = codec.decode_state(part, key=key)  # a typed InvalidValueError if it cannot be read back
+        codec.dumps(codec.encode_state(value, key=key), where=where, max_bytes=max_bytes)
+        _check_messages_in(value, where)
+
+
+def _check_messages_in(value: Any, where: str) -> None:
     pending = [value]
     while pending:  # registered types (Message is one) may hold messages: the same rules as a transcript's
         item = pending.pop()
@@ -209,9 +210,10 @@ def check_state_value(doc: Any, key: str, max_bytes: int) -> None:
             pending.extend(item.values())
 
 
-def _unregistered(doc: Any, where: str) -> bool:
-    """Check every ``$`` tag's form; whether a ``$state`` type is not registered in this process."""
-    found, pending = False, [doc]
+def _unregistered(doc: Any, where: str) -> tuple[bool, list[Any]]:
+    """Check every ``$`` tag's form: (whether a ``$state`` type is not registered in this process, the
+    ``$state`` values of registered types)."""
+    found, pending, registered = False, [doc], []
     while pending:
         value = pending.pop()
         if isinstance(value, list):
@@ -231,8 +233,10 @@ def _unregistered(doc: Any, where: str) -> bool:
             else:  # $dict, $state
                 if tag == "$state" and not isinstance(inner.get("type"), str):
                     raise InvalidValueError(f"{where}: a $state must name its type")
+                if tag == "$state" and inner["type"] in _STATE_TYPE_REGISTRY:
+                    registered.append(value)
                 found = found or (tag == "$state" and inner["type"] not in _STATE_TYPE_REGISTRY)
                 pending.extend(inner.values())
         elif isinstance(value, dict):
             pending.extend(value.values())
-    return found
+    return found, registered

@@ -66,7 +66,8 @@ CRAFTED = {
     ),  # allowed by the framework's safe set: it runs the named base class's __init__
     "a name outside the allow-list": lambda target: pickled(Calls(os.makedirs, target), "builtins:NoneType"),
     "a class made through getattr": lambda target: {
-        "__pickled__": base64.b64encode(CLASS_MAKER).decode(), "__type__": "builtins:type"
+        "__pickled__": base64.b64encode(CLASS_MAKER).decode(),
+        "__type__": "builtins:type",
     },
 }
 
@@ -166,6 +167,10 @@ HOSTILE = {
     "a datetime that is no date": edit("state", value({"$datetime": "yesterday"}), key="plan"),
     "a $state that is a list": edit("state", value({"$state": [1]}), key="plan"),
     "a message in state without a role": edit("state", value({"$state": {"type": "message"}}), key="plan"),
+    "a bad message beside a type this process does not know": edit("state", value([
+        {"$state": {"type": "app.unknown", "name": "a"}},
+        {"$state": {"type": "message", "role": {"evil": 1}, "contents": []}},
+    ]), key="plan"),  # fmt: skip
     "a $dict holding a list": edit("user_state", value({"$dict": [1, 2]})),
     "a user: key among a session's rows": edit("state", lambda row: row.__setitem__("key", "user:x"), key="plan"),
     "metadata that is a list": edit("session", lambda row: row.__setitem__("metadata", [1])),
@@ -200,3 +205,12 @@ async def test_a_state_value_json_cannot_hold_is_refused_by_line(store: Store, a
     with pytest.raises(InvalidValueError, match=f"^import: line {number}: .*NaN"):
         await store.import_lines(lines)
     assert await rows(store, "SELECT count(*) FROM agent_sessions") == [(0,)]
+
+
+async def test_a_run_of_a_version_its_session_never_had_is_refused(store: Store, agent: Agent) -> None:
+    """Each row is valid alone, but the session's export would then be refused for ever: nothing imported."""
+    lines, _ = edit("run", lambda row: row.__setitem__("version", 10**6))(await exported(store, agent))
+    with pytest.raises(InvalidValueError, match="a run is of a version its session never had"):
+        await store.import_lines(lines)
+    for table in TABLES:
+        assert await rows(store, f"SELECT count(*) FROM {table}") == [(0,)], table  # noqa: S608 (our names)
