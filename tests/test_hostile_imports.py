@@ -167,10 +167,16 @@ HOSTILE = {
     "a datetime that is no date": edit("state", value({"$datetime": "yesterday"}), key="plan"),
     "a $state that is a list": edit("state", value({"$state": [1]}), key="plan"),
     "a message in state without a role": edit("state", value({"$state": {"type": "message"}}), key="plan"),
-    "a bad message beside a type this process does not know": edit("state", value([
-        {"$state": {"type": "app.unknown", "name": "a"}},
-        {"$state": {"type": "message", "role": {"evil": 1}, "contents": []}},
-    ]), key="plan"),  # fmt: skip
+    "a bad message beside a type this process does not know": edit(
+        "state",
+        value(
+            [
+                {"$state": {"type": "app.unknown", "name": "a"}},
+                {"$state": {"type": "message", "role": {"evil": 1}, "contents": []}},
+            ]
+        ),
+        key="plan",
+    ),
     "a $dict holding a list": edit("user_state", value({"$dict": [1, 2]})),
     "a user: key among a session's rows": edit("state", lambda row: row.__setitem__("key", "user:x"), key="plan"),
     "metadata that is a list": edit("session", lambda row: row.__setitem__("metadata", [1])),
