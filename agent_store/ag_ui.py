@@ -4,8 +4,9 @@ Web front ends speaking AG-UI (``agent-framework-ag-ui``) keep the latest snapsh
 messages, shared state, pending interrupts and the private session state) under an application-defined scope,
 the app's authorization boundary. One row per (scope, thread) in ``agent_ui_snapshots`` (migration 0006): a
 scope never sees another's threads, and ``erase_user(user_id)`` removes the snapshots whose scope is that user id.
-A ``save`` dates from the ``get`` before it (the runner reads the thread, the model thinks, the runner saves): if
-the scope's user was erased since, it is refused, so an erased transcript is never written back.
+A ``save`` dates from the ``get`` before it (the runner reads the thread, the model thinks, the runner saves; the
+earliest get of the thread on record, see read_times.py): if the scope's user was erased since, it is refused, so
+an erased transcript is never written back.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ class StoreThreadSnapshotStore:
                 'StoreThreadSnapshotStore needs the AG-UI package: pip install "agent-store[ag-ui]"'
             ) from exc
         self._db, self._snapshot_type = store.db, AGUIThreadSnapshot
-        self._reads = ReadTimes()  # per (scope, thread): gets not yet followed by a save
+        self._reads = ReadTimes()  # per (scope, thread): when it was read (read_times.py)
 
     async def save(self, *, scope: str, thread_id: str, snapshot: AGUIThreadSnapshot) -> None:
         """Save (replace) the thread's latest snapshot.
@@ -63,12 +64,10 @@ class StoreThreadSnapshotStore:
         async with self._db.transaction(write=True, doing="saving an AG-UI thread snapshot") as conn:
             await lock_user(conn, key[0], exclusive=False)  # erase_user takes it too: wholly before or after
             if await erased_since(conn, key[0], since):
-                self._reads.written(key)
                 raise SessionNotFoundError(f"thread {thread_id!r}: its scope's user was erased since it was read")
             insert = (postgresql if conn.dialect.name == "postgresql" else sqlite).insert(ui_snapshots_t).values(row)
             changed = {"snapshot": insert.excluded.snapshot, "updated_at": insert.excluded.updated_at}
             await conn.execute(insert.on_conflict_do_update(index_elements=[U.scope, U.thread_id], set_=changed))
-        self._reads.written(key)
 
     async def get(self, *, scope: str, thread_id: str) -> AGUIThreadSnapshot | None:
         """The thread's latest snapshot in this scope, or None (also for another scope's thread)."""

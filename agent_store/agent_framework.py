@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
+from weakref import WeakKeyDictionary
 
 from agent_framework import (
     AgentSession,
@@ -103,14 +104,18 @@ class StoreHistoryProvider(HistoryProvider):
         super().__init__(source_id, **options)
         self.store, self.user_id, self.history_limit = store, user_id, history_limit
         self.continue_locally = continue_locally
-        # A plain session's runs: when each before_run began reading (an erasure after that refuses the save).
+        # A plain session's run: when its before_run began reading (an erasure after that refuses its save), by
+        # session object (one run at a time on one, as the framework's providers assume), and by id for saves
+        # made per service call, where only the id is known (the earliest read of it: read_times.py).
+        self._read_at: WeakKeyDictionary[AgentSession, datetime] = WeakKeyDictionary()
         self._reads = ReadTimes()
 
     async def before_run(
         self, *, agent: Any, session: AgentSession, context: SessionContext, state: dict[str, Any]
     ) -> None:
         if run_of(session) is None:
-            self._reads.read(session.session_id, datetime.now(UTC))
+            self._read_at[session] = now = datetime.now(UTC)  # a run that failed before saving is forgotten
+            self._reads.read(session.session_id, now)
         context.extend_middleware(self.source_id, [ResultSizeGuard(self.store.db.settings.max_value_bytes)])
         if session.service_session_id is not None and service_keeps_history(agent):
             # The service keeps this conversation: the local transcript is stored, not sent again, unless the
@@ -125,17 +130,13 @@ class StoreHistoryProvider(HistoryProvider):
         self, *, agent: Any, session: AgentSession, context: SessionContext, state: dict[str, Any]
     ) -> None:
         usage = context.response.usage_details if context.response is not None else None
-        joined = run_of(session) is not None
-        read_at = None if joined else self._reads.earliest(session.session_id)
-        token, read = _USAGE.set(dict(usage) if usage else None), _READ_AT.set(read_at)
+        token, read = _USAGE.set(dict(usage) if usage else None), _READ_AT.set(self._read_at.pop(session, None))
         try:
             with _hooked(session, context):
                 await super().after_run(agent=agent, session=session, context=context, state=state)
         finally:
             _USAGE.reset(token)
             _READ_AT.reset(read)
-            if not joined:
-                self._reads.written(session.session_id)  # this run is over: its read is used up
         record_usage(session, context)
 
     async def local_history(self, session: AgentSession) -> list[Message]:
@@ -175,7 +176,7 @@ class StoreHistoryProvider(HistoryProvider):
             run.add_messages(messages)
             return
         # Dated from this run's before_run (a save per service call comes before after_run: the earliest read of
-        # the id not yet saved); a provider that loads nothing (load_messages=False) read nothing: now.
+        # the id on record); a provider that loads nothing (load_messages=False) read nothing: now.
         read_at = _READ_AT.get() or self._reads.earliest(session_id)
         read_at = read_at or (None if self.load_messages else datetime.now(UTC))
         session = AgentSession(session_id=session_id)

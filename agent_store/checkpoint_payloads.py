@@ -9,7 +9,8 @@ its author's choice. So before a payload reaches the framework, each pickle in i
 (``pickletools`` parses, it builds nothing), and refused if it would:
 
 - call anything but a value type: the framework's safe builtins (datetime, Decimal, collections, ...), an enum
-  (a member lookup), an exception, or a type the application allowed itself (``allowed_checkpoint_types``,
+  (a member lookup), a Python built-in exception, or a type the application allowed itself
+  (``allowed_checkpoint_types``,
   ``register_checkpoint_type``). Every other class is rebuilt the way pickle rebuilds plain data (its
   ``__new__`` and its saved state), never by running its constructor;
 - name a class the framework's allow-list refuses (its own check: a refused name is never imported);
@@ -191,7 +192,11 @@ def _callable(item: tuple[Any, ...], trusted: frozenset[str]) -> None:
         resolved = _RestrictedUnpickler(b"", trusted).find_class(module, attr)
     except Exception as exc:
         raise _refused(f"names {key[:200]!r}, which the allow-list refuses ({type(exc).__name__})") from exc
-    if not (isinstance(resolved, type) and issubclass(resolved, (Enum, BaseException))):
+    # Enums are looked up, not built; Python's own exceptions only store their arguments. Another exception's
+    # constructor is code (the framework's own logs its message, at the level the file asks for).
+    if not isinstance(resolved, type) or not (
+        issubclass(resolved, Enum) or (issubclass(resolved, BaseException) and resolved.__module__ == "builtins")
+    ):
         raise _refused(f"would run the constructor of {key[:200]!r}; only value types are ever called")
 
 

@@ -11,16 +11,16 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, case, delete, func, literal, or_, select, text, tuple_, update
+from sqlalchemy import ColumnElement, and_, delete, func, literal, or_, select, text, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from . import codec
 from .database import Database
-from .errors import InvalidValueError
+from .errors import InvalidValueError, SessionExpiredError
 from .models import MessageRecord, SessionInfo, SessionPage
 from .scopes import owner_is
 from .statements import not_found
-from .tables import JsonText, UTCDateTime, checkpoints_t, messages_t, runs_t, sessions_t, state_t, user_state_t
+from .tables import JsonText, checkpoints_t, messages_t, runs_t, sessions_t, state_t, user_state_t
 
 S = sessions_t.c
 _SCALARS = (str, int, float, bool)
@@ -193,11 +193,17 @@ async def update_info(db: Database, session_id: str, user_id: str | None, change
         # expires), and its expiry is recomputed now, as a commit would; the old deadline does not linger.
         values["ttl_seconds"] = seconds = codec.check_ttl(changes["ttl"], "ttl")
         seconds = db.settings.idle_ttl_seconds if seconds is None else seconds
-        expires = values["updated_at"] + timedelta(seconds=seconds) if seconds else None
-        # A closed session keeps its deadline: one that purge has begun to empty (it closes it first) stays
-        # expired, so the next purge finishes it instead of leaving it half gone.
-        values["expires_at"] = case((S.closed_at.is_(None), literal(expires, UTCDateTime())), else_=S.expires_at)
-    await _change(db, "updating a session", session_id, user_id, **values)
+        values["expires_at"] = values["updated_at"] + timedelta(seconds=seconds) if seconds else None
+    async with db.transaction(write=True, doing="updating a session") as conn:
+        row = (await conn.execute(select(S.closed_at, S.expires_at).where(*owned(session_id, user_id)))).first()
+        if row is None:
+            raise not_found(session_id, user_id)
+        if "ttl" in changes and row.closed_at is not None and row.expires_at is not None:
+            if row.expires_at <= values["updated_at"]:
+                # Closed and expired: purge closes a session it has begun to empty. A new TTL would leave it
+                # half gone for good; it stays expired, and the next purge finishes it.
+                raise SessionExpiredError(f"session {session_id!r} is closed and expired: its TTL can no longer change")
+        await conn.execute(update(sessions_t).where(*owned(session_id, user_id)).values(**values))
 
 
 async def close(db: Database, session_id: str, user_id: str | None) -> None:

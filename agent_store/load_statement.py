@@ -98,7 +98,7 @@ def _statement(with_user: bool, window: str) -> Any:
             .where(_M.session_id == bindparam("sid"), _M.role == "user", _M.seq <= first)
             .scalar_subquery()
         )
-        first = func.coalesce(turn, 0)
+        first = case((first >= _S.next_seq, first), else_=func.coalesce(turn, 0))  # an empty window stays empty
     window_start = select(first.label("lo")).where(_S.id == bindparam("sid"), owned).cte("window_start")
     start: Any = select(window_start.c.lo).scalar_subquery()
     if window != "all":

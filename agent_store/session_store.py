@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from agent_framework import AgentSession, SessionStore
 from agent_framework._feature_stage import ExperimentalWarning
 
-from .errors import AgentStoreError, InvalidValueError, SessionNotFoundError
+from .errors import InvalidValueError, SessionNotFoundError
 from .read_times import ReadTimes
 from .run import Run, run_of
 
@@ -65,17 +65,8 @@ class StoreSessionStore(_SessionStoreBase):
         if run is None or run.db is not self.store.db:
             # Its contents date from the get() that found nothing; not known otherwise (then an erasure of the
             # user still on record refuses it: it may hold what was read before).
-            # The earliest get of the id not yet followed by a set: never later than this caller's own.
-            read_at = self._absent.earliest(session_id)
-            run = Run.unloaded(self.store.db, session, user_id=self.user_id, read_at=read_at)
-            try:
-                await run.commit()
-            except AgentStoreError as exc:
-                if not exc.retryable:  # refused for good: that get is used up (a retry keeps its date)
-                    self._absent.written(session_id)
-                raise
-            self._absent.written(session_id)
-            return
+            # The earliest get of the id on record: never later than this caller's own (read_times.py).
+            run = Run.unloaded(self.store.db, session, user_id=self.user_id, read_at=self._absent.earliest(session_id))
         await run.commit()
 
     async def delete(self, session_id: str) -> None:

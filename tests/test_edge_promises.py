@@ -19,7 +19,14 @@ from helpers import expire_now, lose_the_reply, plain_dsn, rows
 from sqlalchemy import make_url, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from agent_store import ConflictError, InvalidValueError, SessionClosedError, StorageUnavailableError, Store
+from agent_store import (
+    ConflictError,
+    InvalidValueError,
+    SessionClosedError,
+    SessionExpiredError,
+    StorageUnavailableError,
+    Store,
+)
 from agent_store.agent_framework import StoreHistoryProvider
 
 
@@ -292,6 +299,7 @@ async def test_purge_finishes_what_it_began_whatever_happens_in_between(store: S
         session.state["fresh"] = True
     with pytest.raises(KeyboardInterrupt):  # now "other" is begun on, and its TTL set before the purge ends it
         await store.purge_expired(batch_messages=3, progress=interrupt)
-    await store.update("other", user_id="u", ttl=timedelta(hours=1))
+    with pytest.raises(SessionExpiredError):  # its TTL can no longer change: it would stay half gone
+        await store.update("other", user_id="u", ttl=timedelta(hours=1))
     assert await store.purge_expired(batch_messages=3) == 1
     assert await rows(store, "SELECT id, closed_at IS NULL FROM agent_sessions") == [("big", True)]

@@ -110,8 +110,12 @@ async def test_session_store_get_none_then_set(store: Store) -> None:
 
     await erase_while_the_model_thinks(store, client, turn)
     await assert_nothing_of_the_user(store)
-    await turn()  # read after the erasure: stored
-    assert await rows(store, "SELECT count(*) FROM agent_messages WHERE session_id = 'fresh'") == [(2,)]
+    with pytest.raises(SessionNotFoundError):  # an id read before the erasure stays fenced in this process
+        await turn()
+    session = await sessions.get("new-id") or AgentSession(session_id="new-id")  # a new conversation: stored
+    await agent.run("我叫李明", session=session)
+    await sessions.set("new-id", session)
+    assert await rows(store, "SELECT count(*) FROM agent_messages WHERE session_id = 'new-id'") == [(2,)]
 
 
 async def test_session_store_set_of_a_session_it_never_saw(store: Store) -> None:
@@ -133,8 +137,9 @@ async def test_session_store_set_of_a_session_it_never_saw(store: Store) -> None
 
 
 async def test_session_store_two_gets_then_the_older_set(store: Store) -> None:
-    """Request A gets nothing and thinks; the user is erased; request B gets nothing too. A's set is dated
-    from A's get (the earliest not yet followed by a set), not from B's: refused. B's then lands."""
+    """Request A gets nothing and thinks; the user is erased; request B gets nothing too. A set carries only
+    the id, so each is dated from the earliest get of it on record: B's and then A's are refused (B's refusal
+    does not free A's read)."""
     sessions = StoreSessionStore(store, user_id="u")
     async with store.session("other", user_id="u") as session:
         session.state["n"] = 1
@@ -144,10 +149,10 @@ async def test_session_store_two_gets_then_the_older_set(store: Store) -> None:
     await asyncio.sleep(LATE)
     second = await sessions.get("chat") or AgentSession(session_id="chat")
     second.state["fresh"] = True
-    with pytest.raises(SessionNotFoundError):
-        await sessions.set("chat", first)
-    await sessions.set("chat", second)
-    assert await rows(store, "SELECT key FROM agent_state WHERE session_id = 'chat'") == [("fresh",)]
+    for session in (second, first):
+        with pytest.raises(SessionNotFoundError):
+            await sessions.set("chat", session)
+    await assert_nothing_of_the_user(store)
 
 
 async def test_ag_ui_snapshot_saved_after_an_erasure_of_its_scope_is_refused(store: Store) -> None:
@@ -165,9 +170,13 @@ async def test_ag_ui_snapshot_saved_after_an_erasure_of_its_scope_is_refused(sto
     with pytest.raises(SessionNotFoundError):
         await snapshots.save(scope="u", thread_id="t", snapshot=seen)  # ... and its save is refused
     assert await rows(store, "SELECT count(*) FROM agent_ui_snapshots") == [(0,)]
-    assert await snapshots.get(scope="u", thread_id="t") is None  # read after the erasure: saved again
-    await snapshots.save(scope="u", thread_id="t", snapshot=AGUIThreadSnapshot(messages=[]))
-    assert await rows(store, "SELECT count(*) FROM agent_ui_snapshots") == [(1,)]
+    assert await snapshots.get(scope="u", thread_id="t") is None  # the same thread, read again: still fenced
+    with pytest.raises(SessionNotFoundError):
+        await snapshots.save(scope="u", thread_id="t", snapshot=AGUIThreadSnapshot(messages=[]))
+    assert await snapshots.get(scope="u", thread_id="new") is None  # a new thread after the erasure: saved,
+    for _ in range(2):  # each save of its request (the runner's safe points, then the final one)
+        await snapshots.save(scope="u", thread_id="new", snapshot=AGUIThreadSnapshot(messages=[]))
+    assert await rows(store, "SELECT thread_id FROM agent_ui_snapshots") == [("new",)]
 
 
 async def test_a_returning_user_is_not_refused(store: Store) -> None:

@@ -86,6 +86,7 @@ async def test_every_window_starts_at_its_turns_user_message_and_keeps_tool_pair
     history = HISTORIES[shape]
     async with store.session("s", user_id="u") as session:
         session.state["in_memory"]["messages"] += [Message.from_dict(m.to_dict()) for m in history]
+    assert (await store.load("s", user_id="u", history_limit=0)).history == []  # an empty window stays empty
     for limit in range(1, len(history) + 2):
         loaded = (await store.load("s", user_id="u", history_limit=limit)).history
         expected = pair_safe_tail(history, limit)
