@@ -1,6 +1,19 @@
-"""agent_store: durable, SQL-queryable sessions for Microsoft Agent Framework agents."""
+"""agent_store: durable, SQL-queryable sessions for Microsoft Agent Framework agents.
 
-from .errors import (
+The layers, top to bottom; each imports only from those below it (tests/test_layers.py checks it):
+
+    agent_framework/  cli/  browser/     the framework seams, the command line, the transcript browser
+    store.py  retry.py                   Store: what an application calls; retry_on_conflict
+    run/  operations/  search/           the run protocol (load, diff, commit); lifecycle, retention,
+                                         branching, transfer; search
+    db/                                  engine and pool, tables, statements, rows
+    errors.py  models.py  telemetry.py  offline.py   shared leaves: errors, the API's models, spans, a model
+
+One run: Store.session -> run/load.py (one statement, db/load_statement.py) -> the agent -> run/commit.py (one
+call: run/commit_postgresql.py or run/commit_sqlite.py; else the checked transaction, db/statements.py).
+"""
+
+from agent_store.errors import (
     AgentStoreError,
     CheckpointRefusedError,
     ConfigurationError,
@@ -14,7 +27,7 @@ from .errors import (
     SessionNotFoundError,
     StorageUnavailableError,
 )
-from .models import (
+from agent_store.models import (
     CommitResult,
     ErasureReport,
     MessageRecord,
@@ -24,9 +37,9 @@ from .models import (
     SessionPage,
     TransferReport,
 )
-from .retry import retry_on_conflict
-from .run import Run, run_of
-from .store import Store
+from agent_store.retry import retry_on_conflict
+from agent_store.run.commit import Run, run_of
+from agent_store.store import Store
 
 __all__ = [
     "AgentStoreError",

@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, TypeVar
 
 from agent_framework import AgentSession
 
-from .errors import ConflictError, InvalidValueError
+from agent_store.errors import ConflictError, InvalidValueError
 
 if TYPE_CHECKING:
-    from .store import Store
+    from agent_store.store import Store
 
 T = TypeVar("T")
 

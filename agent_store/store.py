@@ -13,13 +13,15 @@ from agent_framework import AgentSession
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from . import branching, codec, lifecycle, retention, search, transfer
-from .database import Database, Settings
-from .engine import make_engine
-from .errors import ConfigurationError, InvalidValueError
-from .loading import load
-from .models import ErasureReport, MessageRecord, SearchPage, SessionInfo, SessionPage, TransferReport
-from .run import Run
+from agent_store.db import codec, message_rows
+from agent_store.db.database import Database, Settings
+from agent_store.db.engine import make_engine
+from agent_store.errors import ConfigurationError, InvalidValueError
+from agent_store.models import ErasureReport, MessageRecord, SearchPage, SessionInfo, SessionPage, TransferReport
+from agent_store.operations import branching, lifecycle, retention, transfer
+from agent_store.run.commit import Run
+from agent_store.run.load import load
+from agent_store.search import query as search
 
 
 class Store:
@@ -44,7 +46,7 @@ class Store:
         app_id: str = "default",
         idle_ttl: timedelta | None = None,
         max_value_bytes: int = codec.DEFAULT_MAX_VALUE_BYTES,
-        message_cipher: codec.MessageCipher | None = None,
+        message_cipher: message_rows.MessageCipher | None = None,
         check_schema: bool = True,
     ) -> None:
         codec.check_id(app_id, "app_id", required=True)
@@ -184,7 +186,7 @@ class Store:
             raise
         await run.commit()
 
-    # ---- lifecycle: see lifecycle.py, retention.py, branching.py and transfer.py ---------------------------
+    # ---- lifecycle: see operations/ ---------------------------
 
     async def list_sessions(
         self,
@@ -262,9 +264,7 @@ class Store:
     async def purge_checkpoints(self, older_than: timedelta, *, keep_latest: bool = True, batch_size: int = 500) -> int:
         """Delete workflow checkpoints saved more than ``older_than`` ago, in batches; each workflow's latest
         stays (``keep_latest``), so a paused workflow can still resume. Returns how many were deleted."""
-        from .checkpoints import purge_checkpoints  # the workflow half of the framework, only when used
-
-        return await purge_checkpoints(self.db, older_than, keep_latest=keep_latest, batch_size=batch_size)
+        return await retention.purge_checkpoints(self.db, older_than, keep_latest=keep_latest, batch_size=batch_size)
 
     async def count_expired(self) -> int:
         """How many sessions ``purge_expired`` would delete now."""

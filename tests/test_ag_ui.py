@@ -11,7 +11,7 @@ from agent_framework_ag_ui import AGUIThreadSnapshot, AGUIThreadSnapshotStore
 from helpers import rows
 
 from agent_store import InvalidValueError, Store
-from agent_store.ag_ui import StoreThreadSnapshotStore
+from agent_store.agent_framework.ag_ui import StoreThreadSnapshotStore
 
 
 def snapshot(text: str) -> AGUIThreadSnapshot:
@@ -69,9 +69,9 @@ async def test_bad_keys_and_values_are_refused_with_nothing_written(store: Store
 def test_without_the_extra_the_store_still_imports_and_the_class_says_what_to_install(tmp_path: Path) -> None:
     code = (
         "import sys; sys.modules['agent_framework_ag_ui'] = None\n"
-        "import agent_store, agent_store.ag_ui\n"
+        "import agent_store, agent_store.agent_framework.ag_ui\n"
         "try:\n"
-        "    agent_store.ag_ui.StoreThreadSnapshotStore(agent_store.Store.from_url('sqlite+aiosqlite:///x.db'))\n"
+        "    agent_store.agent_framework.ag_ui.StoreThreadSnapshotStore(agent_store.Store.from_url('sqlite+aiosqlite:///x.db'))\n"
         "except agent_store.ConfigurationError as exc:\n"
         "    print(exc)\n"
     )

@@ -24,6 +24,7 @@ from sqlalchemy import event
 
 from agent_store import ConflictError, SessionNotFoundError, Store
 from agent_store.agent_framework import MemoryProvider, StoreHistoryProvider, StoreSessionStore
+from agent_store.db import message_rows
 from agent_store.offline import OfflineChatClient, answer, check_request
 
 
@@ -497,14 +498,14 @@ def result_message(n: int, message_id: str) -> Message:
 
 async def test_a_tool_result_is_stored_once_and_the_size_limit_is_exact(url: str) -> None:
     """Issue 10: no doubled body; max_value_bytes applies to the stored body, to the byte."""
-    from agent_store import InvalidValueError, codec
+    from agent_store import InvalidValueError
 
     big = result_message(2 * 1024 * 1024 // 3, "big")  # 2 MiB of UTF-8 in the result
-    body = codec.message_record(big, max_bytes=2**62, tool_names={}).columns["body"]
+    body = message_rows.message_record(big, max_bytes=2**62, tool_names={}).columns["body"]
     assert len(body.encode()) < 2 * 1024 * 1024 + 500  # once, not twice
     limit = 256 * 1024
     overhead = len(
-        codec.message_record(result_message(0, "m1"), max_bytes=2**62, tool_names={}).columns["body"].encode()
+        message_rows.message_record(result_message(0, "m1"), max_bytes=2**62, tool_names={}).columns["body"].encode()
     )
     fits = (limit - overhead) // 3  # "长" is 3 bytes of UTF-8
     async with Store.from_url(url, max_value_bytes=limit) as store:
@@ -517,7 +518,7 @@ async def test_a_tool_result_is_stored_once_and_the_size_limit_is_exact(url: str
                 session.state["in_memory"]["messages"].extend([call, result_message(fits + 1, "m2")])
         loaded = (await store.load("s", user_id="u")).history
         expected = result_message(fits, "m1")
-        expected.additional_properties[codec.STORE_ID] = loaded[1].additional_properties[codec.STORE_ID]
+        expected.additional_properties[message_rows.STORE_ID] = loaded[1].additional_properties[message_rows.STORE_ID]
         assert loaded[1].to_dict() == expected.to_dict()  # the derived part comes back
         records = await store.messages("s", user_id="u")
         assert records[1].body == expected.to_dict()

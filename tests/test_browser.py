@@ -226,7 +226,7 @@ async def test_the_session_list_filters_and_pages(store: Store) -> None:
 
     import httpx
 
-    from agent_store.ui import create_app
+    from agent_store.browser.app import create_app
 
     for i in range(5):
         async with store.session(f"s{i}", user_id="u") as session:
@@ -269,7 +269,7 @@ async def test_odd_ids_and_encrypted_sessions_still_open(url: str) -> None:
     import httpx
     from test_core import ReversingCipher
 
-    from agent_store.ui import create_app
+    from agent_store.browser.app import create_app
 
     async with Store.from_url(url, message_cipher=ReversingCipher()) as sealed:
         await sealed.migrate()

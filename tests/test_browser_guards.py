@@ -14,7 +14,7 @@ from agent_framework import Agent, Content, Message
 from test_browser import get, serving
 
 from agent_store import Store
-from agent_store.ui import host_and_port
+from agent_store.browser.app import host_and_port
 
 SECRET = "the transcript a rebinding page must not read"
 

@@ -18,7 +18,7 @@ from sqlalchemy import text
 
 from agent_store import InvalidValueError, Store
 from agent_store.agent_framework import StoreCheckpointStorage
-from agent_store.run import ERASURE_MARGIN
+from agent_store.run.commit import ERASURE_MARGIN
 
 SCRIPT = str(Path(__file__).with_name("review_workflow.py"))
 

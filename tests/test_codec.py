@@ -10,7 +10,7 @@ from agent_framework import Message, register_state_type
 from pydantic import BaseModel
 
 from agent_store import InvalidValueError
-from agent_store.codec import decode_state, dumps, encode_state
+from agent_store.db.codec import decode_state, dumps, encode_state
 
 
 class Preferences(BaseModel):

@@ -18,8 +18,10 @@ from agent_framework import Content, Message
 from helpers import rows
 from sqlalchemy import event
 
-from agent_store import ConflictError, InvalidValueError, Store, fast_commit, sqlite_commit
+from agent_store import ConflictError, InvalidValueError, Store
 from agent_store.errors import CheckedPathNeeded
+from agent_store.run import commit_postgresql as fast_commit
+from agent_store.run import commit_sqlite as sqlite_commit
 
 PATHS = [None, "key"]  # no idempotency key: the one-call path; a key: the checked path
 
@@ -101,7 +103,7 @@ async def test_what_the_one_call_cannot_carry_goes_the_checked_way(
         real = fast_commit.payload
         second: Any = (fast_commit, "payload", lambda *a: real(*a).replace('"format": 1', '"format": 99', 1))
     else:
-        first = ("_ONE_HOP", sqlite_commit, False)
+        first = ("AVAILABLE", sqlite_commit, False)
         real_write = sqlite_commit._Commit._write
 
         def write_then_refuse(self: Any, conn: Any, now: Any) -> int:

@@ -10,8 +10,9 @@ from agent_framework import Agent, Message
 from helpers import lose_the_reply, rows
 from sqlalchemy import func, select
 
-from agent_store import ConflictError, InvalidValueError, SessionNotFoundError, StorageUnavailableError, Store, codec
-from agent_store.tables import messages_t, runs_t, sessions_t, state_t
+from agent_store import ConflictError, InvalidValueError, SessionNotFoundError, StorageUnavailableError, Store
+from agent_store.db import message_rows
+from agent_store.db.tables import messages_t, runs_t, sessions_t, state_t
 
 
 async def test_a_second_store_remembers_the_name_and_the_state(url: str, agent: Agent) -> None:
@@ -339,7 +340,7 @@ async def test_an_old_message_re_added_to_a_windowed_history_is_refused_not_dupl
     with pytest.raises(InvalidValueError, match="already stored") as refused:
         async with store.session("s", user_id="u", history_limit=2) as session:
             session.state["in_memory"]["messages"].append(old)  # outside the window, so not recognised as loaded
-    assert f"message id {codec.store_id(old)!r} of this run is already stored" in str(refused.value)  # named
+    assert f"message id {message_rows.store_id(old)!r} of this run is already stored" in str(refused.value)  # named
     assert await rows(
         store, "SELECT count(*), max(version) FROM agent_messages JOIN agent_sessions ON id = session_id"
     ) == [(4, 1)]
@@ -354,7 +355,7 @@ COLLIDING_IDS = ("TEXTCOLLBYfGiJUETHQ4hAcKSMd5zYpgqf1YRDhkmxHkhPWptrkoyz28wnI9V0
 async def test_ids_sharing_an_md5_are_refused_by_name_on_postgresql_and_kept_apart_on_sqlite(
     store: Store, run_id: str | None
 ) -> None:
-    from agent_store.statements import id_hash
+    from agent_store.db.statements import id_hash
 
     assert id_hash(COLLIDING_IDS[0]) == id_hash(COLLIDING_IDS[1])
     run = await store.load("s", user_id="u", run_id=run_id)

@@ -254,7 +254,7 @@ async def test_a_window_widened_over_two_reads_is_measured_again_if_a_commit_cam
 async def test_a_window_with_commits_between_all_its_reads_is_read_whole_at_last(store: Store) -> None:
     """Commits keep coming between the window's reads: after a few re-measures the load reads the whole history
     in one statement (one snapshot) and takes its pair-safe tail, never a window measured on another version."""
-    from agent_store.loading import MAX_REMEASURES
+    from agent_store.run.load import MAX_REMEASURES
 
     def block(n: int) -> list[Message]:
         # A window of 1 widens to this block's user message and to call a, before it: a second read, which

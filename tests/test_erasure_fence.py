@@ -18,7 +18,7 @@ from helpers import rows
 from agent_store import SessionNotFoundError, Store
 from agent_store.agent_framework import MemoryProvider, StoreHistoryProvider, StoreSessionStore
 from agent_store.offline import OfflineChatClient
-from agent_store.run import ERASURE_MARGIN
+from agent_store.run.commit import ERASURE_MARGIN
 
 LATE = ERASURE_MARGIN.total_seconds() + 0.3
 
@@ -158,7 +158,7 @@ async def test_session_store_two_gets_then_the_older_set(store: Store) -> None:
 async def test_ag_ui_snapshot_saved_after_an_erasure_of_its_scope_is_refused(store: Store) -> None:
     from agent_framework_ag_ui import AGUIThreadSnapshot
 
-    from agent_store.ag_ui import StoreThreadSnapshotStore
+    from agent_store.agent_framework.ag_ui import StoreThreadSnapshotStore
 
     snapshots = StoreThreadSnapshotStore(store)
     old = AGUIThreadSnapshot(messages=[{"id": "m1", "role": "user", "content": "my SSN is 123"}])

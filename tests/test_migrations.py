@@ -18,8 +18,8 @@ from helpers import rows
 from sqlalchemy import inspect, text
 
 from agent_store import InvalidValueError, SchemaOutOfDateError, SchemaTooNewError, Store
-from agent_store.engine import migrations_dir
-from agent_store.tables import SCHEMA_REVISION, Base
+from agent_store.db.engine import migrations_dir
+from agent_store.db.tables import SCHEMA_REVISION, Base
 
 ROOT = Path(__file__).resolve().parent.parent
 TABLES = set(Base.metadata.tables)

@@ -350,7 +350,7 @@ class StoreMachine(RuleBasedStateMachine):
 
 def test_the_store_behaves_like_the_model(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # One process, one clock: no skew to allow for, so a run loaded after an erasure is never fenced out.
-    monkeypatch.setattr("agent_store.run.ERASURE_MARGIN", timedelta(0))
+    monkeypatch.setattr("agent_store.run.commit.ERASURE_MARGIN", timedelta(0))
 
     async def migrate() -> None:
         async with Store.from_url(url) as store:

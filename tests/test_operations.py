@@ -23,8 +23,8 @@ from agent_store import (
     StorageUnavailableError,
     Store,
 )
-from agent_store.engine import make_engine, migration_connection, migrations_dir
-from agent_store.tables import SCHEMA_REVISION
+from agent_store.db.engine import make_engine, migration_connection, migrations_dir
+from agent_store.db.tables import SCHEMA_REVISION
 
 
 async def filled(store: Store, agent: Agent, n: int = 3) -> None:

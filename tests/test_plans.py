@@ -101,7 +101,7 @@ async def test_a_search_for_one_user_is_index_served(big: Store, query: str) -> 
 
 async def test_looking_up_stored_message_ids_is_index_served(big: Store) -> None:
     """A retried save looks up the ids it carries (PostgreSQL: by their MD5, the unique index's key, 0011)."""
-    from agent_store.statements import already_stored
+    from agent_store.db.statements import already_stored
 
     ids = [r[0] for r in await rows(big, "SELECT message_id FROM agent_messages WHERE session_id = 'session-7'")]
     assert len(ids) == 5

@@ -14,7 +14,7 @@ from sqlalchemy import text
 from agent_store import InvalidValueError, Store
 from agent_store.agent_framework import SearchHistoryProvider
 from agent_store.offline import OfflineChatClient
-from agent_store.search import parse
+from agent_store.search.query import parse
 
 
 async def say(store: Store, session_id: str, *texts: str, user_id: str = "u", agent_id: str | None = None) -> None:
@@ -231,7 +231,7 @@ async def test_every_hit_and_only_hits_against_a_reference_in_python(store: Stor
     messages found are exactly those Python says hold the term (a whole short word, else a substring)."""
     import random
 
-    from agent_store.text_match import has_word
+    from agent_store.db.text_match import has_word
 
     rnd = random.Random(11)
     alphabet = [*"abcAB12 ,.-_@李明名字好的。éÉпр", "said", "ok", "李明", " the ai."]

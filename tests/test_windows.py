@@ -14,8 +14,8 @@ import pytest
 from agent_framework import Agent, Content, Message
 
 from agent_store import Store
-from agent_store.delta import pair_safe_tail
 from agent_store.offline import OfflineChatClient
+from agent_store.run.delta import pair_safe_tail
 
 
 def _call(text: str, call_id: str) -> Message:

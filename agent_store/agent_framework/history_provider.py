@@ -1,0 +1,177 @@
+"""StoreHistoryProvider: a ``HistoryProvider`` whose history is the store's ``agent_messages`` table.
+
+Inside ``store.session(...)`` it joins the run: its saves are committed with the run's messages and state in its
+one transaction. On any other ``AgentSession`` each save commits on its own (a run of its own, run/commit.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+from weakref import WeakKeyDictionary
+
+from agent_framework import AgentSession, HistoryProvider, Message, SessionContext
+
+from agent_store.agent_framework.run_middleware import ContinueLocally, ResultSizeGuard, service_keeps_history
+from agent_store.run import load as loading
+from agent_store.run.commit import Run
+from agent_store.run.delta import close_tool_pairs, pair_safe_tail
+from agent_store.run.read_times import ReadTimes
+from agent_store.run.stored_session import run_of
+
+if TYPE_CHECKING:
+    from agent_store.store import Store
+
+__all__ = ["StoreHistoryProvider", "record_usage"]
+logger = logging.getLogger("agent_store")
+# The session whose provider hooks are running: the framework passes the session to before_run/after_run but
+# only its id to get_messages/save_messages, and two sessions may share an id in one process (two tabs).
+_HOOKED_SESSION: ContextVar[AgentSession | None] = ContextVar("agent_store_hooked_session", default=None)
+# Token usage of the response being saved, for a save that commits on its own (outside store.session).
+_USAGE: ContextVar[dict[str, Any] | None] = ContextVar("agent_store_usage", default=None)
+# Function-call ids whose results are in the request being prepared (a tool loop in progress).
+_ANSWERED: ContextVar[frozenset[str]] = ContextVar("agent_store_answered_calls", default=frozenset())
+# When the run being saved read its history from the store (its before_run): the erasure fence's basis.
+_READ_AT: ContextVar[datetime | None] = ContextVar("agent_store_read_at", default=None)
+
+
+@contextmanager
+def _hooked(session: AgentSession, context: SessionContext) -> Iterator[None]:
+    answered = frozenset(
+        c.call_id for m in context.input_messages for c in m.contents if c.type == "function_result" and c.call_id
+    )
+    token, token2 = _HOOKED_SESSION.set(session), _ANSWERED.set(answered)
+    try:
+        yield
+    finally:
+        _HOOKED_SESSION.reset(token)
+        _ANSWERED.reset(token2)
+
+
+class StoreHistoryProvider(HistoryProvider):
+    """A ``HistoryProvider`` whose history is the store's ``agent_messages`` table.
+
+    - In a ``store.session(...)`` block it reads the run's loaded history and its saves join the run's commit.
+    - On any other ``AgentSession`` each ``save_messages`` is its own transaction; messages are identified by
+      the store's own id (``additional_properties["agent_store_id"]``, given on first sight; a provider's
+      ``message_id`` is only data), so a retried save stores nothing twice, and de-duplication looks up only
+      the ids being saved, never the whole history.
+
+    Args:
+        store: the store to read and write.
+        source_id: the provider's id in the agent's pipeline (default ``"agent_store"``).
+        continue_locally: when the service no longer knows a service-managed conversation (stored responses
+            expire), send the local transcript instead and start a new service conversation (default True).
+        user_id: the owner of sessions this provider creates and the only user whose sessions it opens
+            outside a run (inside one, the run's user applies).
+        history_limit: outside a run, load only the last N messages (tool calls kept with their results).
+        Other keyword arguments are ``HistoryProvider``'s: ``load_messages``, ``store_inputs``, ...
+    """
+
+    DEFAULT_SOURCE_ID = "agent_store"
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        source_id: str = DEFAULT_SOURCE_ID,
+        user_id: str | None = None,
+        history_limit: int | None = None,
+        continue_locally: bool = True,
+        **options: Any,
+    ) -> None:
+        super().__init__(source_id, **options)
+        self.store, self.user_id, self.history_limit = store, user_id, history_limit
+        self.continue_locally = continue_locally
+        # A plain session's run: when its before_run began reading (an erasure after that refuses its save), by
+        # session object (one run at a time on one, as the framework's providers assume), and by id for saves
+        # made per service call, where only the id is known (the earliest read of it: read_times.py).
+        self._read_at: WeakKeyDictionary[AgentSession, datetime] = WeakKeyDictionary()
+        self._reads = ReadTimes()
+
+    async def before_run(
+        self, *, agent: Any, session: AgentSession, context: SessionContext, state: dict[str, Any]
+    ) -> None:
+        if run_of(session) is None:
+            self._read_at[session] = now = datetime.now(UTC)  # a run that failed before saving is forgotten
+            self._reads.read(session.session_id, now)
+        context.extend_middleware(self.source_id, [ResultSizeGuard(self.store.db.settings.max_value_bytes)])
+        if session.service_session_id is not None and service_keeps_history(agent):
+            # The service keeps this conversation: the local transcript is stored, not sent again, unless the
+            # service has forgotten it (then ContinueLocally sends it and a new service conversation starts).
+            if self.continue_locally:
+                context.extend_middleware(self.source_id, [ContinueLocally(self.local_history, session)])
+            return
+        with _hooked(session, context):
+            await super().before_run(agent=agent, session=session, context=context, state=state)
+
+    async def after_run(
+        self, *, agent: Any, session: AgentSession, context: SessionContext, state: dict[str, Any]
+    ) -> None:
+        usage = context.response.usage_details if context.response is not None else None
+        token, read = _USAGE.set(dict(usage) if usage else None), _READ_AT.set(self._read_at.pop(session, None))
+        try:
+            with _hooked(session, context):
+                await super().after_run(agent=agent, session=session, context=context, state=state)
+        finally:
+            _USAGE.reset(token)
+            _READ_AT.reset(read)
+        record_usage(session, context)
+
+    async def local_history(self, session: AgentSession) -> list[Message]:
+        """What the model would get from this store without a service-side conversation (windowed, pair-safe)."""
+        if (run := run_of(session)) is not None:
+            return close_tool_pairs(pair_safe_tail(list(run.history), self.history_limit))[0]
+        loaded = await loading.load(
+            self.store.db, session.session_id, user_id=self.user_id, agent_id=None, history_limit=self.history_limit
+        )
+        return list(loaded.history)
+
+    def _joined_run(self, session_id: str | None) -> Run | None:
+        session = _HOOKED_SESSION.get()
+        if session is None or session.session_id != session_id:
+            return None
+        return run_of(session)
+
+    async def get_messages(
+        self, session_id: str | None, *, state: dict[str, Any] | None = None, **kwargs: Any
+    ) -> list[Message]:
+        if (run := self._joined_run(session_id)) is not None:
+            return list(run.history)
+        if session_id is None:
+            return []
+        loaded = await loading.load(
+            self.store.db, session_id, user_id=self.user_id, agent_id=None, history_limit=self.history_limit,
+            answered=_ANSWERED.get(),
+        )  # fmt: skip
+        return list(loaded.history)
+
+    async def save_messages(
+        self, session_id: str | None, messages: Sequence[Message], *, state: dict[str, Any] | None = None, **kwargs: Any
+    ) -> None:
+        if not messages or session_id is None:
+            return
+        if (run := self._joined_run(session_id)) is not None:
+            run.add_messages(messages)
+            return
+        # Dated from this run's before_run (a save per service call comes before after_run: the earliest read of
+        # the id on record); a provider that loads nothing (load_messages=False) read nothing: now.
+        read_at = _READ_AT.get() or self._reads.earliest(session_id)
+        read_at = read_at or (None if self.load_messages else datetime.now(UTC))
+        session = AgentSession(session_id=session_id)
+        standalone = Run.unloaded(self.store.db, session, user_id=self.user_id, read_at=read_at)
+        standalone.skip_replays = True  # a replay of the stored tail stores nothing (replays.py)
+        standalone.add_messages(messages)
+        standalone.add_usage(_USAGE.get())
+        await standalone.commit()
+
+
+def record_usage(session: AgentSession, context: SessionContext) -> None:
+    """Add the response's token usage to the store run's log entry, when the session belongs to a run."""
+    run = run_of(session)
+    if run is not None and context.response is not None:
+        run.add_usage(context.response.usage_details)

@@ -1,0 +1,70 @@
+"""What the transcript browser reads besides the Store's own calls: first user messages for a listing, one
+session's run log, state panel and branches, a user's workflow checkpoints.
+
+Every read is a read-only transaction (on the replica when there is one); nothing here writes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import select
+
+from agent_store.db.database import Database
+from agent_store.db.tables import (
+    app_state_t,
+    checkpoints_t,
+    messages_t,
+    runs_t,
+    sessions_t,
+    state_t,
+    user_state_t,
+)
+
+M, S, R, C = messages_t.c, sessions_t.c, runs_t.c, checkpoints_t.c
+
+
+async def first_user_texts(db: Database, session_ids: list[str]) -> dict[str, str]:
+    """Each session's first user message (what a listing shows when a session has no title)."""
+    if not session_ids:
+        return {}
+    texts: dict[str, str] = {}  # one short indexed read per session of the page (a page is at most 100)
+    async with db.transaction(write=False, replica=True, doing="reading first messages") as conn:
+        for sid in session_ids:
+            row = (
+                await conn.execute(select(M.text).where(M.session_id == sid, M.role == "user").order_by(M.seq).limit(1))
+            ).first()
+            if row is not None:
+                texts[sid] = row.text
+    return texts
+
+
+async def session_panels(db: Database, session_id: str, user_id: str | None, app_id: str) -> dict[str, Any]:
+    """The run log (by run id), the state rows of the session, its user and its app, and its branches."""
+    async with db.transaction(write=False, replica=True, doing="reading a session's panels") as conn:
+        runs = (await conn.execute(select(runs_t).where(R.session_id == session_id).order_by(R.version))).all()
+        own = (await conn.execute(select(state_t).where(state_t.c.session_id == session_id).order_by("key"))).all()
+        user: Sequence[Any] = []
+        if user_id is not None:
+            u = user_state_t.c
+            user = (await conn.execute(select(user_state_t).where(u.user_id == user_id).order_by(u.key))).all()
+        a = app_state_t.c
+        app = (await conn.execute(select(app_state_t).where(a.app_id == app_id).order_by(a.key))).all()
+        branches = (await conn.execute(select(S.id, S.forked_at_seq).where(S.forked_from == session_id))).all()
+    return {
+        "runs": {r.run_id: r._mapping for r in runs},
+        "state": [("", r.key, r.value, r.version) for r in own]
+        + [("user:", r.key, r.value, r.version) for r in user]
+        + [("app:", r.key, r.value, r.version) for r in app],
+        "branches": [(b.id, b.forked_at_seq) for b in branches],
+    }
+
+
+async def user_checkpoints(db: Database, user_id: str | None, limit: int = 20) -> list[Any]:
+    """The user's newest workflow checkpoints (payloads are not read: they may hold pickled objects)."""
+    owner = user_id or ""  # checkpoints saved without a user are stored under ''
+    columns = (C.workflow_name, C.seq, C.checkpoint_id, C.previous_checkpoint_id, C.iteration_count, C.saved_at)
+    async with db.transaction(write=False, replica=True, doing="reading workflow checkpoints") as conn:
+        query = select(*columns).where(C.user_id == owner).order_by(C.saved_at.desc(), C.seq.desc()).limit(limit)
+        return list((await conn.execute(query)).all())

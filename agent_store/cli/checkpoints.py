@@ -1,0 +1,77 @@
+"""`agent-store checkpoints`: a workflow's checkpoint chain, one checkpoint, delete one.
+
+Payloads are shown as stored (the framework's checkpoint encoding) and never decoded here: decoding may unpickle
+application types, which only the application, with its allow-list, should do.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import click
+
+from agent_store.cli.support import json_option, print_json, print_table, runs_async, url_option
+from agent_store.store import Store
+
+if TYPE_CHECKING:
+    from agent_store.agent_framework.checkpoints import StoreCheckpointStorage
+
+user_option = click.option("--user", "user_id", default=None, help="The checkpoints' owner (omit: none).")
+
+
+@click.group()
+def checkpoints() -> None:
+    """Workflow checkpoints (StoreCheckpointStorage)."""
+
+
+@checkpoints.command(name="list")
+@click.argument("workflow")
+@url_option
+@user_option
+@json_option
+@runs_async
+async def list_chain(workflow: str, url: str | None, user_id: str | None, as_json: bool) -> None:
+    """A workflow's checkpoints, oldest first: each names the one before it."""
+    async with Store.from_url(url) as store:
+        rows = await _storage(store, user_id).describe(workflow_name=workflow)
+    if as_json:
+        print_json(rows)
+        return
+    headers = ["seq", "checkpoint_id", "previous", "iteration", "timestamp"]
+    print_table(headers, [[r["seq"], r["checkpoint_id"], r["previous_checkpoint_id"], r["iteration_count"],
+                           r["timestamp"]] for r in rows])  # fmt: skip
+
+
+@checkpoints.command()
+@click.argument("checkpoint_id")
+@url_option
+@user_option
+@runs_async
+async def show(checkpoint_id: str, url: str | None, user_id: str | None) -> None:
+    """One checkpoint as JSON, its payload as stored."""
+    async with Store.from_url(url) as store:
+        rows = await _storage(store, user_id).describe(checkpoint_id=checkpoint_id)
+    if not rows:
+        raise click.ClickException(f"no checkpoint {checkpoint_id!r} for user {user_id!r}")
+    print_json(rows[0])
+
+
+@checkpoints.command()
+@click.argument("checkpoint_id")
+@url_option
+@user_option
+@runs_async
+async def delete(checkpoint_id: str, url: str | None, user_id: str | None) -> None:
+    """Delete one checkpoint."""
+    async with Store.from_url(url) as store:
+        if not await _storage(store, user_id).delete(checkpoint_id):
+            raise click.ClickException(f"no checkpoint {checkpoint_id!r} for user {user_id!r}")
+    click.echo(f"deleted checkpoint {checkpoint_id}")
+
+
+def _storage(store: Store, user_id: str | None) -> StoreCheckpointStorage:
+    from agent_store.agent_framework.checkpoints import (
+        StoreCheckpointStorage,  # the workflow half of the framework, only when used
+    )
+
+    return StoreCheckpointStorage(store, user_id=user_id)

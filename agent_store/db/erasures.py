@@ -1,0 +1,31 @@
+"""The erasure fence: what ``erase_user`` leaves behind so that no run that read before it writes after it.
+
+The last transaction of an erasure records the user (as a SHA-256: enough to recognise the id, not to read it)
+and when. A write for that user dated before then is refused; fences are kept ``FENCE_KEPT``, longer than any run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import datetime, timedelta
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from agent_store.db.tables import erasures_t
+
+__all__ = ["FENCE_KEPT", "erased_since", "user_key"]
+
+FENCE_KEPT = timedelta(days=7)
+
+
+def user_key(user_id: str) -> str:
+    """What an erasure keeps of a user id: a SHA-256, enough to recognise the id, not to read it."""
+    return hashlib.sha256(user_id.encode()).hexdigest()
+
+
+async def erased_since(db: AsyncConnection, user_id: str, since: datetime) -> bool:
+    """Whether the user was erased after ``since`` (a run's load): such a run may not write for the user."""
+    e = erasures_t.c
+    found = await db.execute(select(e.user_key).where(e.user_key == user_key(user_id), e.erased_at >= since))
+    return found.first() is not None

@@ -1,0 +1,165 @@
+"""A run's load as one statement: the session row, its state (own, ``user:``, ``app:``) and its messages.
+
+One statement sees one snapshot, so the load needs no transaction around it: one round trip on PostgreSQL,
+one ``execute`` on SQLite. The rows of the three kinds share one set of columns:
+
+=========  ==========  ========  ==================  ===========  =======  ========  =========  ==========
+kind       key         other     doc                 n1           n2       n3        t1         t2
+=========  ==========  ========  ==================  ===========  =======  ========  =========  ==========
+SESSION    user_id     agent_id  service_session_id  incarnation  version  next_seq  closed_at  expires_at
+STATE      key         prefix    value               stamp
+MESSAGE    message_id  role      body                seq
+=========  ==========  ========  ==================  ===========  =======  ========  =========  ==========
+
+and a message's ``author`` (author_name) and ``text``, which its stored body leaves out (message_rows.full_body).
+
+A window (``history_limit``) starts ``limit`` before the session's ``next_seq``, widened back to the user
+message that began that turn, and to the call of any function result in it (the tool-calls index), so a window
+never starts with an orphan result; run/load.py re-reads when the call widening lands inside an earlier turn.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Integer,
+    String,
+    Text,
+    bindparam,
+    case,
+    cast,
+    func,
+    literal_column,
+    null,
+    select,
+    true,
+    union_all,
+)
+
+from agent_store.db.scopes import APP_PREFIX, USER_PREFIX
+from agent_store.db.tables import (
+    JsonText,
+    UTCDateTime,
+    app_state_t,
+    messages_t,
+    sessions_t,
+    state_t,
+    tool_calls_t,
+    user_state_t,
+)
+
+SESSION, STATE, MESSAGE = 0, 1, 2
+_COLUMNS = {
+    "key": String(), "other": String(), "doc": JsonText(), "n1": BigInteger(), "n2": BigInteger(),
+    "n3": BigInteger(), "t1": UTCDateTime(), "t2": UTCDateTime(), "author": String(), "text": Text(),
+}  # fmt: skip
+_S, _M = sessions_t.c, messages_t.c
+
+
+def _branch(kind: int, **given: Any) -> list[Any]:
+    """One SELECT's column list: the given expressions, typed NULL for the rest."""
+    columns = [literal_column(str(kind), Integer).label("kind")]
+    for name, type_ in _COLUMNS.items():
+        value = given.get(name)
+        columns.append((cast(null(), type_) if value is None else value).label(name))
+    return columns
+
+
+def _text(value: str) -> Any:
+    return literal_column(f"'{value}'", String)  # a constant of ours ("", "user:", "app:"), never user input
+
+
+@functools.cache
+def _statement(with_user: bool, window: str) -> Any:
+    """``window``: "all" (every message), "limit" (the last ``:limit`` before next_seq), "start" (from ``:start``)."""
+    owned = _S.user_id == bindparam("uid") if with_user else _S.user_id.is_(None)
+    session = select(*_branch(
+        SESSION, key=_S.user_id, other=_S.agent_id, doc=_S.service_session_id, n1=_S.incarnation, n2=_S.version,
+        n3=_S.next_seq, t1=_S.closed_at, t2=_S.expires_at,
+    )).where(_S.id == bindparam("sid"))  # fmt: skip
+    branches = [session]
+    for prefix, table, owner, param in (
+        ("", state_t, "session_id", "sid"),
+        (APP_PREFIX, app_state_t, "app_id", "app"),
+        *([(USER_PREFIX, user_state_t, "user_id", "uid")] if with_user else []),
+    ):
+        t = table.c
+        branches.append(
+            select(*_branch(STATE, key=t.key, other=_text(prefix), doc=t.value, n1=t.version)).where(
+                t[owner] == bindparam(param)
+            )
+        )
+    # Messages only of a session this user owns (another user's transcript is never read, not even to refuse).
+    first: Any = literal_column("0")
+    if window == "limit":
+        first = _S.next_seq - bindparam("limit", type_=Integer())
+    elif window == "start":
+        first = bindparam("start", type_=Integer())
+    if window != "all":
+        # Widened back to the user message that began the turn it falls in (none before: the very start): a
+        # request must not begin with an assistant's message (Bedrock, and Anthropic until lately, refuse it).
+        # The primary key's range read backwards from the window's start, to the first user message.
+        turn = (
+            select(func.max(_M.seq))
+            .where(_M.session_id == bindparam("sid"), _M.role == "user", _M.seq <= first)
+            .scalar_subquery()
+        )
+        first = case((first >= _S.next_seq, first), else_=func.coalesce(turn, 0))  # an empty window stays empty
+    window_start = select(first.label("lo")).where(_S.id == bindparam("sid"), owned).cte("window_start")
+    start: Any = select(window_start.c.lo).scalar_subquery()
+    if window != "all":
+        # Each result in the window needs the nearest call with its id before it (providers reuse ids). Computed
+        # once, in CTEs: the statement stays cheap to plan (each connection plans it a few times).
+        # The results in the window, ordered by seq in a subquery of their own for the reason given for the
+        # messages below: the tool-calls primary key (session_id, seq, call_id) then serves the seq range.
+        result, call = tool_calls_t.alias("result"), tool_calls_t.alias("call")
+        results = (
+            select(result.c.session_id, result.c.call_id, result.c.seq)
+            .where(result.c.session_id == bindparam("sid"), result.c.kind == "result", result.c.seq >= start)
+            .order_by(result.c.seq)
+            .subquery("results")
+        )
+        its_call = (
+            select(func.max(call.c.seq))
+            .where(call.c.session_id == results.c.session_id, call.c.call_id == results.c.call_id)
+            .where(call.c.kind == "call", call.c.seq <= results.c.seq)
+            .scalar_subquery()
+        )
+        calls = select(func.min(its_call).label("lo")).select_from(results).cte("calls")
+        lowest = case((calls.c.lo < window_start.c.lo, calls.c.lo), else_=window_start.c.lo)
+        start = select(lowest).select_from(window_start.join(calls, true())).scalar_subquery()
+    # Ordered by seq inside its own subquery, so the primary key (session_id, seq) is the only index that serves
+    # it without a sort. Otherwise, planned before the table has statistics (each connection keeps a generic plan
+    # made from its first runs), the message-id index ties with it on cost and can win: a window of 20 then
+    # reads the session's every message (the bench's 5,000-message window ran at 2 ms instead of 0.7).
+    messages = (
+        select(
+            *_branch(
+                MESSAGE, key=_M.message_id, other=_M.role, doc=_M.body, n1=_M.seq, author=_M.author_name, text=_M.text
+            )
+        )
+        .where(_M.session_id == bindparam("sid"), _M.seq >= start)
+        .order_by(_M.seq)
+        .subquery("messages")
+    )
+    branches.append(select(*messages.c))
+    union = union_all(*branches)
+    return union.order_by(union.selected_columns.kind, union.selected_columns.n1)
+
+
+def load_statement(
+    session_id: str, user_id: str | None, app_id: str, history_limit: int | None, start: int | None = None
+) -> tuple[Any, dict[str, Any]]:
+    """The statement and its parameters; ``start`` re-reads from a seq the window had to be widened to."""
+    window = "start" if start is not None else "all" if history_limit is None else "limit"
+    params: dict[str, Any] = {"sid": session_id, "app": app_id}
+    if user_id is not None:
+        params["uid"] = user_id
+    if window == "limit":
+        params["limit"] = history_limit
+    elif window == "start":
+        params["start"] = start
+    return _statement(user_id is not None, window), params

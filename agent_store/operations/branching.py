@@ -1,0 +1,102 @@
+"""Branching a conversation: fork a session into a new one, or truncate it back to an earlier message.
+
+Both cut only where no function call is separated from its result, refuse a seq outside the session, and
+give every copied state row a fresh stamp and the fork a fresh incarnation (a copy never looks unchanged).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import delete, func, literal, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from agent_store.db import codec
+from agent_store.db.database import Database
+from agent_store.db.statements import lock_user, new_stamp, not_found
+from agent_store.db.tables import messages_t, sessions_t, state_t, tool_calls_t
+from agent_store.errors import InvalidValueError
+from agent_store.operations.lifecycle import owned
+
+S = sessions_t.c
+
+
+def _check_seq(value: Any, what: str, last: int) -> None:
+    if type(value) is not int or value < 0:
+        raise InvalidValueError(f"{what} must be a non-negative int, not {value!r}")
+    if value > last:
+        raise InvalidValueError(f"{what} {value} is past the session's last message (seq {last})")
+
+
+async def _paired_cut(conn: AsyncConnection, session_id: str, cut: int) -> int:
+    """Lower ``cut`` until no function call at or before it has its result after it."""
+    call, result = tool_calls_t.alias("c"), tool_calls_t.alias("r")
+    while True:
+        split = (
+            await conn.execute(
+                select(func.min(call.c.seq))
+                .select_from(
+                    call.join(result, (result.c.session_id == call.c.session_id) & (result.c.call_id == call.c.call_id))
+                )
+                .where(call.c.session_id == session_id, call.c.kind == "call", call.c.seq <= cut)
+                .where(result.c.kind == "result", result.c.seq > cut)
+            )
+        ).scalar()
+        if split is None:
+            return cut
+        cut = int(split) - 1
+
+
+async def truncate(db: Database, session_id: str, user_id: str | None, after_seq: int) -> int:
+    """Drop messages after ``after_seq`` (lowered to keep tool calls with their results); returns how many."""
+    async with db.transaction(write=True, doing="truncating a session") as conn:
+        row = (await conn.execute(select(S.next_seq).where(*owned(session_id, user_id)).with_for_update())).first()
+        if row is None:
+            raise not_found(session_id, user_id)
+        _check_seq(after_seq, "after_seq", row.next_seq - 1)
+        cut = await _paired_cut(conn, session_id, after_seq)
+        M = messages_t.c
+        removed = (await conn.execute(delete(messages_t).where(M.session_id == session_id, M.seq > cut))).rowcount
+        await conn.execute(update(sessions_t).where(S.id == session_id).values(next_seq=cut + 1, version=S.version + 1))
+    return int(removed)
+
+
+async def fork(db: Database, session_id: str, user_id: str | None, at_seq: int | None, new_id: str) -> str:
+    """Copy a session's messages up to ``at_seq`` (kept paired) and its state into a new session of the same user."""
+    codec.check_id(new_id, "new_id", required=True)
+    now = datetime.now(UTC)
+    async with db.transaction(write=True, doing="forking a session") as conn:
+        if user_id is not None:
+            await lock_user(conn, user_id, exclusive=False)  # creates one of the user's sessions: see erase_user
+        source = (await conn.execute(select(sessions_t).where(*owned(session_id, user_id)))).first()
+        if source is None:
+            raise not_found(session_id, user_id)
+        last = source.next_seq - 1
+        if at_seq is not None:
+            _check_seq(at_seq, "at_seq", last)
+        cut = await _paired_cut(conn, session_id, last if at_seq is None else at_seq)
+        row = {c.name: getattr(source, c.name) for c in sessions_t.c}
+        row.update(id=new_id, incarnation=new_stamp(), version=0, next_seq=cut + 1, created_at=now, updated_at=now,
+                   last_run_at=None, closed_at=None, forked_from=session_id, forked_at_seq=cut)  # fmt: skip
+        row["metadata"] = codec.dumps(row["metadata"] or {}, where="metadata")
+        row["service_session_id"] = None  # a service-side thread cannot be branched from here
+        insert = (postgresql if conn.dialect.name == "postgresql" else sqlite).insert(sessions_t)
+        if not (await conn.execute(insert.on_conflict_do_nothing(), row)).rowcount:
+            raise InvalidValueError(f"new_id {new_id!r} is already in use; choose another id")
+        await _copy(conn, messages_t, session_id, new_id, messages_t.c.seq <= cut)
+        await _copy(conn, tool_calls_t, session_id, new_id, tool_calls_t.c.seq <= cut)
+        await _copy(conn, state_t, session_id, new_id, None, version=new_stamp())
+    return new_id
+
+
+async def _copy(conn: AsyncConnection, table: Any, source_id: str, new_id: str, condition: Any, **fixed: Any) -> None:
+    from sqlalchemy import insert
+
+    columns = [c for c in table.c if c.name != "session_id"]
+    values = [literal(fixed[c.name]) if c.name in fixed else c for c in columns]
+    query = select(literal(new_id), *values).where(table.c.session_id == source_id)
+    if condition is not None:
+        query = query.where(condition)
+    await conn.execute(insert(table).from_select(["session_id", *[c.name for c in columns]], query))

@@ -1,0 +1,250 @@
+"""Session lifecycle outside a run: list, inspect, update, close, clear, expire, erase, fork, truncate.
+
+Every function takes the owner (``user_id``) and touches only that owner's sessions: a session id under
+another user behaves exactly like an id that does not exist.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import ColumnElement, and_, delete, func, literal, or_, select, text, tuple_, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from agent_store.db import codec, message_rows
+from agent_store.db.database import Database
+from agent_store.db.scopes import owner_is
+from agent_store.db.statements import not_found
+from agent_store.db.tables import JsonText, checkpoints_t, messages_t, runs_t, sessions_t, state_t, user_state_t
+from agent_store.errors import InvalidValueError, SessionExpiredError
+from agent_store.models import MessageRecord, SessionInfo, SessionPage
+
+S = sessions_t.c
+_SCALARS = (str, int, float, bool)
+
+
+def owned(session_id: str, user_id: str | None) -> tuple[ColumnElement[bool], ...]:
+    codec.check_id(session_id, "session_id", required=True)
+    codec.check_id(user_id, "user_id")
+    return S.id == session_id, owner_is(S.user_id, user_id)
+
+
+def info(row: Any) -> SessionInfo:
+    return SessionInfo(
+        id=row.id,
+        user_id=row.user_id,
+        agent_id=row.agent_id,
+        title=row.title,
+        metadata=row.metadata or {},
+        message_count=row.next_seq,
+        version=row.version,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        last_run_at=row.last_run_at,
+        closed_at=row.closed_at,
+        expires_at=row.expires_at,
+        forked_from=row.forked_from,
+        forked_at_seq=row.forked_at_seq,
+    )
+
+
+_INFO_COLUMNS = (
+    S.id,
+    S.user_id,
+    S.agent_id,
+    S.title,
+    S["metadata"],
+    S.next_seq,
+    S.version,
+    S.created_at,
+    S.updated_at,
+    S.last_run_at,
+    S.closed_at,
+    S.expires_at,
+    S.forked_from,
+    S.forked_at_seq,
+)
+
+
+def _metadata_filter(conn: AsyncConnection, metadata: dict[str, Any]) -> list[ColumnElement[bool]]:
+    """Equality on top-level metadata keys (JSONB containment on PostgreSQL, json_extract on SQLite)."""
+    for key, value in metadata.items():
+        if type(value) is int and not -codec.INT64 <= value < codec.INT64:
+            raise InvalidValueError(f"metadata filter {key!r}: the number is out of range")
+        if type(value) not in _SCALARS or not isinstance(key, str) or '"' in key:
+            raise InvalidValueError(f"metadata filter {key!r}: filter on string keys with str/int/float/bool values")
+    if conn.dialect.name == "postgresql":
+        return [S["metadata"].op("@>")(literal(codec.dumps(metadata, where="metadata filter"), JsonText()))]
+    return [func.json_extract(S["metadata"], f'$."{key}"') == value for key, value in metadata.items()]
+
+
+def _encode_cursor(row: Any) -> str:
+    raw = json.dumps([row.updated_at.isoformat(), row.id]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> tuple[datetime, str]:
+    try:
+        updated_at, session_id = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        return datetime.fromisoformat(updated_at), str(session_id)
+    except (ValueError, TypeError) as exc:
+        raise InvalidValueError("cursor is not one this store handed out") from exc
+
+
+async def list_sessions(
+    db: Database,
+    *,
+    user_id: str | None,
+    all_users: bool,
+    agent_id: str | None,
+    metadata: dict[str, Any] | None,
+    limit: int,
+    cursor: str | None,
+    status: str | None = None,
+) -> SessionPage:
+    if status not in (None, "active", "closed", "expired"):
+        raise InvalidValueError(f'status must be "active", "closed", "expired" or None, not {status!r}')
+    if type(limit) is not int or not 1 <= limit <= 1000:
+        raise InvalidValueError(f"limit must be an int from 1 to 1000, not {limit!r}")
+    codec.check_id(user_id, "user_id")
+    codec.check_id(agent_id, "agent_id")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise InvalidValueError("metadata must be a dict of key/value pairs to match")
+    async with db.transaction(write=False, replica=True, doing="listing sessions") as conn:
+        query = select(*_INFO_COLUMNS)
+        if not all_users:
+            query = query.where(owner_is(S.user_id, user_id))
+        if agent_id is not None:
+            query = query.where(S.agent_id == agent_id)
+        if metadata:
+            query = query.where(*_metadata_filter(conn, metadata))
+        if status is not None:  # active: open and not expired; closed wins over expired
+            now = datetime.now(UTC)
+            unexpired = or_(S.expires_at.is_(None), S.expires_at > now)
+            query = query.where(
+                S.closed_at.isnot(None) if status == "closed"
+                else and_(S.closed_at.is_(None), S.expires_at <= now) if status == "expired"
+                else and_(S.closed_at.is_(None), unexpired)
+            )  # fmt: skip
+        if cursor is not None:  # keyset pagination: resume strictly after the last row of the previous page
+            query = query.where(tuple_(S.updated_at, S.id) < tuple_(*_decode_cursor(cursor)))
+        query = query.order_by(S.updated_at.desc(), S.id.desc()).limit(limit + 1)
+        rows = (await conn.execute(query)).all()
+    more = len(rows) > limit
+    return SessionPage(
+        items=[info(r) for r in rows[:limit]], next_cursor=_encode_cursor(rows[limit - 1]) if more else None
+    )
+
+
+async def get(db: Database, session_id: str, user_id: str | None) -> SessionInfo:
+    async with db.transaction(write=False, replica=True, doing="reading a session") as conn:
+        row = (await conn.execute(select(*_INFO_COLUMNS).where(*owned(session_id, user_id)))).first()
+    if row is None:
+        raise not_found(session_id, user_id)
+    return info(row)
+
+
+async def messages(
+    db: Database, session_id: str, user_id: str | None, after_seq: int, limit: int, *, sealed_ok: bool = False
+) -> list[MessageRecord]:
+    """A page of a transcript. ``sealed_ok`` (the browser): an encrypted message the store has no cipher for
+    comes back with an empty body marked ``"encrypted": true`` instead of raising."""
+    codec.check_int(after_seq, "after_seq", low=-1, high=codec.INT32)
+    codec.check_int(limit, "limit", low=1, high=10_001)
+    M = messages_t.c
+    async with db.transaction(write=False, replica=True, doing="reading messages") as conn:
+        if (await conn.execute(select(S.id).where(*owned(session_id, user_id)))).first() is None:
+            raise not_found(session_id, user_id)
+        query = select(messages_t).where(M.session_id == session_id, M.seq > after_seq).order_by(M.seq).limit(limit)
+        rows = (await conn.execute(query)).mappings().all()
+    cipher = db.settings.message_cipher
+    return [MessageRecord(**{**row, "body": _full(row, cipher, sealed_ok)}) for row in rows]
+
+
+def _full(row: Any, cipher: message_rows.MessageCipher | None, sealed_ok: bool = False) -> Any:
+    if sealed_ok and cipher is None and isinstance(row["body"], dict) and message_rows.ENCRYPTED in row["body"]:
+        return {"type": "message", "role": row["role"], "contents": [], "encrypted": True}
+    return message_rows.full_body(row["body"], cipher, message_id=row["message_id"], role=row["role"],
+                           author_name=row["author_name"], text=row["text"])  # fmt: skip
+
+
+async def _change(db: Database, doing: str, session_id: str, user_id: str | None, **values: Any) -> None:
+    async with db.transaction(write=True, doing=doing) as conn:
+        done = await conn.execute(update(sessions_t).where(*owned(session_id, user_id)).values(**values))
+    if not done.rowcount:
+        raise not_found(session_id, user_id)
+
+
+async def update_info(db: Database, session_id: str, user_id: str | None, changes: dict[str, Any]) -> None:
+    values: dict[str, Any] = {"updated_at": datetime.now(UTC)}
+    if "title" in changes:
+        if changes["title"] is not None and (not isinstance(changes["title"], str) or len(changes["title"]) > 512):
+            raise InvalidValueError("title must be a string of at most 512 characters, or None")
+        values["title"] = changes["title"]
+    if "metadata" in changes:
+        if not isinstance(changes["metadata"], dict):
+            raise InvalidValueError("metadata must be a dict")
+        values["metadata"] = codec.dumps(codec.encode_state(changes["metadata"], key="metadata"), where="metadata")
+    if "ttl" in changes:
+        # ttl=None drops the session's own TTL: from now on it follows the store's idle_ttl (none: it never
+        # expires), and its expiry is recomputed now, as a commit would; the old deadline does not linger.
+        values["ttl_seconds"] = seconds = codec.check_ttl(changes["ttl"], "ttl")
+        seconds = db.settings.idle_ttl_seconds if seconds is None else seconds
+        values["expires_at"] = values["updated_at"] + timedelta(seconds=seconds) if seconds else None
+    async with db.transaction(write=True, doing="updating a session") as conn:
+        row = (await conn.execute(select(S.closed_at, S.expires_at).where(*owned(session_id, user_id)))).first()
+        if row is None:
+            raise not_found(session_id, user_id)
+        if "ttl" in changes and row.closed_at is not None and row.expires_at is not None:
+            if row.expires_at <= values["updated_at"]:
+                # Closed and expired: purge closes a session it has begun to empty. A new TTL would leave it
+                # half gone for good; it stays expired, and the next purge finishes it.
+                raise SessionExpiredError(f"session {session_id!r} is closed and expired: its TTL can no longer change")
+        await conn.execute(update(sessions_t).where(*owned(session_id, user_id)).values(**values))
+
+
+async def close(db: Database, session_id: str, user_id: str | None) -> None:
+    await _change(db, "closing a session", session_id, user_id, closed_at=datetime.now(UTC))
+
+
+async def clear(db: Database, session_id: str, user_id: str | None) -> int:
+    """Delete the session's messages (its state stays); returns how many were deleted."""
+    async with db.transaction(write=True, doing="clearing a session") as conn:
+        if (
+            await conn.execute(
+                update(sessions_t).where(*owned(session_id, user_id)).values(next_seq=0, version=S.version + 1)
+            )
+        ).rowcount == 0:
+            raise not_found(session_id, user_id)
+        return int((await conn.execute(delete(messages_t).where(messages_t.c.session_id == session_id))).rowcount)
+
+
+async def delete_session(db: Database, session_id: str, user_id: str | None) -> bool:
+    async with db.transaction(write=True, doing="deleting a session") as conn:
+        done = await conn.execute(delete(sessions_t).where(*owned(session_id, user_id)))
+    return bool(done.rowcount)
+
+
+async def stats(db: Database, top: int = 5) -> dict[str, Any]:
+    """Row counts, the busiest sessions, and on-disk sizes where the backend reports them."""
+    async with db.transaction(write=False, replica=True, doing="reading statistics") as conn:
+        counts = {
+            t.name: (await conn.execute(select(func.count()).select_from(t))).scalar_one()
+            for t in (sessions_t, messages_t, state_t, user_state_t, runs_t, checkpoints_t)
+        }
+        busiest = (await conn.execute(select(S.id, S.user_id, S.next_seq).order_by(S.next_seq.desc()).limit(top))).all()
+        sizes: dict[str, int] = {}
+        if conn.dialect.name == "postgresql":
+            for name in counts:
+                sizes[name] = (await conn.execute(select(func.pg_total_relation_size(name)))).scalar_one()
+        else:
+            file_size = text("SELECT page_count * page_size FROM pragma_page_count(), pragma_page_size()")
+            sizes["database"] = (await conn.execute(file_size)).scalar_one()
+    return {
+        "rows": counts,
+        "busiest": [{"id": r.id, "user_id": r.user_id, "messages": r.next_seq} for r in busiest],
+        "bytes": sizes,
+    }

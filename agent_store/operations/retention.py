@@ -1,0 +1,205 @@
+"""Retention: purge expired sessions in batches, erase everything of one user.
+
+Both take locks in the one order commits use (the user's lock, then session rows), so neither deadlocks with
+a run committing at the same moment, and a racing commit lands wholly before the erasure or not at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import ColumnElement, Row, Table, delete, func, select, tuple_, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from agent_store import telemetry
+from agent_store.db import codec
+from agent_store.db.database import Database
+from agent_store.db.erasures import FENCE_KEPT, user_key
+from agent_store.db.statements import lock_user
+from agent_store.db.tables import (
+    checkpoint_workflows_t,
+    checkpoints_t,
+    erasures_t,
+    messages_t,
+    sessions_t,
+    state_t,
+    ui_snapshots_t,
+    user_state_t,
+)
+from agent_store.errors import InvalidValueError
+from agent_store.models import ErasureReport
+
+S, M, CP = sessions_t.c, messages_t.c, checkpoints_t.c
+BATCH_MESSAGES = 10_000  # messages one retention transaction deletes at most (see _within)
+ERASE_BATCH = 500  # sessions one erasure transaction deletes at most
+
+
+def _within(picked: Sequence[Row[Any, Any]], batch_messages: int) -> list[str]:
+    """The first sessions of ``picked`` (id, next_seq) whose messages fit ``batch_messages``; at least one.
+
+    ``next_seq`` counts every message a session ever had (truncated ones too): an upper bound, so a batch never
+    deletes more than the budget, except a single session larger than it, which is a batch of its own."""
+    ids: list[str] = []
+    messages = 0
+    for session_id, next_seq in picked:
+        if ids and messages + next_seq > batch_messages:
+            break
+        ids.append(session_id)
+        messages += next_seq
+    return ids
+
+
+async def _take(conn: AsyncConnection, picked: Sequence[Row[Any, Any]], batch_messages: int) -> tuple[list[str], int]:
+    """This batch: (sessions to delete whole, messages deleted from the start of a session too big for one).
+
+    A session with more than ``batch_messages`` messages left loses its oldest ``batch_messages`` per batch
+    (under its row lock, which the caller holds; it is closed first, so no run commits to it, or revives it,
+    meanwhile) until the rest fits a batch, then goes whole: no transaction deletes more than the budget."""
+    ids = _within(picked, batch_messages)
+    if len(ids) == 1 and picked[0].next_seq > batch_messages:
+        low = (await conn.execute(select(func.min(M.seq)).where(M.session_id == ids[0]))).scalar_one()
+        if low is not None and picked[0].next_seq - low > batch_messages:
+            closed = {"closed_at": func.coalesce(S.closed_at, datetime.now(UTC))}
+            await conn.execute(update(sessions_t).where(S.id == ids[0]).values(closed))
+            oldest = delete(messages_t).where(M.session_id == ids[0], M.seq < low + batch_messages)
+            return [], (await conn.execute(oldest)).rowcount
+    return ids, 0
+
+
+async def purge_expired(
+    db: Database, batch_size: int, batch_messages: int, progress: Callable[[int], None] | None
+) -> int:
+    """Delete expired sessions in short transactions of at most ``batch_size`` sessions and ``batch_messages``
+    messages; returns how many were deleted."""
+    codec.check_int(batch_size, "batch_size", low=1, high=10_001)
+    codec.check_int(batch_messages, "batch_messages", low=1, high=10_000_001)
+    total, first = 0, True
+    with telemetry.operation("purge") as span:
+        while True:
+            async with db.transaction(write=True, doing="purging expired sessions") as conn:
+                # SKIP LOCKED (PostgreSQL): a session a live run is committing to is left for the next purge.
+                picked = await conn.execute(
+                    select(S.id, S.next_seq)
+                    .where(S.expires_at <= datetime.now(UTC))
+                    .order_by(S.expires_at, S.id)
+                    .limit(batch_size)
+                    .with_for_update(skip_locked=True)
+                )
+                # A session too big for one batch is closed before its oldest messages go: a run that loaded it
+                # before it expired cannot commit into it (and revive it) between two batches, its start gone.
+                ids, trimmed = await _take(conn, picked.all(), batch_messages)
+                if ids:  # messages, state, runs and tool calls cascade
+                    await conn.execute(delete(sessions_t).where(S.id.in_(ids)))
+                if first:  # erasure fences older than any run can be in flight
+                    old = datetime.now(UTC) - FENCE_KEPT
+                    await conn.execute(delete(erasures_t).where(erasures_t.c.erased_at < old))
+            first = False
+            if not ids and not trimmed:
+                break
+            total += len(ids)
+            if progress is not None:
+                progress(len(ids))
+        span.set_attribute("sessions", total)
+    telemetry.sessions_purged.add(total)
+    return total
+
+
+async def count_expired(db: Database) -> int:
+    async with db.transaction(write=False, replica=True, doing="counting expired sessions") as conn:
+        return int((await conn.execute(select(func.count()).where(S.expires_at <= datetime.now(UTC)))).scalar_one())
+
+
+async def erase_user(
+    db: Database, user_id: str, batch_messages: int, progress: Callable[[int], None] | None
+) -> ErasureReport:
+    """Delete every session, message, state row, user-scoped key, workflow checkpoint and AG-UI snapshot (scope
+    = the user id) of ``user_id``.
+
+    Sessions go in short transactions of at most ``ERASE_BATCH`` sessions and ``batch_messages`` messages, so no
+    lock is held for long (a bigger session is closed and emptied oldest-first, see ``_take``); the last
+    transaction finds no session left and deletes the user's own rows and
+    leaves the fence. Every transaction takes the user's lock first (commits that create a session of the user
+    or write its ``user:`` keys take it first too), then the session rows: a commit in flight on one of them
+    lands wholly before its batch (and is erased) or finds the session gone. Sessions created while the erasure
+    runs are erased by a later batch; after the last one, the fence refuses runs that loaded before it. An
+    interrupted erasure leaves whole sessions (and at most one closed session missing its oldest messages): run
+    it again to finish.
+    """
+    codec.check_id(user_id, "user_id", required=True)
+    codec.check_int(batch_messages, "batch_messages", low=1, high=10_000_001)
+    n = dict.fromkeys(("sessions", "messages", "state_rows", "batches"), 0)
+    with telemetry.operation("erase_user"):
+        while True:
+            async with db.transaction(write=True, doing="erasing a user") as conn:
+                await lock_user(conn, user_id, exclusive=True)
+                picked = await conn.execute(
+                    select(S.id, S.next_seq)
+                    .where(S.user_id == user_id)
+                    .order_by(S.id)
+                    .limit(ERASE_BATCH)
+                    .with_for_update()
+                )
+                ids, trimmed = await _take(conn, picked.all(), batch_messages)
+                if ids:
+                    # The batch is the user's sessions up to the last id picked (the user's lock keeps others
+                    # from creating one meanwhile): a range of the user's index, not a list of ids.
+                    batch = (S.user_id == user_id) & (S.id <= ids[-1])
+                    n["messages"] += await _count(conn, messages_t, batch)
+                    n["state_rows"] += await _count(conn, state_t, batch)
+                    await conn.execute(delete(sessions_t).where(batch))  # messages, state, runs cascade
+                elif not trimmed:
+                    user_rows, checkpoints = await _erase_user_rows(conn, user_id)
+            n["batches"] += 1
+            n["messages"] += trimmed
+            if not ids and not trimmed:
+                return ErasureReport(user_id=user_id, user_state_rows=user_rows, checkpoints=checkpoints, **n)
+            n["sessions"] += len(ids)
+            if progress is not None:
+                progress(len(ids))
+
+
+async def _count(conn: AsyncConnection, table: Table, sessions: ColumnElement[bool]) -> int:
+    """Rows of ``table`` in these sessions, counted session by session (an index range each, as the cascade
+    deletes them): one count over hundreds of sessions may be planned as a scan of the whole table."""
+    per_session = select(func.count()).where(table.c.session_id == S.id).scalar_subquery()
+    found = await conn.execute(select(func.coalesce(func.sum(per_session), 0)).where(sessions))
+    return int(found.scalar_one())
+
+
+async def _erase_user_rows(conn: AsyncConnection, user_id: str) -> tuple[int, int]:
+    """The user's rows outside sessions, and the fence (the erasure's last transaction): (user: keys, checkpoints)."""
+    user_rows = (await conn.execute(delete(user_state_t).where(user_state_t.c.user_id == user_id))).rowcount
+    checkpoints = (await conn.execute(delete(checkpoints_t).where(checkpoints_t.c.user_id == user_id))).rowcount
+    await conn.execute(delete(checkpoint_workflows_t).where(checkpoint_workflows_t.c.user_id == user_id))
+    await conn.execute(delete(ui_snapshots_t).where(ui_snapshots_t.c.scope == user_id))  # AG-UI: scope = user
+    # A fence for runs still in flight: they loaded before now and may not write for this user after it.
+    fence = {"user_key": user_key(user_id), "erased_at": datetime.now(UTC)}
+    upsert = (postgresql if conn.dialect.name == "postgresql" else sqlite).insert(erasures_t)
+    await conn.execute(upsert.on_conflict_do_update(index_elements=["user_key"], set_=fence), fence)
+    return user_rows, checkpoints
+
+
+async def purge_checkpoints(db: Database, older_than: timedelta, *, keep_latest: bool, batch_size: int) -> int:
+    """Delete checkpoints saved more than ``older_than`` ago, ``batch_size`` per short transaction; with
+    ``keep_latest`` each workflow's latest checkpoint stays whatever its age (a paused workflow can resume)."""
+    codec.check_int(batch_size, "batch_size", low=1, high=100_001)
+    if not isinstance(older_than, timedelta) or older_than < timedelta(0):
+        raise InvalidValueError(f"older_than must be a non-negative timedelta, not {older_than!r}")
+    cutoff, total = datetime.now(UTC) - older_than, 0
+    later = checkpoints_t.alias("later")
+    newest = select(func.max(later.c.seq)).where(
+        later.c.user_id == CP.user_id, later.c.workflow_name == CP.workflow_name
+    )  # the unique (user_id, workflow_name, seq) index answers it
+    old = select(CP.user_id, CP.checkpoint_id).where(CP.saved_at < cutoff).order_by(CP.saved_at).limit(batch_size)
+    if keep_latest:
+        old = old.where(CP.seq < newest.scalar_subquery())
+    batch = delete(checkpoints_t).where(tuple_(CP.user_id, CP.checkpoint_id).in_(old))
+    while True:
+        async with db.transaction(write=True, doing="purging workflow checkpoints") as conn:
+            deleted = (await conn.execute(batch)).rowcount
+        total += deleted
+        if deleted < batch_size:
+            return total

@@ -1,0 +1,112 @@
+"""A run's commit as one checked transaction: every lock, every check, every error named (commit.py's fallback).
+
+The common case goes in one call per backend (commit_postgresql.py, commit_sqlite.py); anything else comes here
+in a transaction that commit.py opens: a retry, a serialized run, an idempotency key, a session the run did not
+load, or whatever the one call refused. Locks in one order, always: the user's, then the session row (and the
+app scope's); a commit's every check runs after the lock it depends on.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from agent_framework import Message
+from sqlalchemy.engine import Row
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from agent_store.db import codec, erasures, message_rows, runlog
+from agent_store.db import statements as sql
+from agent_store.db.scopes import APP_PREFIX, USER_PREFIX, scope_of
+from agent_store.db.stored_twice import StoredTwice
+from agent_store.errors import ConflictError
+from agent_store.run import replays
+from agent_store.run.one_call import OneCall
+
+__all__ = ["Landed", "write"]
+
+
+class Landed(Exception):
+    """Raised inside a retried commit that finds its first attempt committed: roll back, report that one."""
+
+    def __init__(self, row: Row[Any], incarnation: int) -> None:
+        self.row, self.incarnation = row, incarnation
+
+
+async def write(
+    db: AsyncConnection, call: OneCall, *, check_landed: bool, maybe_landed: bool, history: list[Message] | None
+) -> tuple[int, Any, bool]:
+    """Write ``call.delta`` in the transaction ``db``: (incarnation, (version, messages, keys), maybe_landed).
+
+    ``maybe_landed``: an earlier attempt of this delta may have committed (it comes back False once the log
+    shows it did not); ``history``: for a provider's save, the messages whose replays are skipped.
+    Raises :class:`Landed` when an earlier attempt did commit: roll back and report that one.
+    """
+    delta, sid, now, snap, settings = call.delta, call.session_id, datetime.now(UTC), call.snapshot, call.db.settings
+    writes_user_keys = any(k.startswith(USER_PREFIX) for k in delta.changed_keys)
+    if call.user_id is not None and (writes_user_keys or not snap.exists):
+        await sql.lock_user(db, call.user_id, exclusive=writes_user_keys)  # before the row lock, always
+        if await erasures.erased_since(db, call.user_id, call.since):
+            raise sql.not_found(sid, call.user_id)  # the user was erased after this run loaded
+    if not snap.exists and maybe_landed:
+        # A first commit whose outcome is unknown created the session or joined one another run created
+        # first: its run id is in the log of the session there now, looked up under the row's lock. Not
+        # there: that attempt did not land in this session, and the run commits as a first run does.
+        if (there := await sql.lock_session(db, sid)) is not None:
+            if (landed := await runlog.run_recorded(db, sid, delta.run_id)) is not None:
+                raise Landed(landed, there)
+            maybe_landed = False
+    # A retry of a run that found no session, whose first COMMIT may have landed, and no session is there: it
+    # never re-creates one (it may have been deleted or erased since), bound to the incarnation it drew.
+    bound = snap.incarnation if snap.exists else delta.incarnation if maybe_landed else None
+    if not snap.exists and not maybe_landed:
+        row = {"id": sid, "user_id": call.user_id, "agent_id": call.agent_id, "incarnation": delta.incarnation,
+               "version": 0, "next_seq": 0, "created_at": now, "updated_at": now}  # fmt: skip
+        await sql.create_session(db, row)
+    ttl = settings.idle_ttl_seconds
+    incarnation, version, next_seq = await sql.bump_session(
+        db, session_id=sid, user_id=call.user_id, agent_id=call.agent_id,
+        incarnation=bound, n_messages=len(delta.messages), now=now,
+        default_expires=now + timedelta(seconds=ttl) if ttl else None,
+        move_service_session_id=delta.service_session_id_changed,
+        service_session_id=codec.service_session_json(delta.service_session_id),
+        loaded_service_session_id=codec.service_session_json(snap.service_session_id),
+        retrying_creation=not snap.exists and maybe_landed,
+    )  # fmt: skip
+    if check_landed and (landed := await runlog.run_recorded(db, sid, delta.run_id)) is not None:
+        raise Landed(landed, incarnation)  # under the row lock: an attempt still in flight has finished by now
+    for scope in call.scopes:
+        keys = [k for k in delta.changed_keys if scope_of(k, call.scopes) is scope]
+        if not keys:
+            continue
+        if scope.prefix == APP_PREFIX:
+            await sql.lock_app_scope(db, scope.owner)
+        # Every write of a session's own keys bumps its version in this incarnation: if ours is the only
+        # bump since the load, nobody else wrote them, and the stamp check is skipped.
+        if scope.prefix or not snap.exists or snap.verify_new_ids or version != snap.version + 1:
+            stored = await sql.stored_stamps(db, scope, [scope.stored_key(k) for k in keys])
+            if lost := sorted(k for k in keys if stored.get(k) != snap.state_stamp.get(k)):
+                raise ConflictError(sid, lost)
+        upserts = {k: v for k, v in delta.upserts.items() if k in keys}
+        await sql.write_state(db, scope, upserts, [k for k in delta.deletes if k in keys], delta.stamp, now)
+    records, first_seq = delta.messages, next_seq - len(delta.messages)
+    if records and snap.verify_new_ids:
+        # Skip any message this run carries that is stored already (a retried save of a session it did not load),
+        # and for a provider's save, what replays the stored tail (replays.py); their seqs are given back.
+        keep = records
+        if stored_ids := await sql.already_stored(db, sid, [r.message_id for r in records]):
+            keep = [r for r in records if r.message_id not in stored_ids]
+        if keep and history is not None:
+            by_id = {message_rows.store_id(m): m for m in history}
+            keep = await replays.not_replayed(db, sid, keep, by_id, first_seq, settings.message_cipher)
+        if len(keep) != len(records):
+            await sql.give_back_seq(db, sid, len(records) - len(keep))
+            records = keep
+    try:
+        await sql.insert_messages(db, sid, records, first_seq, delta.run_id, now)
+    except IntegrityError as exc:  # (session_id, message_id) is unique: an old message added to the history
+        raise StoredTwice(sid, [r.message_id for r in records]) from exc
+    log = runlog.run_log_row(call.log_ids, version, records, len(delta.changed_keys), delta.usage, "committed")
+    await runlog.record_run(db, log)
+    return incarnation, (version, len(records), len(delta.changed_keys)), maybe_landed

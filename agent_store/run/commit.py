@@ -1,0 +1,299 @@
+"""One run of an agent on a stored session: the whole data flow of agent_store is in this file.
+
+    run = await store.load("chat-42", user_id="u1")   # 1. one read: session row, state rows, messages
+    await agent.run("...", session=run.session)       # 2. the model thinks; no connection is held
+    await run.commit()                                # 3. one write transaction with only the delta
+
+``store.session(...)`` is these three steps as an ``async with`` block. Step 1 is load.py, step 3 is here: its
+common case in one call per backend (commit_postgresql.py: one round trip; commit_sqlite.py: one hop), fed a
+OneCall (one_call.py); the SQL is in db/statements.py, the pure diff in delta.py, connections in db/database.py.
+
+Concurrency is settled by the database, not by locks in this process:
+- the commit's ordering statement updates the session row (``version + 1``, ``next_seq + n``) only if it is
+  still the incarnation this run loaded, this user's and agent's, and open; that row lock orders concurrent
+  commits, so ``seq`` is gap-free and in commit order;
+- each state row carries the random stamp of the commit that wrote it; a key this run changed whose stored
+  stamp is no longer the one it loaded was changed by someone else: :class:`ConflictError`, nothing written;
+- a commit's delta is frozen at its first attempt, and the run id (or the caller's idempotency key) is looked
+  up under the row lock, so a retry after a lost reply writes exactly the first attempt's delta, or nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from agent_framework import AgentSession, InMemoryHistoryProvider, Message
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from agent_store import telemetry
+from agent_store.db import codec, runlog
+from agent_store.db.database import Database
+from agent_store.db.scopes import scopes
+from agent_store.db.stored_twice import StoredTwice, named
+from agent_store.errors import (
+    AgentStoreError,
+    ConflictError,
+    DatabaseError,
+    InvalidValueError,
+    SessionClosedError,
+    SessionNotFoundError,
+    StorageUnavailableError,
+)
+from agent_store.models import CommitResult
+from agent_store.run import checked_commit, commit_postgresql, commit_sqlite
+from agent_store.run.delta import Delta, IdentifiedHistory, Snapshot, assign_id, diff
+from agent_store.run.one_call import OneCall
+from agent_store.run.read_times import UNKNOWN
+from agent_store.run.stored_session import StoredSession, run_of
+
+__all__ = ["ERASURE_MARGIN", "HISTORY_KEY", "KEY_MAX", "Run", "StoredSession", "run_of"]
+
+# Where a plain Agent's auto-added InMemoryHistoryProvider keeps its messages: state["in_memory"]["messages"].
+HISTORY_KEY = InMemoryHistoryProvider.DEFAULT_SOURCE_ID
+# Clock skew allowed between the app servers that load runs and the one that erases a user.
+ERASURE_MARGIN = timedelta(seconds=1)
+KEY_MAX = 240  # a caller's idempotency key; later commits of the same run append "#2", "#3", ...
+logger = logging.getLogger("agent_store")
+
+
+class Run:
+    """A loaded session, and what is needed to commit what the agent changed in it."""
+
+    def __init__(
+        self, db: Database, session: AgentSession, snapshot: Snapshot, *, user_id: str | None,
+        agent_id: str | None, run_id: str | None = None,
+    ) -> None:  # fmt: skip
+        self.db, self.session, self.user_id, self.agent_id = db, session, user_id, agent_id
+        self._snapshot = snapshot
+        self._scopes = scopes(session.session_id, user_id, db.settings.app_id)
+        self._key, self._commits = run_id, 0
+        self._pending: Delta | None = None  # sent, outcome unknown: the next commit() retries exactly this
+        self._maybe_landed = False  # COMMIT of the pending delta was sent: it may have landed
+        self._started_at = datetime.now(UTC)
+        # When what this run holds was read from the store: erasures from then on refuse its commit. None: not
+        # known (a session the store did not hand out), so any erasure of the user still on record refuses it.
+        self._read_at: datetime | None = self._started_at
+        self.usage: dict[str, int] = {}  # token usage reported by the agent's responses (see add_usage)
+        self._held: AsyncConnection | None = None  # serialized mode: the transaction that holds the lock
+        self.skip_replays = False  # a history provider's save: what replays the stored tail is not stored again
+        if isinstance(session, StoredSession):
+            session._run = self  # a cycle the garbage collector frees with the session
+
+    @classmethod
+    def unloaded(
+        cls, db: Database, session: AgentSession, *, user_id: str | None, read_at: datetime | None,
+        agent_id: str | None = None,
+    ) -> Run:  # fmt: skip
+        """A run for a session the store did not load: every message and key it holds is news to commit.
+
+        Messages already stored (by id) are skipped, and keys that exist already are conflicts. ``read_at``:
+        when its contents were read from the store (a provider's load before the model call); None if not known,
+        and then an erasure of the user still on record (``erasures.FENCE_KEPT``) refuses it.
+        """
+        codec.check_id(session.session_id, "session_id", required=True)
+        run = cls(db, session, Snapshot(verify_new_ids=True), user_id=user_id, agent_id=agent_id)
+        run._read_at = read_at
+        return run
+
+    def _fence_since(self) -> datetime:
+        """Erasures of the user at or after this moment refuse the commit: they came after this run read."""
+        return UNKNOWN if self._read_at is None else self._read_at - ERASURE_MARGIN
+
+    @property
+    def exists(self) -> bool:
+        """Whether the session was in the database when loaded (or has been committed since)."""
+        return self._snapshot.exists
+
+    @property
+    def history(self) -> list[Message]:
+        """The run's message list (what a plain Agent's in-memory provider reads and appends to)."""
+        slot = self.session.state.setdefault(HISTORY_KEY, IdentifiedHistory())
+        messages: list[Message] = slot.setdefault("messages", [])
+        return messages
+
+    def add_messages(self, messages: Iterable[Message]) -> None:
+        """Append messages to the run's history (for history providers); the same object is never added twice."""
+        history = self.history
+        present = {id(m) for m in history}
+        for message in messages:
+            if id(message) not in present:
+                assign_id(message)
+                history.append(message)
+                present.add(id(message))
+
+    async def discard(self) -> None:
+        """Give up the run without writing (releases a serialized run's lock). Never raises: nothing to undo."""
+        held, self._held = self._held, None
+        if held is not None:
+            await self.db.release(held, commit=False)
+
+    def add_usage(self, usage: Mapping[str, Any] | None) -> None:
+        """Add a response's token usage to the run log (the store's context providers call this)."""
+        for key in ("input_token_count", "output_token_count"):
+            if usage and isinstance(usage.get(key), int):
+                self.usage[key] = self.usage.get(key, 0) + usage[key]
+
+    def _next_run_id(self) -> str:
+        if self._key is None:
+            return uuid.uuid4().hex
+        return self._key if self._commits == 0 else f"{self._key}#{self._commits + 1}"
+
+    async def commit(self) -> CommitResult:
+        """Write the run's new messages and changed state keys in one transaction.
+
+        Safe to call again after a :class:`StorageUnavailableError`: the retry writes exactly what the first
+        attempt tried to (changes made since go into the next commit), or nothing if that attempt did commit.
+        After a successful commit the run can go on and commit again; each commit writes only what is new.
+
+        Raises:
+            InvalidValueError: a state value or message cannot be stored (checked before any SQL).
+            ConflictError: another run changed one of the same state keys, or the session was deleted and
+                created again, since this run loaded.
+            SessionNotFoundError / SessionClosedError: the session was deleted / closed meanwhile.
+            StorageUnavailableError: the database failed; the session in memory is intact, retry.
+        """
+        retry = self._pending is not None
+        self._maybe_landed = retry and self._maybe_landed
+        try:
+            delta = self._pending or self._delta()
+        except BaseException:
+            await self.discard()
+            raise
+        snap = self._snapshot
+        if delta.empty and snap.exists and not retry:
+            await self.discard()
+            return CommitResult(session_id=self.session.session_id, run_id=delta.run_id, version=snap.version)
+        if delta.service_session_id_changed and not delta.messages and not retry:
+            logger.warning(
+                "session %r: the service-side conversation moved on and no message was stored here; give the agent "
+                "agent_store.agent_framework.StoreHistoryProvider to keep a local transcript", self.session.session_id
+            )  # fmt: skip
+        self._pending = delta
+        one_call = commit_postgresql if self.db.dialect == "postgresql" else commit_sqlite
+        # The common case: a first attempt, outside a serialized run, no key to look up, a session it loaded.
+        fast = one_call.AVAILABLE and not retry and self._held is None and self._key is None
+        fast = fast and not snap.verify_new_ids
+        held, self._held = self._held, None  # a serialized run's lock ends with this commit, either way
+        with telemetry.operation("commit", session_id=self.session.session_id) as span:
+            written, attempts = None, 1 if held is not None else 2  # a dead pooled connection: once more
+            if fast:  # the common case: one round trip (SQLite: one hop), or nothing written and the checked path
+                try:
+                    written, lost = await one_call.attempt(self._one_call(delta))
+                except InvalidValueError:
+                    self._pending = None  # refused while building the call: nothing was sent
+                    raise
+                except (StorageUnavailableError, DatabaseError) as exc:
+                    self._unless_refused(exc, landed_before=False)
+                    raise
+                attempts, retry = (0 if written else 1 if lost else 2), retry or lost
+                if not written and not lost:  # refused, or never sent: certainly not landed
+                    self._maybe_landed = False
+                if lost:
+                    self._trying_once_more()
+            incarnation = (snap.incarnation or 0) if snap.exists else delta.incarnation  # a one-call creation's
+            for attempt in range(attempts):
+                last_try, landed_before = attempt == attempts - 1, self._maybe_landed
+                try:
+                    async with self.db.transaction(
+                        write=True, doing="committing a run", held=held, finish=True, committing=self._sent
+                    ) as db:
+                        history = self.history if self.skip_replays else None
+                        incarnation, written, self._maybe_landed = await checked_commit.write(
+                            db, self._one_call(delta), check_landed=retry or self._key is not None,
+                            maybe_landed=self._maybe_landed, history=history,
+                        )  # fmt: skip
+                    break
+                except checked_commit.Landed as landed:
+                    return self._committed(delta, landed.incarnation, landed.row)
+                except (ConflictError, SessionNotFoundError, SessionClosedError, InvalidValueError) as exc:
+                    self._pending = None  # refused before COMMIT: certainly not written
+                    if isinstance(exc, ConflictError):
+                        telemetry.conflicts.add(1)
+                        await self._log_conflict()
+                    if isinstance(exc, StoredTwice):
+                        raise await named(self.db, self.session.session_id, exc) from exc.__cause__
+                    raise
+                except (StorageUnavailableError, DatabaseError) as exc:
+                    self._unless_refused(exc, landed_before=landed_before)
+                    if last_try or not isinstance(exc, StorageUnavailableError) or not exc.connection_lost:
+                        raise
+                    self._trying_once_more()
+                    retry = True
+            result = self._committed(delta, incarnation, written)
+            span.set_attributes({"messages": result.messages_written, "state_keys": result.state_keys_written})
+            telemetry.messages_written.add(result.messages_written)
+            telemetry.state_keys_written.add(result.state_keys_written)
+            return result
+
+    def _one_call(self, delta: Delta) -> OneCall:
+        return OneCall(
+            db=self.db, session_id=self.session.session_id, user_id=self.user_id, agent_id=self.agent_id,
+            scopes=self._scopes, snapshot=self._snapshot, delta=delta, log_ids=self._log_ids(delta.run_id),
+            since=self._fence_since(), sent=self._sent,
+        )  # fmt: skip
+
+    def _trying_once_more(self) -> None:
+        # A pooled connection was dead (no pre-ping): once more on a fresh one, as a retry, so an attempt whose
+        # COMMIT did land is recognised by its run id and nothing is written twice.
+        logger.info("session %r: the commit met a dropped connection; trying once more", self.session.session_id)
+
+    def _sent(self) -> None:
+        self._maybe_landed = True
+
+    def _unless_refused(self, exc: AgentStoreError, *, landed_before: bool) -> None:
+        """The database answered this attempt with a refusal (a lock timeout, a deadlock, SQLite's lock, any
+        error of its own): the attempt certainly did not land, whatever was sent, so a retry of a first commit
+        creates the session instead of looking for one this attempt never made. Only a lost connection (or a
+        cancellation) leaves the outcome unknown."""
+        if isinstance(exc, DatabaseError) or (isinstance(exc, StorageUnavailableError) and exc.refused):
+            self._maybe_landed = landed_before
+
+    async def _log_conflict(self) -> None:
+        """Record the refused run in the run log (its own transaction), so operators can see conflicts."""
+        if not self._snapshot.exists:
+            return
+        row = runlog.run_log_row(self._log_ids(uuid.uuid4().hex), self._snapshot.version, [], 0, self.usage, "conflict")
+        try:
+            async with self.db.transaction(write=True, doing="logging a conflict") as db:
+                await runlog.record_run(db, row)
+        except AgentStoreError:  # the conflict itself is what the caller must see
+            logger.warning("could not log the conflict of run %s", row["run_id"], exc_info=True)
+
+    def _log_ids(self, run_id: str) -> dict[str, Any]:
+        return {"session_id": self.session.session_id, "run_id": run_id, "started_at": self._started_at}
+
+    def _delta(self) -> Delta:
+        settings = self.db.settings
+        return diff(
+            self._snapshot, self.session.state, self.history, self._scopes,
+            max_bytes=settings.max_value_bytes, cipher=settings.message_cipher, run_id=self._next_run_id(),
+            history_key=HISTORY_KEY, service_session_id=self.session.service_session_id, usage=dict(self.usage),
+        )  # fmt: skip
+
+    def _committed(self, delta: Delta, incarnation: int, written: Any) -> CommitResult:
+        """Make the snapshot describe the database as this run left it, so a later commit writes only news."""
+        version, messages, keys = written
+        snap = self._snapshot
+        if not snap.exists and int(version) != 1:
+            # It joined a session another run created meanwhile, whose keys this run never read: its later
+            # commits check every key's stamp (a blind write over one is a conflict) and skip the one-call path.
+            snap.verify_new_ids = True
+        snap.exists, snap.incarnation, snap.version = True, incarnation, int(version)
+        snap.service_session_id = delta.service_session_id
+        for key in delta.deletes:
+            snap.state_text.pop(key, None)
+            snap.state_stamp.pop(key, None)
+        for key, text in delta.upserts.items():
+            snap.state_text[key], snap.state_stamp[key] = text, delta.stamp
+        snap.message_ids.update(r.message_id for r in delta.messages)
+        self._pending, self._commits = None, self._commits + 1
+        for key, value in delta.usage.items():  # what was logged is not logged again
+            self.usage[key] = self.usage.get(key, 0) - value
+        return CommitResult(
+            session_id=self.session.session_id, run_id=delta.run_id, version=int(version),
+            messages_written=int(messages), state_keys_written=int(keys),
+        )  # fmt: skip

@@ -1,0 +1,150 @@
+"""Step 1 of a run: read one session (row, state of every scope, pair-safe history) and rebuild its AgentSession.
+
+One statement (load_statement.py), which is a consistent snapshot by itself; the connection goes back to the
+pool before the agent runs. What is loaded becomes the run's Snapshot, which the commit (commit.py) diffs against.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from agent_framework import Message
+from sqlalchemy.engine import Row
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from agent_store import telemetry
+from agent_store.db import codec, message_rows
+from agent_store.db import statements as sql
+from agent_store.db.database import Database
+from agent_store.db.load_statement import MESSAGE, SESSION, STATE, load_statement
+from agent_store.errors import InvalidValueError, SessionClosedError, SessionExpiredError
+from agent_store.run.commit import HISTORY_KEY, KEY_MAX, Run, StoredSession
+from agent_store.run.delta import IdentifiedHistory, Snapshot, close_tool_pairs, pair_safe_tail
+
+SEQ_MAX = 2**31 - 1  # seq is a 32-bit integer column
+MAX_REMEASURES = 3  # commits between a window's reads before it is read whole instead
+
+
+async def load(
+    db: Database, session_id: str, *, user_id: str | None, agent_id: str | None, history_limit: int | None,
+    if_expired: str = "error", serialized: bool = False, run_id: str | None = None,
+    answered: frozenset[str] = frozenset(),
+) -> Run:  # fmt: skip
+    """Read one session in one statement (its own snapshot) and rebuild its ``AgentSession``.
+
+    An expired session raises :class:`SessionExpiredError`, or with ``if_expired="restart"`` is deleted and
+    replaced by a fresh one; a closed session raises :class:`SessionClosedError`. A ``serialized`` run holds its
+    session's lock (PostgreSQL advisory lock; SQLite write lock) and a connection from load to commit, so
+    concurrent serialized runs on a session queue instead of conflicting. ``answered``: call ids whose results
+    are in the request about to be made (a tool loop in progress), so their calls are not closed as interrupted.
+    """
+    codec.check_id(session_id, "session_id", required=True)
+    codec.check_id(user_id, "user_id")
+    codec.check_id(agent_id, "agent_id")
+    codec.check_id(run_id, "run_id")
+    if run_id is not None and len(run_id) > KEY_MAX:
+        raise InvalidValueError(f"run_id must be at most {KEY_MAX} characters")
+    if history_limit is not None and (type(history_limit) is not int or history_limit < 0):
+        raise InvalidValueError(f"history_limit must be a non-negative int or None, not {history_limit!r}")
+    if history_limit is not None and history_limit >= SEQ_MAX:  # more than a session can hold: all of it
+        history_limit = None
+    if if_expired not in ("error", "restart"):
+        raise InvalidValueError(f'if_expired must be "error" or "restart", not {if_expired!r}')
+    read_at = datetime.now(UTC)  # before the read: an erasure from then on fences the run (not after decoding)
+    with telemetry.operation("load", session_id=session_id):
+        held = await db.hold(session_id) if serialized else None
+        try:
+            try:
+                run = await _read(db, session_id, user_id, agent_id, history_limit, held, answered)
+            except SessionExpiredError:
+                if if_expired == "error":
+                    raise
+                async with db.transaction(write=True, doing="restarting an expired session", held=held) as conn:
+                    await sql.delete_if_expired(conn, session_id, user_id, datetime.now(UTC))
+                run = await _read(db, session_id, user_id, agent_id, history_limit, held, answered)
+        except BaseException:
+            if held is not None:
+                await db.release(held, commit=False)  # a rollback's failure is logged there, never raised
+            raise
+    run._held, run._key, run._read_at = held, run_id, read_at
+    return run
+
+
+async def _read(
+    db: Database, session_id: str, user_id: str | None, agent_id: str | None, history_limit: int | None,
+    held: AsyncConnection | None, answered: frozenset[str],
+) -> Run:  # fmt: skip
+    cipher = db.settings.message_cipher
+    start: int | None = None
+    window = history_limit  # what the statement applies (None: the whole history, windowed below instead)
+    basis: tuple[int, int] | None = None
+    restarts = 0
+    while True:  # once, unless the window must be widened past a second call (then re-read from there)
+        statement, params = load_statement(session_id, user_id, db.settings.app_id, window, start)
+        rows = await db.one_statement(statement, params, doing="loading a session", held=held)
+        row = rows[0] if rows and rows[0].kind == SESSION else None
+        found = [r for r in rows if r.kind == MESSAGE]
+        if row is None or window is None:
+            break
+        if start is not None and (row.n1, row.n2) != basis:
+            # A commit (a truncate, say) came in between the reads: the seq the re-read started from belongs to
+            # the history before it. The window is measured again on the history as it is now; after a few
+            # such commits in a row, in one read of the whole history (one snapshot), windowed in memory.
+            start, restarts = None, restarts + 1
+            window = None if restarts >= MAX_REMEASURES else window
+            continue
+        basis = (row.n1, row.n2)
+        lowest = start if start is not None else max(row.n3 - window, 0)
+        # Read again from the window's first message when widening to calls left it inside an earlier turn (it
+        # starts with an assistant's call: the statement widens that start back to its user message), or when
+        # a result in the widened part lacks its call. Each re-read starts lower: it ends.
+        mid_turn = bool(found) and found[0].other != "user" and found[0].n1 > 0
+        if not (found and found[0].n1 < lowest and (mid_turn or _orphan_results(found, cipher))):
+            break
+        start = found[0].n1
+    if row is not None:
+        if row.key != user_id or row.other not in (None, agent_id):
+            raise sql.not_found(session_id, user_id)  # the same answer as for an unused id
+        if row.t2 is not None and row.t2 <= datetime.now(UTC):  # first: if_expired="restart" also replaces a
+            raise SessionExpiredError(f"session {session_id!r} expired at {row.t2.isoformat()}")  # half-purged one
+        if row.t1 is not None:
+            raise SessionClosedError(f"session {session_id!r} was closed at {row.t1.isoformat()}")
+    snap = Snapshot()
+    session = StoredSession(session_id=session_id)
+    for state in (r for r in rows if r.kind == STATE):
+        full_key = state.other + state.key
+        snap.state_text[full_key] = codec.dumps(state.doc, where=f"state[{full_key!r}]", max_bytes=2**62)
+        snap.state_stamp[full_key] = state.n1
+        session.state[full_key] = codec.decode_state(state.doc, key=full_key)
+    if row is not None:
+        snap.exists, snap.incarnation, snap.version = True, row.n1, row.n2
+        snap.service_session_id = session.service_session_id = row.doc
+    messages = [_message(message, cipher) for message in found]
+    if window is None and history_limit is not None:  # the whole history was read: its pair-safe tail
+        messages = pair_safe_tail(messages, history_limit) if history_limit else []
+        found = found[len(found) - len(messages) :]
+    snap.message_ids.update(message.key for message in found)
+    messages, synthetic = close_tool_pairs(messages, answered)
+    snap.message_ids |= synthetic  # handed to the model, never stored
+    history = session.state.get(HISTORY_KEY)
+    session.state[HISTORY_KEY] = IdentifiedHistory({**(history if isinstance(history, dict) else {})})
+    session.state[HISTORY_KEY]["messages"] = messages
+    return Run(db, session, snap, user_id=user_id, agent_id=agent_id)
+
+
+def _message(row: Row[Any], cipher: message_rows.MessageCipher | None) -> Message:
+    return message_rows.message_from_row(row.doc, cipher, identity=row.key, role=row.other, author_name=row.author,
+                                  text=row.text)  # fmt: skip
+
+
+def _orphan_results(rows: Sequence[Row[Any]], cipher: message_rows.MessageCipher | None) -> bool:
+    calls: set[str] = set()
+    for row in rows:
+        for content in _message(row, cipher).contents:
+            if content.type == "function_call":
+                calls.add(content.call_id or "")
+            elif content.type == "function_result" and content.call_id not in calls:
+                return True
+    return False

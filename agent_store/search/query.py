@@ -1,0 +1,235 @@
+"""Search over message text, scoped to one user: what ``Store.search``, ``agent-store search``, the agent's
+search tool and the browser all call.
+
+Query syntax (``websearch_to_tsquery``'s): words, ``"quoted phrases"``, ``OR`` between two terms, ``-term`` to
+exclude. The query is data: it is split into terms here, and each term reaches the database as a bound
+parameter (FTS5 gets every term as a quoted string), so no query is ever SQL or FTS syntax.
+
+Matching, the same on both backends:
+- a term of one or two ASCII letters or digits ("AI", "ok") matches as a whole word (a substring would find
+  "ai" in "said"), case-insensitively;
+- every other term matches as a case-insensitive substring: Chinese and Japanese put no spaces between words,
+  so "李明" must find "我叫李明"; "pass" finds "password".
+
+Indexes (migrations 0007 and 0009): PostgreSQL serves substrings of three or more characters with a trigram
+index and short words with a full-text index of short words; SQLite finds three-plus-character substrings'
+candidates with an FTS5 trigram table (which messages hold each trigram), checks the substring on those rows,
+and checks short words on the user's own messages. A term of one or two characters that is not an ASCII word
+("李明", "名字") no index can serve (trigrams need three characters): it is checked on the user's messages,
+found through the user's sessions, never by reading the whole table.
+
+Ranking: messages holding more of the query's terms first, then the newest. The rank depends on the message
+alone, so the keyset cursor stays exact while new messages arrive.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    ColumnElement,
+    and_,
+    case,
+    column,
+    func,
+    literal,
+    literal_column,
+    not_,
+    or_,
+    select,
+    table,
+    tuple_,
+)
+
+from agent_store.db import codec, text_match
+from agent_store.db.database import Database
+from agent_store.db.tables import messages_t, sessions_t
+from agent_store.errors import InvalidValueError
+from agent_store.models import SearchHit, SearchPage
+
+M, S = messages_t.c, sessions_t.c
+MAX_QUERY = 1000  # characters
+MAX_TERMS = 16
+SNIPPET = 120  # characters of context around the first match
+_TOKEN = re.compile(r'(-?)"([^"]*)"|(\S+)')
+_SIMPLE: ColumnElement[Any] = literal_column("'simple'::regconfig")  # a constant, as in the index's expression
+# Short words: the runs of one or two letters and digits (in the database's locale) of a message's first 100,000
+# characters, exactly the expression of the full-text index (migration 0009 says why only those).
+_WORDS: ColumnElement[Any] = func.to_tsvector(_SIMPLE, func.regexp_replace(
+    func.left(M.text, literal_column("100000")), literal_column("'[[:alnum:]]{3,}|[^[:alnum:]]+'"),
+    literal_column("' '"), literal_column("'g'"),
+))  # fmt: skip
+_TRIGRAMS = 32  # at most this many of a long term's trigrams go to FTS5; the row check decides anyway
+_FTS = table("agent_messages_fts", column("rowid"), column("agent_messages_fts"))  # SQLite's, migration 0007
+
+
+@dataclass(frozen=True)
+class Query:
+    clauses: list[list[str]]  # every clause must match; a clause matches when one of its terms does
+    excluded: list[str]
+
+    @property
+    def terms(self) -> list[str]:
+        return [t for clause in self.clauses for t in clause]
+
+
+def parse(text: str) -> Query:
+    """Terms, phrases, ``OR`` and ``-exclusions``; anything else is a literal term (``"``, ``*``, ``NEAR(``)."""
+    if not isinstance(text, str):
+        raise InvalidValueError(f"query must be text, not {type(text).__name__}")
+    if len(text) > MAX_QUERY:
+        raise InvalidValueError(f"query is {len(text)} characters; at most {MAX_QUERY}")
+    if "\x00" in text or (not text.isprintable() and codec.has_surrogate(text)):
+        raise InvalidValueError("query must be text without NUL or lone surrogate characters")
+    clauses: list[list[str]] = []
+    excluded: list[str] = []
+    pending_or = False
+    for match in _TOKEN.finditer(text):
+        negated, phrase, word = match.group(1), match.group(2), match.group(3)
+        if word == "OR" and clauses and not pending_or:
+            pending_or = True
+            continue
+        if phrase is None and word.startswith("-") and len(word) > 1:
+            negated, phrase = "-", word[1:]
+        term = (word if phrase is None else phrase).strip()
+        if not term:
+            continue
+        if negated:
+            excluded.append(term)
+        elif pending_or:
+            clauses[-1].append(term)
+        else:
+            clauses.append([term])
+        pending_or = False
+    if pending_or:
+        clauses.append(["OR"])  # a trailing OR is a word
+    query = Query(clauses, excluded)
+    if not clauses:
+        raise InvalidValueError("a search needs at least one term to find (exclusions alone match everything)")
+    if len(query.terms) + len(excluded) > MAX_TERMS:
+        raise InvalidValueError(f"a search takes at most {MAX_TERMS} terms")
+    return query
+
+
+def short_word(term: str) -> bool:
+    return len(term) < 3 and term.isascii() and term.isalnum()
+
+
+def _like(term: str) -> str:
+    return "%" + re.sub(r"([\\%_])", r"\\\1", term) + "%"
+
+
+def matches(term: str, dialect: str) -> ColumnElement[bool]:
+    """The SQL condition "this message holds ``term``" (see the module docstring for the rules)."""
+    if dialect == "postgresql":
+        if short_word(term):  # the expression of the full-text index (migration 0007), exactly
+            return _WORDS.op("@@")(func.plainto_tsquery(_SIMPLE, term))
+        return M.text.ilike(_like(term), escape="\\")
+    if short_word(term):  # SQLite: text_match.has_word, registered on every connection
+        return func.agent_store_word(M.text, term) == 1
+    holds = func.instr(func.agent_store_lower(M.text), term.lower()) > 0  # SQLite's own lower() folds only A-Z
+    if len(term) < 3:
+        return holds
+    fts = select(_FTS.c.rowid).where(_FTS.c.agent_messages_fts.op("MATCH")(trigram_query(term)))
+    return and_(literal_column("agent_messages.rowid").in_(fts.scalar_subquery()), holds)
+
+
+def trigram_query(term: str) -> str:
+    """FTS5's candidates for ``term``: the messages holding its trigrams, wherever they are.
+
+    The index keeps no positions (migration 0009), so it cannot match a phrase; every trigram is a quoted
+    string (data, never FTS syntax), and the caller checks the term itself on each candidate.
+    """
+    grams = list(dict.fromkeys(term[i : i + 3] for i in range(len(term) - 2)))
+    if len(grams) > _TRIGRAMS:  # spread over the whole term: the rarest trigram may be anywhere
+        grams = [grams[i * (len(grams) - 1) // (_TRIGRAMS - 1)] for i in range(_TRIGRAMS)]
+    return " AND ".join('"' + gram.replace('"', '""') + '"' for gram in grams)
+
+
+def _encode(row: Any) -> str:
+    raw = json.dumps([row.rank, row.created_at.isoformat(), row.session_id, row.seq])
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def _decode(cursor: str) -> tuple[int, datetime, str, int]:
+    try:
+        rank, created_at, session_id, seq = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        when = datetime.fromisoformat(created_at)
+        if not (type(rank) is int and type(seq) is int and when.tzinfo is not None):
+            raise ValueError(cursor)
+        if not (0 <= rank <= MAX_TERMS and 0 <= seq <= codec.INT32 and when.astimezone(UTC).year > 1):
+            raise ValueError(cursor)  # out of what any hit has (and of what the databases take)
+        codec.check_id(session_id, "cursor")
+        return rank, when, session_id, seq
+    except (ValueError, TypeError, OverflowError, json.JSONDecodeError, InvalidValueError) as exc:
+        raise InvalidValueError("cursor is not one this store handed out") from exc
+
+
+def snippet(text: str, query: Query) -> tuple[str, list[tuple[int, int]]]:
+    """Up to SNIPPET characters around the first match, and where each match is in it (start, end)."""
+    spans: list[tuple[int, int]] = []
+    for term in query.terms:
+        pattern = text_match.word_pattern(term) if short_word(term) else re.compile(re.escape(term), re.IGNORECASE)
+        spans += [m.span() for m in pattern.finditer(text)]
+    spans.sort()
+    first = spans[0][0] if spans else 0
+    start = max(0, min(first - SNIPPET // 3, len(text) - SNIPPET))
+    end = min(len(text), start + SNIPPET)
+    lead = "…" if start > 0 else ""
+    marks: list[tuple[int, int]] = []
+    for a, b in spans:
+        if a >= start and b <= end:
+            a, b = a - start + len(lead), b - start + len(lead)
+            if marks and a < marks[-1][1]:  # overlapping matches mark one span
+                marks[-1] = (marks[-1][0], max(b, marks[-1][1]))
+            else:
+                marks.append((a, b))
+    return lead + text[start:end] + ("…" if end < len(text) else ""), marks
+
+
+async def search(
+    db: Database, query_text: str, *, user_id: str, session_id: str | None, agent_id: str | None, limit: int,
+    cursor: str | None, exclude_session_id: str | None = None, visible_to_agent: str | None = None,
+) -> SearchPage:  # fmt: skip
+    codec.check_id(user_id, "user_id", required=True)
+    codec.check_id(session_id, "session_id")
+    codec.check_id(agent_id, "agent_id")
+    codec.check_int(limit, "limit", low=1, high=1001)
+    query = parse(query_text)
+    after = _decode(cursor) if cursor is not None else None
+    async with db.transaction(write=False, replica=True, doing="searching messages") as conn:
+        dialect = conn.dialect.name
+        rank = sum((case((matches(t, dialect), 1), else_=0) for t in query.terms), literal(0))
+        where = [S.user_id == user_id]  # scoped to the user before anything is ranked, counted or limited
+        where += [or_(*(matches(t, dialect) for t in clause)) for clause in query.clauses]
+        where += [not_(matches(t, dialect)) for t in query.excluded]
+        where += [S.id == session_id] if session_id is not None else []
+        where += [S.agent_id == agent_id] if agent_id is not None else []
+        where += [S.id != exclude_session_id] if exclude_session_id is not None else []
+        if visible_to_agent is not None:  # what that agent may open: its own sessions and unbound ones
+            where.append(or_(S.agent_id.is_(None), S.agent_id == visible_to_agent))
+        hits = (
+            select(M.session_id, M.seq, M.role, M.author_name, M.created_at, M.text, S.title, rank.label("rank"))
+            .select_from(messages_t.join(sessions_t, S.id == M.session_id))
+            .where(*where)
+            .subquery()
+        )
+        page = select(hits).order_by(hits.c.rank.desc(), hits.c.created_at.desc(), hits.c.session_id.desc(),
+                                     hits.c.seq.desc()).limit(limit + 1)  # fmt: skip
+        if after is not None:
+            keyset = tuple_(hits.c.created_at, hits.c.session_id, hits.c.seq) < tuple_(*after[1:])
+            page = page.where(or_(hits.c.rank < after[0], and_(hits.c.rank == after[0], keyset)))
+        rows = (await conn.execute(page)).all()
+    items = []
+    for row in rows[:limit]:
+        text, marks = snippet(row.text, query)
+        items.append(SearchHit(
+            session_id=row.session_id, seq=row.seq, role=row.role, author_name=row.author_name,
+            created_at=row.created_at, title=row.title, snippet=text, marks=marks, rank=row.rank,
+        ))  # fmt: skip
+    return SearchPage(items=items, next_cursor=_encode(rows[limit - 1]) if len(rows) > limit else None)
