@@ -20,7 +20,6 @@ this storage read dates from that read (unknown, e.g. read by another process: a
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +37,7 @@ from agent_store.db.statements import lock_user
 from agent_store.db.tables import checkpoint_workflows_t, checkpoints_t
 from agent_store.errors import AgentStoreError, CheckpointRefusedError, InvalidValueError
 from agent_store.run.commit import ERASURE_MARGIN
-from agent_store.run.read_times import UNKNOWN
+from agent_store.run.read_times import UNKNOWN, ReadTimes
 
 if TYPE_CHECKING:
     from agent_store.store import Store
@@ -46,7 +45,6 @@ if TYPE_CHECKING:
 __all__ = ["StoreCheckpointStorage"]
 logger = logging.getLogger("agent_store")
 C, W = checkpoints_t.c, checkpoint_workflows_t.c
-DATED_KEPT = 10_000  # checkpoint ids whose read time is remembered (the oldest are forgotten: then UNKNOWN)
 
 
 class StoreCheckpointStorage:
@@ -66,7 +64,7 @@ class StoreCheckpointStorage:
         self._db, self._user, self._owner = store.db, user_id, user_id or ""
         self._allowed: frozenset[str] = frozenset(allowed_checkpoint_types or [])
         # Per checkpoint id, when what it carries was read from the store (the fence of saves that continue it).
-        self._dated: OrderedDict[str, datetime] = OrderedDict()
+        self._dated = ReadTimes()
 
     async def save(self, checkpoint: WorkflowCheckpoint) -> str:
         """Store (or replace) a checkpoint; it becomes its workflow's latest.
@@ -111,19 +109,13 @@ class StoreCheckpointStorage:
         # A new lineage read nothing from the store; one that continues a checkpoint carries what was read with
         # it (unknown if another storage read it: then any erasure of the user still on record fences it).
         previous = checkpoint.previous_checkpoint_id
-        read_at = datetime.now(UTC) if previous is None else self._dated.get(previous, UNKNOWN)
+        read_at = datetime.now(UTC) if previous is None else (self._dated.earliest(previous) or UNKNOWN)
         try:
             await self._write(row, read_at)
         except InvalidValueError as exc:  # a value the database refused (both backends check the same first)
             raise WorkflowCheckpointException(f"Checkpoint {ident} cannot be stored: {exc}") from exc
-        self._date(ident, read_at)
+        self._dated.read(ident, read_at)
         return ident
-
-    def _date(self, checkpoint_id: str, read_at: datetime) -> None:
-        self._dated[checkpoint_id] = min(read_at, self._dated.get(checkpoint_id, read_at))
-        self._dated.move_to_end(checkpoint_id)
-        while len(self._dated) > DATED_KEPT:
-            self._dated.popitem(last=False)
 
     async def _write(self, row: dict[str, Any], read_at: datetime) -> None:
         async with self._db.transaction(write=True, doing="saving a workflow checkpoint") as conn:
@@ -219,7 +211,7 @@ class StoreCheckpointStorage:
     def _decode(self, payload: Any, read_at: datetime) -> WorkflowCheckpoint:
         """The checkpoint, dated: saves that continue its lineage are fenced from ``read_at``."""
         checkpoint = decode_payload(payload, self._allowed)
-        self._date(checkpoint.checkpoint_id, read_at)
+        self._dated.read(checkpoint.checkpoint_id, read_at)
         return checkpoint
 
     def _decode_or_skip(self, payload: Any, read_at: datetime) -> WorkflowCheckpoint | None:

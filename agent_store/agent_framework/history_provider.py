@@ -16,12 +16,11 @@ from weakref import WeakKeyDictionary
 
 from agent_framework import AgentSession, HistoryProvider, Message, SessionContext
 
+import agent_store.run.load as loading
 from agent_store.agent_framework.run_middleware import ContinueLocally, ResultSizeGuard, service_keeps_history
-from agent_store.run import load as loading
-from agent_store.run.commit import Run
+from agent_store.run.commit import Run, run_of
 from agent_store.run.delta import close_tool_pairs, pair_safe_tail
 from agent_store.run.read_times import ReadTimes
-from agent_store.run.stored_session import run_of
 
 if TYPE_CHECKING:
     from agent_store.store import Store
@@ -58,8 +57,8 @@ class StoreHistoryProvider(HistoryProvider):
     - In a ``store.session(...)`` block it reads the run's loaded history and its saves join the run's commit.
     - On any other ``AgentSession`` each ``save_messages`` is its own transaction; messages are identified by
       the store's own id (``additional_properties["agent_store_id"]``, given on first sight; a provider's
-      ``message_id`` is only data), so a retried save stores nothing twice, and de-duplication looks up only
-      the ids being saved, never the whole history.
+      ``message_id`` is only data), so a retried save stores nothing twice; a save that replays the stored tail
+      stores nothing again (replays.py). Both read only the ids being saved and a tail as long as the save.
 
     Args:
         store: the store to read and write.

@@ -14,7 +14,7 @@ from typing import Any
 from agent_framework import AgentSession, ContextProvider, SessionContext, tool
 
 from agent_store.errors import InvalidValueError
-from agent_store.run.stored_session import run_of
+from agent_store.run.commit import run_of
 from agent_store.search import query as search
 
 

@@ -14,7 +14,7 @@ from sqlalchemy import ColumnElement, Row, Table, delete, func, select, tuple_, 
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from agent_store import telemetry
+import agent_store.telemetry as telemetry
 from agent_store.db import codec
 from agent_store.db.database import Database
 from agent_store.db.erasures import FENCE_KEPT, user_key

@@ -16,12 +16,12 @@ from sqlalchemy.engine import Row
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+import agent_store.run.replays as replays
 from agent_store.db import codec, erasures, message_rows, runlog
 from agent_store.db import statements as sql
 from agent_store.db.scopes import APP_PREFIX, USER_PREFIX, scope_of
 from agent_store.db.stored_twice import StoredTwice
 from agent_store.errors import ConflictError
-from agent_store.run import replays
 from agent_store.run.one_call import OneCall
 
 __all__ = ["Landed", "write"]

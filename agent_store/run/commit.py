@@ -29,7 +29,10 @@ from typing import Any
 from agent_framework import AgentSession, InMemoryHistoryProvider, Message
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from agent_store import telemetry
+import agent_store.run.checked_commit as checked_commit
+import agent_store.run.commit_postgresql as commit_postgresql
+import agent_store.run.commit_sqlite as commit_sqlite
+import agent_store.telemetry as telemetry
 from agent_store.db import codec, runlog
 from agent_store.db.database import Database
 from agent_store.db.scopes import scopes
@@ -44,11 +47,10 @@ from agent_store.errors import (
     StorageUnavailableError,
 )
 from agent_store.models import CommitResult
-from agent_store.run import checked_commit, commit_postgresql, commit_sqlite
 from agent_store.run.delta import Delta, IdentifiedHistory, Snapshot, assign_id, diff
 from agent_store.run.one_call import OneCall
 from agent_store.run.read_times import UNKNOWN
-from agent_store.run.stored_session import StoredSession, run_of
+from agent_store.run.stored_session import StoredSession
 
 __all__ = ["ERASURE_MARGIN", "HISTORY_KEY", "KEY_MAX", "Run", "StoredSession", "run_of"]
 
@@ -297,3 +299,9 @@ class Run:
             session_id=self.session.session_id, run_id=delta.run_id, version=int(version),
             messages_written=int(messages), state_keys_written=int(keys),
         )  # fmt: skip
+
+
+def run_of(session: AgentSession) -> Run | None:
+    """The store run that loaded ``session``, if it came from ``store.load`` / ``store.session``."""
+    run: Run | None = session._run if isinstance(session, StoredSession) else None
+    return run

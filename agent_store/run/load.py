@@ -14,7 +14,7 @@ from agent_framework import Message
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from agent_store import telemetry
+import agent_store.telemetry as telemetry
 from agent_store.db import codec, message_rows
 from agent_store.db import statements as sql
 from agent_store.db.database import Database

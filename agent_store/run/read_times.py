@@ -10,7 +10,7 @@ back) are told apart by nothing. So :class:`ReadTimes` dates every write of a ke
 it on record, and a write never uses a read up (a refused write would otherwise free another request's older
 read, and an accepted one leave a later save of the same request undated). The cost is strictness: after an
 erasure, a key read before it stays refused in this process until that read is older than the fences kept
-(``retention.FENCE_KEPT``, 7 days), while a key first read after it is not. Bounded: per key, the earliest
+(``db.erasures.FENCE_KEPT``, 7 days), while a key first read after it is not. Bounded: per key, the earliest
 reads only; the oldest keys are forgotten first, and a write with no read on record dates from
 :data:`UNKNOWN`, before every erasure still on record.
 """
@@ -19,17 +19,18 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Hashable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
+
+from agent_store.db.erasures import FENCE_KEPT
 
 __all__ = ["UNKNOWN", "ReadTimes"]
 
 UNKNOWN = datetime(2000, 1, 1, tzinfo=UTC)  # before any erasure on record: every one of them fences
-KEPT = timedelta(days=7)  # = retention.FENCE_KEPT: an older read is past every fence still on record
 PER_KEY = 8  # reads kept per key: the earliest (a later one never dates a write earlier)
 
 
 class ReadTimes:
-    """Per key, the earliest reads of the last :data:`KEPT`."""
+    """Per key, the earliest reads within ``FENCE_KEPT`` (an older read is past every fence on record)."""
 
     def __init__(self, keep: int = 10_000) -> None:
         self._keep = keep
@@ -50,5 +51,5 @@ class ReadTimes:
         return min(reads) if reads else None
 
     def _current(self, key: Hashable) -> list[datetime]:
-        horizon = datetime.now(UTC) - KEPT
+        horizon = datetime.now(UTC) - FENCE_KEPT
         return [at for at in self._reads.get(key, ()) if at >= horizon]

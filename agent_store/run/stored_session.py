@@ -1,14 +1,11 @@
-"""The ``AgentSession`` a store hands out, and how the framework seams find the run that loaded it."""
+"""The ``AgentSession`` a store hands out: it knows the run that loaded it (``commit.run_of`` reads the link)."""
 
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agent_framework import AgentSession
-
-if TYPE_CHECKING:
-    from agent_store.run.commit import Run
 
 
 class StoredSession(AgentSession):
@@ -18,7 +15,7 @@ class StoredSession(AgentSession):
     serialized (``to_dict``) and not copied: a deep copy is a plain ``AgentSession``.
     """
 
-    _run: Run | None = None
+    _run: Any = None  # the Run (commit.py); typed where it is read, by run_of, so this module imports nothing above
 
     def __deepcopy__(self, memo: dict[int, Any]) -> AgentSession:
         clone = AgentSession(
@@ -26,8 +23,3 @@ class StoredSession(AgentSession):
         )
         clone.state = copy.deepcopy(self.state, memo)
         return clone
-
-
-def run_of(session: AgentSession) -> Run | None:
-    """The store run that loaded ``session``, if it came from ``store.load`` / ``store.session``."""
-    return session._run if isinstance(session, StoredSession) else None
