@@ -118,27 +118,15 @@ class Store:
         await self.db.alembic("downgrade", revision)
 
     async def load(
-        self,
-        session_id: str,
-        *,
-        user_id: str | None = None,
-        agent_id: str | None = None,
-        history_limit: int | None = None,
-        if_expired: str = "error",
-        serialized: bool = False,
-        run_id: str | None = None,
-    ) -> Run:
+        self, session_id: str, *, user_id: str | None = None, agent_id: str | None = None,
+        history_limit: int | None = None, if_expired: str = "error", serialized: bool = False,
+        run_id: str | None = None, skip_excluded: bool = False,
+    ) -> Run:  # fmt: skip
         """Load a session for one run: ``await run.commit()`` it (or ``run.discard()``). See :meth:`session`."""
         return await load(
-            self.db,
-            session_id,
-            user_id=user_id,
-            agent_id=agent_id,
-            history_limit=history_limit,
-            if_expired=if_expired,
-            serialized=serialized,
-            run_id=run_id,
-        )
+            self.db, session_id, user_id=user_id, agent_id=agent_id, history_limit=history_limit,
+            if_expired=if_expired, serialized=serialized, run_id=run_id, skip_excluded=skip_excluded,
+        )  # fmt: skip
 
     @asynccontextmanager
     async def session(
@@ -151,6 +139,7 @@ class Store:
         if_expired: str = "error",
         serialized: bool = False,
         run_id: str | None = None,
+        skip_excluded: bool = False,
     ) -> AsyncIterator[AgentSession]:
         """Yield the stored session as an ``AgentSession``; commit what changed when the block exits.
 
@@ -161,6 +150,8 @@ class Store:
         holds the session's lock and one pooled connection from load to commit (PostgreSQL advisory lock;
         on SQLite the database write lock, which queues every writer). ``run_id`` is the caller's idempotency
         key (a request id): a commit under a key already committed writes nothing and returns the first result.
+        ``skip_excluded=True`` loads only the messages a compaction left included (summaries among them), in
+        the framework's order: for agents whose history provider skips excluded messages anyway.
 
         Raises:
             SessionNotFoundError: the id belongs to another user, or to another agent.
@@ -171,14 +162,9 @@ class Store:
             StorageUnavailableError: the database cannot be reached.
         """
         run = await self.load(
-            session_id,
-            user_id=user_id,
-            agent_id=agent_id,
-            history_limit=history_limit,
-            if_expired=if_expired,
-            serialized=serialized,
-            run_id=run_id,
-        )
+            session_id, user_id=user_id, agent_id=agent_id, history_limit=history_limit, if_expired=if_expired,
+            serialized=serialized, run_id=run_id, skip_excluded=skip_excluded,
+        )  # fmt: skip
         try:
             yield run.session
         except BaseException:

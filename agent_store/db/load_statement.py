@@ -8,10 +8,13 @@ kind       key         other     doc                 n1           n2       n3   
 =========  ==========  ========  ==================  ===========  =======  ========  =========  ==========
 SESSION    user_id     agent_id  service_session_id  incarnation  version  next_seq  closed_at  expires_at
 STATE      key         prefix    value               stamp
-MESSAGE    message_id  role      body                seq
+MESSAGE    message_id  role      body                seq                   position
 =========  ==========  ========  ==================  ===========  =======  ========  =========  ==========
 
-and a message's ``author`` (author_name) and ``text``, which its stored body leaves out (message_rows.full_body).
+and a message's ``author`` (author_name) and ``text``, which its stored body leaves out (message_rows.full_body),
+and its compaction ``marks``. Messages come in the framework's list order (``position``: coalesce(pos, seq<<32),
+migration 0013), which is commit order unless a compaction inserted a summary in the middle. With
+``included_only``, excluded messages are left out (what ``skip_excluded`` would hand the model).
 
 A window (``history_limit``) starts ``limit`` before the session's ``next_seq``, widened back to the user
 message that began that turn, and to the call of any function result in it (the tool-calls index), so a window
@@ -31,6 +34,7 @@ from sqlalchemy import (
     bindparam,
     case,
     cast,
+    false,
     func,
     literal_column,
     null,
@@ -55,7 +59,9 @@ SESSION, STATE, MESSAGE = 0, 1, 2
 _COLUMNS = {
     "key": String(), "other": String(), "doc": JsonText(), "n1": BigInteger(), "n2": BigInteger(),
     "n3": BigInteger(), "t1": UTCDateTime(), "t2": UTCDateTime(), "author": String(), "text": Text(),
+    "marks": JsonText(),
 }  # fmt: skip
+POSITION_STEP = 2**32  # a message at seq n is at position n << 32 unless moved: 2^32 places between two of them
 _S, _M = sessions_t.c, messages_t.c
 
 
@@ -72,8 +78,13 @@ def _text(value: str) -> Any:
     return literal_column(f"'{value}'", String)  # a constant of ours ("", "user:", "app:"), never user input
 
 
+def position(columns: Any = _M) -> Any:
+    """A message's place in the framework's list: its ``pos`` if a compaction placed it, else ``seq << 32``."""
+    return func.coalesce(columns.pos, columns.seq * POSITION_STEP)
+
+
 @functools.cache
-def _statement(with_user: bool, window: str) -> Any:
+def _statement(with_user: bool, window: str, included_only: bool) -> Any:
     """``window``: "all" (every message), "limit" (the last ``:limit`` before next_seq), "start" (from ``:start``)."""
     owned = _S.user_id == bindparam("uid") if with_user else _S.user_id.is_(None)
     session = select(*_branch(
@@ -138,20 +149,23 @@ def _statement(with_user: bool, window: str) -> Any:
     messages = (
         select(
             *_branch(
-                MESSAGE, key=_M.message_id, other=_M.role, doc=_M.body, n1=_M.seq, author=_M.author_name, text=_M.text
+                MESSAGE, key=_M.message_id, other=_M.role, doc=_M.body, n1=_M.seq, n3=position(), author=_M.author_name,
+                text=_M.text, marks=_M.marks,
             )
         )
         .where(_M.session_id == bindparam("sid"), _M.seq >= start)
+        .where(*([_M.excluded == false()] if included_only else []))
         .order_by(_M.seq)
         .subquery("messages")
     )
     branches.append(select(*messages.c))
     union = union_all(*branches)
-    return union.order_by(union.selected_columns.kind, union.selected_columns.n1)
+    return union.order_by(union.selected_columns.kind, union.selected_columns.n3, union.selected_columns.n1)
 
 
 def load_statement(
-    session_id: str, user_id: str | None, app_id: str, history_limit: int | None, start: int | None = None
+    session_id: str, user_id: str | None, app_id: str, history_limit: int | None, start: int | None = None,
+    included_only: bool = False,
 ) -> tuple[Any, dict[str, Any]]:
     """The statement and its parameters; ``start`` re-reads from a seq the window had to be widened to."""
     window = "start" if start is not None else "all" if history_limit is None else "limit"
@@ -162,4 +176,4 @@ def load_statement(
         params["limit"] = history_limit
     elif window == "start":
         params["start"] = start
-    return _statement(user_id is not None, window), params
+    return _statement(user_id is not None, window, included_only), params

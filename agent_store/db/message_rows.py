@@ -70,6 +70,9 @@ def message_record(
         body = compact_body(message.to_dict())
     except RecursionError:  # the framework's to_dict() walks it recursively: refuse it here, typed
         raise InvalidValueError(f"{where}: nested more than {MAX_DEPTH} levels deep") from None
+    extra = body.get("additional_properties")
+    marks = {k: extra.pop(k) for k in MARK_KEYS if k in extra} if isinstance(extra, dict) else {}
+    columns.update(mark_columns(marks or None, where=where, max_bytes=max_bytes), pos=None)
     for name in ("message_id", "role", "author_name"):  # e.g. an author_name of 5: refused by name, never str()-ed
         if columns[name] is not None and not isinstance(columns[name], str):
             raise InvalidValueError(f"{where}: {name} must be text, not {type(columns[name]).__name__}")
@@ -86,6 +89,39 @@ def message_record(
         if size > max_bytes:
             raise InvalidValueError(f"{where}: {size} bytes is over the limit of {max_bytes} (Store max_value_bytes)")
     return EncodedMessage(identity, columns, tools)
+
+
+# What the framework's compaction writes into a message's additional_properties (agent_framework._compaction):
+# kept in the row's marks column, out of the body, so a compaction rewrites those columns and nothing else.
+MARK_KEYS = ("_group", "_excluded", "_exclude_reason")
+
+
+def marks_of(message: Message) -> dict[str, Any] | None:
+    """The compaction marks the message carries now (None: none)."""
+    extra = message.additional_properties
+    return {k: extra[k] for k in MARK_KEYS if k in extra} or None
+
+
+def mark_columns(marks: dict[str, Any] | None, *, where: str, max_bytes: int) -> dict[str, Any]:
+    """The row's compaction columns for ``marks`` (``summarized_by`` is the caller's: it names a store id)."""
+    if not marks:
+        return {"marks": None, "excluded": False, "exclude_reason": None, "summarized_by": None}
+    reason = marks.get("_exclude_reason")
+    if reason is not None and (not isinstance(reason, str) or len(reason) > 255):
+        raise InvalidValueError(f"{where}: _exclude_reason must be text of at most 255 characters")
+    return {
+        "marks": dumps(marks, where=f"{where} compaction marks", max_bytes=max_bytes),
+        "excluded": bool(marks.get("_excluded", False)),
+        "exclude_reason": reason,
+        "summarized_by": None,
+    }
+
+
+def summary_link(marks: dict[str, Any] | None) -> str | None:
+    """The framework's ``message_id`` of the summary that replaced this message, if one did."""
+    group = (marks or {}).get("_group")
+    link = group.get("_summarized_by_summary_id") if isinstance(group, dict) else None
+    return link if isinstance(link, str) else None
 
 
 def _column_bytes(value: str, where: str) -> int:
@@ -165,12 +201,14 @@ def store_id(message: Message) -> str:
 
 def message_from_row(
     body: Mapping[str, Any], cipher: MessageCipher | None, *, identity: str, role: str, author_name: str | None,
-    text: str,
+    text: str, marks: Mapping[str, Any] | None = None,
 ) -> Message:  # fmt: skip
     """Rebuild a ``Message`` from its row: the stored body (decrypted if need be) and the columns it leaves out."""
     full = full_body(body, cipher, message_id=identity, role=role, author_name=author_name, text=text)
     message = Message.from_dict(dict(full))
     message.additional_properties[STORE_ID] = identity
+    if marks:  # the compaction marks, from their own column (decoded per row: the framework edits them in place)
+        message.additional_properties.update(marks)
     return message
 
 

@@ -12,6 +12,7 @@ from typing import Any, cast
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     DateTime,
     Dialect,
     ForeignKey,
@@ -23,6 +24,7 @@ from sqlalchemy import (
     Table,
     Text,
     TypeDecorator,
+    false,
     text,
 )
 from sqlalchemy.dialects.postgresql import JSON, JSONB
@@ -30,7 +32,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeEngine
 
 # The Alembic revision this code expects; tests/test_migrations.py pins it to the scripts' head.
-SCHEMA_REVISION = "0012"
+SCHEMA_REVISION = "0013"
 ID_MAX = 255  # ids are bounded: longer ones are refused before any SQL runs
 
 NAMING_CONVENTION = {
@@ -174,6 +176,13 @@ class MessageRow(Base):
     text: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     body: Mapped[Any] = mapped_column(JsonText())
+    # Compaction (migration 0013): the framework's marks as written, the same facts as columns, and the place in
+    # the framework's list where it differs from commit order (NULL: at seq; the order is coalesce(pos, seq<<32)).
+    pos: Mapped[int | None] = mapped_column(BigInteger)
+    marks: Mapped[Any | None] = mapped_column(JsonText())
+    excluded: Mapped[bool] = mapped_column(Boolean, server_default=false())
+    exclude_reason: Mapped[str | None] = mapped_column(String(ID_MAX))
+    summarized_by: Mapped[str | None] = mapped_column(String(ID_MAX))  # the store id of the summary replacing it
 
     # On PostgreSQL the index keys md5(message_id)::uuid, 16 bytes instead of the id's text (migration 0011).
     __table_args__ = (Index(None, "session_id", "message_id", unique=True),)

@@ -16,8 +16,10 @@ from sqlalchemy.engine import Row
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+import agent_store.run.positions as positions
 import agent_store.run.replays as replays
-from agent_store.db import codec, erasures, message_rows, runlog
+from agent_store.db import codec, erasures, message_rows, rewrites, runlog
+from agent_store.db.load_statement import POSITION_STEP
 from agent_store.db import statements as sql
 from agent_store.db.scopes import APP_PREFIX, USER_PREFIX, scope_of
 from agent_store.db.stored_twice import StoredTwice
@@ -90,6 +92,8 @@ async def write(
                 raise ConflictError(sid, lost)
         upserts = {k: v for k, v in delta.upserts.items() if k in keys}
         await sql.write_state(db, scope, upserts, [k for k in delta.deletes if k in keys], delta.stamp, now)
+    if delta.rewrites:
+        await _rewrite(db, call, version)
     records, first_seq = delta.messages, next_seq - len(delta.messages)
     if records and snap.verify_new_ids:
         # Skip any message this run carries that is stored already (a retried save of a session it did not load),
@@ -110,3 +114,38 @@ async def write(
     log = runlog.run_log_row(call.log_ids, version, records, len(delta.changed_keys), delta.usage, "committed")
     await runlog.record_run(db, log)
     return incarnation, (version, len(records), len(delta.changed_keys)), maybe_landed
+
+
+async def _rewrite(db: AsyncConnection, call: OneCall, version: int) -> None:
+    """A compaction's changes to the stored history (run/compaction.py), on the history as the run loaded it.
+
+    They are computed against the loaded list, so they hold only if no other commit came between: otherwise
+    :class:`ConflictError` and nothing is written (``retry_on_conflict`` runs the turn again on the new history).
+    New messages placed in the middle get their ``pos`` here (their rows are inserted next).
+    """
+    delta, sid, snap = call.delta, call.session_id, call.snapshot
+    if not snap.exists or not snap.places_known or version != snap.version + 1:
+        raise ConflictError(sid, [], reason="this run compacted the history, and another run committed to the "
+                                            "session after this run loaded it")  # fmt: skip
+    order = delta.rewrites.order
+    placed: dict[str, int] = {}
+    if delta.rewrites.needs_places:
+        lows: dict[int, int] = {}
+        stored = [place for _, place in order if place is not None]
+        first_low = (stored[0] if stored else snap.end) - POSITION_STEP
+        if snap.gapped:  # stored messages may lie between loaded ones: place each run right before what follows it
+            for i, (_, place) in enumerate(order):
+                if place is None and (i + 1 == len(order) or order[i + 1][1] is not None):
+                    hi = snap.end if i + 1 == len(order) else order[i + 1][1]
+                    assert hi is not None
+                    below = await rewrites.place_below(db, sid, hi)
+                    lows[hi] = hi - POSITION_STEP if below is None else below
+            first_low = -(2**62)
+        placed = positions.assign(order, lows, first_low=first_low, end=snap.end)
+    new_ids = {r.message_id for r in delta.messages}
+    for record in delta.messages:
+        record.columns["pos"] = placed.get(record.message_id)
+    await rewrites.rewrite_marks(db, sid, delta.rewrites.marks)
+    await rewrites.move(db, sid, {mid: place for mid, place in placed.items() if mid not in new_ids})
+    delta.rewrites.placed.clear()
+    delta.rewrites.placed.update(placed)

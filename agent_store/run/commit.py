@@ -35,6 +35,7 @@ import agent_store.run.commit_sqlite as commit_sqlite
 import agent_store.telemetry as telemetry
 from agent_store.db import codec, runlog
 from agent_store.db.database import Database
+from agent_store.db.load_statement import POSITION_STEP
 from agent_store.db.scopes import scopes
 from agent_store.db.stored_twice import StoredTwice, named
 from agent_store.errors import (
@@ -178,7 +179,7 @@ class Run:
         one_call = commit_postgresql if self.db.dialect == "postgresql" else commit_sqlite
         # The common case: a first attempt, outside a serialized run, no key to look up, a session it loaded.
         fast = one_call.AVAILABLE and not retry and self._held is None and self._key is None
-        fast = fast and not snap.verify_new_ids
+        fast = fast and not snap.verify_new_ids and not delta.compacts  # a compaction's rewrites: checked_commit
         held, self._held = self._held, None  # a serialized run's lock ends with this commit, either way
         with telemetry.operation("commit", session_id=self.session.session_id) as span:
             written, attempts = None, 1 if held is not None else 2  # a dead pooled connection: once more
@@ -280,6 +281,7 @@ class Run:
         """Make the snapshot describe the database as this run left it, so a later commit writes only news."""
         version, messages, keys = written
         snap = self._snapshot
+        self._places_committed(delta, int(version), int(messages))
         if not snap.exists and int(version) != 1:
             # It joined a session another run created meanwhile, whose keys this run never read: its later
             # commits check every key's stamp (a blind write over one is a conflict) and skip the one-call path.
@@ -299,6 +301,27 @@ class Run:
             session_id=self.session.session_id, run_id=delta.run_id, version=int(version),
             messages_written=int(messages), state_keys_written=int(keys),
         )  # fmt: skip
+
+
+    def _places_committed(self, delta: Delta, version: int, written: int) -> None:
+        """Where this commit's messages now are in the list, and their marks, for a later commit's compaction."""
+        snap = self._snapshot
+        alone = version == snap.version + 1 if snap.exists else version == 1  # no other commit came between
+        if not alone or written != len(delta.messages):
+            snap.places_known = False  # another run's messages are in between: a compaction must reload first
+            return
+        first_seq = snap.end // POSITION_STEP if snap.exists else 0
+        for i, record in enumerate(delta.messages):
+            snap.places[record.message_id] = delta.rewrites.placed.get(record.message_id, (first_seq + i) * POSITION_STEP)
+            if record.columns["marks"] is not None:
+                snap.marks[record.message_id] = record.columns["marks"]
+        for message_id, columns in delta.rewrites.marks.items():
+            if columns["marks"] is None:
+                snap.marks.pop(message_id, None)
+            else:
+                snap.marks[message_id] = columns["marks"]
+        snap.places.update(delta.rewrites.placed)
+        snap.end = (first_seq + len(delta.messages)) * POSITION_STEP
 
 
 def run_of(session: AgentSession) -> Run | None:

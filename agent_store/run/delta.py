@@ -13,10 +13,12 @@ from typing import Any
 
 from agent_framework import Content, Message
 
+import agent_store.run.compaction as compaction
 from agent_store.db import codec, message_rows
 from agent_store.db.scopes import TEMP_PREFIX, Scope, scope_of
 from agent_store.db.statements import new_stamp
 from agent_store.errors import InvalidValueError
+from agent_store.run.compaction import Rewrites
 
 
 @dataclass
@@ -32,6 +34,14 @@ class Snapshot:
     message_ids: set[str] = field(default_factory=set)
     # A run for a session it did not load may carry messages stored already (a retried save): look their ids up.
     verify_new_ids: bool = False
+    # Compaction (compaction.py): each loaded message's place in the list and its marks as loaded (canonical
+    # JSON, only where it had some); whether the load skipped stored messages before the first one loaded (a
+    # window) or between loaded ones (only the included); and the place the next committed message takes.
+    places: dict[str, int] = field(default_factory=dict)
+    marks: dict[str, str] = field(default_factory=dict)
+    gapped: bool = False  # a window, or only the included messages: stored messages may lie between loaded ones
+    end: int = 0
+    places_known: bool = True  # False once a commit of this run joined others': a compaction must reload first
 
 
 @dataclass(frozen=True)
@@ -47,10 +57,16 @@ class Delta:
     incarnation: int  # the incarnation this commit creates, if the session does not exist
     run_id: str
     usage: dict[str, int]  # token usage for the run log
+    rewrites: Rewrites = field(default_factory=Rewrites)  # what a compaction changed in the stored history
 
     @property
     def empty(self) -> bool:
-        return not (self.upserts or self.deletes or self.messages or self.service_session_id_changed)
+        return not (self.upserts or self.deletes or self.messages or self.service_session_id_changed or self.rewrites)
+
+    @property
+    def compacts(self) -> bool:
+        """Whether the commit rewrites stored messages, places messages, or stores marks (the checked path)."""
+        return bool(self.rewrites) or any(r.columns["marks"] is not None for r in self.messages)
 
     @property
     def changed_keys(self) -> list[str]:
@@ -86,27 +102,32 @@ def diff(
         if snap.state_text.get(key) != encoded:
             upserts[key] = encoded
     seen = set(snap.message_ids)
-    new_messages = []
+    new_messages, ids = [], []
     for message in history:
         if not isinstance(message, Message):
             raise InvalidValueError(f"history holds a {type(message).__name__}, not an agent_framework.Message")
-        identity = message_rows.store_id(message)
+        ids.append(identity := message_rows.store_id(message))
         if identity not in seen:
             new_messages.append(message)
             seen.add(identity)
     names: dict[str, str] = {}
+    records = [
+        message_rows.message_record(m, max_bytes=max_bytes, tool_names=names, cipher=cipher) for m in new_messages
+    ]
+    changed = compaction.rewrites(history, ids, snap.places, snap.marks, snap.message_ids, max_bytes=max_bytes)
+    if linked := {**changed.marks, **{r.message_id: r.columns for r in records if r.columns["marks"] is not None}}:
+        compaction.link_summaries(history, ids, linked)
     return Delta(
         upserts=upserts,
         deletes=[key for key in snap.state_text if key not in kept],
-        messages=[
-            message_rows.message_record(m, max_bytes=max_bytes, tool_names=names, cipher=cipher) for m in new_messages
-        ],
+        messages=records,
         service_session_id=service_session_id,
         service_session_id_changed=service_session_id != snap.service_session_id,
         stamp=new_stamp(),
         incarnation=new_stamp(),
         run_id=run_id,
         usage=usage,
+        rewrites=changed,
     )
 
 

@@ -18,7 +18,7 @@ import agent_store.telemetry as telemetry
 from agent_store.db import codec, message_rows
 from agent_store.db import statements as sql
 from agent_store.db.database import Database
-from agent_store.db.load_statement import MESSAGE, SESSION, STATE, load_statement
+from agent_store.db.load_statement import MESSAGE, POSITION_STEP, SESSION, STATE, load_statement
 from agent_store.errors import InvalidValueError, SessionClosedError, SessionExpiredError
 from agent_store.run.commit import HISTORY_KEY, KEY_MAX, Run, StoredSession
 from agent_store.run.delta import IdentifiedHistory, Snapshot, close_tool_pairs, pair_safe_tail
@@ -30,7 +30,7 @@ MAX_REMEASURES = 3  # commits between a window's reads before it is read whole i
 async def load(
     db: Database, session_id: str, *, user_id: str | None, agent_id: str | None, history_limit: int | None,
     if_expired: str = "error", serialized: bool = False, run_id: str | None = None,
-    answered: frozenset[str] = frozenset(),
+    answered: frozenset[str] = frozenset(), skip_excluded: bool = False,
 ) -> Run:  # fmt: skip
     """Read one session in one statement (its own snapshot) and rebuild its ``AgentSession``.
 
@@ -39,6 +39,8 @@ async def load(
     session's lock (PostgreSQL advisory lock; SQLite write lock) and a connection from load to commit, so
     concurrent serialized runs on a session queue instead of conflicting. ``answered``: call ids whose results
     are in the request about to be made (a tool loop in progress), so their calls are not closed as interrupted.
+    ``skip_excluded``: read only the messages a compaction left included (what a history provider with
+    ``skip_excluded=True`` hands the model), in the framework's list order.
     """
     codec.check_id(session_id, "session_id", required=True)
     codec.check_id(user_id, "user_id")
@@ -57,13 +59,13 @@ async def load(
         held = await db.hold(session_id) if serialized else None
         try:
             try:
-                run = await _read(db, session_id, user_id, agent_id, history_limit, held, answered)
+                run = await _read(db, session_id, user_id, agent_id, history_limit, held, answered, skip_excluded)
             except SessionExpiredError:
                 if if_expired == "error":
                     raise
                 async with db.transaction(write=True, doing="restarting an expired session", held=held) as conn:
                     await sql.delete_if_expired(conn, session_id, user_id, datetime.now(UTC))
-                run = await _read(db, session_id, user_id, agent_id, history_limit, held, answered)
+                run = await _read(db, session_id, user_id, agent_id, history_limit, held, answered, skip_excluded)
         except BaseException:
             if held is not None:
                 await db.release(held, commit=False)  # a rollback's failure is logged there, never raised
@@ -74,7 +76,7 @@ async def load(
 
 async def _read(
     db: Database, session_id: str, user_id: str | None, agent_id: str | None, history_limit: int | None,
-    held: AsyncConnection | None, answered: frozenset[str],
+    held: AsyncConnection | None, answered: frozenset[str], included_only: bool,
 ) -> Run:  # fmt: skip
     cipher = db.settings.message_cipher
     start: int | None = None
@@ -82,7 +84,7 @@ async def _read(
     basis: tuple[int, int] | None = None
     restarts = 0
     while True:  # once, unless the window must be widened past a second call (then re-read from there)
-        statement, params = load_statement(session_id, user_id, db.settings.app_id, window, start)
+        statement, params = load_statement(session_id, user_id, db.settings.app_id, window, start, included_only)
         rows = await db.one_statement(statement, params, doing="loading a session", held=held)
         row = rows[0] if rows and rows[0].kind == SESSION else None
         found = [r for r in rows if r.kind == MESSAGE]
@@ -99,11 +101,13 @@ async def _read(
         lowest = start if start is not None else max(row.n3 - window, 0)
         # Read again from the window's first message when widening to calls left it inside an earlier turn (it
         # starts with an assistant's call: the statement widens that start back to its user message), or when
-        # a result in the widened part lacks its call. Each re-read starts lower: it ends.
-        mid_turn = bool(found) and found[0].other != "user" and found[0].n1 > 0
-        if not (found and found[0].n1 < lowest and (mid_turn or _orphan_results(found, cipher))):
+        # a result in the widened part lacks its call. Each re-read starts lower: it ends. (Rows come in list
+        # order; the window is by seq, so its start is the row of the lowest seq.)
+        first = min(found, key=lambda r: int(r.n1)) if found else None
+        mid_turn = first is not None and first.other != "user" and first.n1 > 0
+        if not (first is not None and first.n1 < lowest and (mid_turn or _orphan_results(found, cipher))):
             break
-        start = found[0].n1
+        start = first.n1
     if row is not None:
         if row.key != user_id or row.other not in (None, agent_id):
             raise sql.not_found(session_id, user_id)  # the same answer as for an unused id
@@ -121,11 +125,17 @@ async def _read(
     if row is not None:
         snap.exists, snap.incarnation, snap.version = True, row.n1, row.n2
         snap.service_session_id = session.service_session_id = row.doc
+        snap.end = row.n3 * POSITION_STEP
     messages = [_message(message, cipher) for message in found]
     if window is None and history_limit is not None:  # the whole history was read: its pair-safe tail
         messages = pair_safe_tail(messages, history_limit) if history_limit else []
         found = found[len(found) - len(messages) :]
     snap.message_ids.update(message.key for message in found)
+    snap.gapped = included_only or (history_limit is not None and bool(found) and min(r.n1 for r in found) > 0)
+    for message in found:  # where each message is in the list, and its compaction marks as loaded
+        snap.places[message.key] = message.n3
+        if message.marks:
+            snap.marks[message.key] = codec.dumps(message.marks, where="stored compaction marks", max_bytes=2**62)
     messages, synthetic = close_tool_pairs(messages, answered)
     snap.message_ids |= synthetic  # handed to the model, never stored
     history = session.state.get(HISTORY_KEY)
@@ -136,7 +146,7 @@ async def _read(
 
 def _message(row: Row[Any], cipher: message_rows.MessageCipher | None) -> Message:
     return message_rows.message_from_row(row.doc, cipher, identity=row.key, role=row.other, author_name=row.author,
-                                  text=row.text)  # fmt: skip
+                                         text=row.text, marks=row.marks)  # fmt: skip
 
 
 def _orphan_results(rows: Sequence[Row[Any]], cipher: message_rows.MessageCipher | None) -> bool:

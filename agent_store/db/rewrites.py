@@ -1,0 +1,62 @@
+"""The statements of a compaction's commit: rewrite stored messages' marks and places, find a place's neighbour.
+
+A compaction changes messages stored already (run/compaction.py): these statements update exactly those rows,
+by the session and the store's message id (on PostgreSQL through the unique index's md5 key, migration 0011).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import bindparam, cast, func, select, update
+from sqlalchemy.dialects.postgresql import UUID
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from agent_store.db.load_statement import position
+from agent_store.db.statements import id_hash
+from agent_store.db.tables import messages_t
+
+__all__ = ["move", "place_below", "rewrite_marks"]
+_M = messages_t.c
+
+
+def _this_message(dialect: str) -> list[Any]:
+    where = [_M.session_id == bindparam("sid"), _M.message_id == bindparam("mid")]
+    if dialect == "postgresql":  # the unique index keys md5(message_id)::uuid: a probe, not a scan of the session
+        where.append(cast(func.md5(_M.message_id), UUID) == bindparam("mid_hash", type_=UUID))
+    return where
+
+
+def _params(db: AsyncConnection, session_id: str, message_id: str) -> dict[str, Any]:
+    params: dict[str, Any] = {"sid": session_id, "mid": message_id}
+    if db.dialect.name == "postgresql":
+        params["mid_hash"] = id_hash(message_id)
+    return params
+
+
+async def rewrite_marks(db: AsyncConnection, session_id: str, columns: dict[str, dict[str, Any]]) -> None:
+    """Set each message's mark columns (``message_rows.mark_columns``), by store id."""
+    if not columns:
+        return
+    names = ("marks", "excluded", "exclude_reason", "summarized_by")
+    statement = update(messages_t).where(*_this_message(db.dialect.name))
+    statement = statement.values({name: bindparam(f"new_{name}") for name in names})
+    rows = [
+        {**_params(db, session_id, mid), **{f"new_{name}": values[name] for name in names}}
+        for mid, values in columns.items()
+    ]
+    await db.execute(statement, rows)
+
+
+async def move(db: AsyncConnection, session_id: str, places: dict[str, int]) -> None:
+    """Give stored messages new places in the list (their seq, commit order, never changes)."""
+    if not places:
+        return
+    statement = update(messages_t).where(*_this_message(db.dialect.name)).values(pos=bindparam("new_pos"))
+    await db.execute(statement, [{**_params(db, session_id, mid), "new_pos": pos} for mid, pos in places.items()])
+
+
+async def place_below(db: AsyncConnection, session_id: str, place: int) -> int | None:
+    """The place of the stored message right before ``place`` in the list (None: nothing is before it)."""
+    found = select(func.max(position())).where(_M.session_id == session_id, position() < place)
+    return (await db.execute(found)).scalar()

@@ -1,0 +1,87 @@
+"""Where messages go in the framework's list order when a compaction inserts some in the middle (pure).
+
+A stored message's place is ``coalesce(pos, seq << 32)`` (migration 0013): in commit order unless placed. A
+summary inserted between two stored messages takes a place between theirs; each message keeps its place unless
+the list moved it. Places are spread over the gap (2^32 between two committed in a row); a gap that is used up
+(dozens of summaries inserted at one spot) takes in the next stored message, which moves with the inserted ones,
+and so on: the fewest rows that keep every message in list order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from agent_store.errors import InvalidValueError
+
+__all__ = ["Order", "assign", "order_of", "spread"]
+
+# The list from the first message that needs a place: (store id, its stored place, or None: needs one).
+Order = list[tuple[str, int | None]]
+
+
+def order_of(ids: Sequence[str], stored: Mapping[str, int]) -> tuple[Order, int]:
+    """The list as (id, place it keeps or None), and how many messages at its end are simply appended.
+
+    A stored message keeps its place while places rise along the list; a new message, or a stored one the list
+    moved, needs one. New messages after the last stored one are appended: they take the place of their seq.
+    """
+    order: Order = []
+    last = None
+    for identity in ids:
+        place = stored.get(identity)
+        if place is not None and (last is None or place > last):
+            order.append((identity, place))
+            last = place
+        else:
+            order.append((identity, None))
+    appended = 0
+    for identity, _ in reversed(order):
+        if identity in stored:
+            break
+        appended += 1
+    return order[: len(order) - appended], appended
+
+
+def spread(lo: int, hi: int, n: int) -> list[int] | None:
+    """``n`` places strictly between ``lo`` and ``hi``, evenly apart; None if there is no room."""
+    room = hi - lo
+    if room <= n:
+        return None
+    return [lo + room * (i + 1) // (n + 1) for i in range(n)]
+
+
+def assign(order: Order, lows: Mapping[int, int], *, first_low: int, end: int) -> dict[str, int]:
+    """New places for the messages of ``order`` that need one (and for stored ones that must make room).
+
+    A run of messages needing places goes between the stored messages around it in ``order``. Where the load
+    skipped stored messages (a window, or only the included ones), ``lows`` maps the place of the stored message
+    after a run to its stored predecessor's (read in the commit's transaction), and the run goes above that: a
+    run that had to take in stored messages to make room goes above the one before it. ``first_low``: the place below a run at the very start; ``end``: the place above
+    a run at the end (the next seq's place: what the commit appends goes after it).
+    """
+    placed: dict[str, int] = {}
+    lo, i = first_low, 0
+    while i < len(order):
+        identity, place = order[i]
+        if place is not None:
+            lo, i = place, i + 1
+            continue
+        run: list[str] = []
+        j = i
+        while True:  # the run, then as many stored messages after it as it takes to make room
+            while j < len(order) and order[j][1] is None:
+                run.append(order[j][0])
+                j += 1
+            hi = order[j][1] if j < len(order) else end
+            assert hi is not None
+            # Below hi, but above its stored predecessor when the load skipped some (excluded) messages: a summary
+            # goes right before what it precedes in the list, as in the framework's list.
+            if (places := spread(max(lo, lows.get(hi, lo)), hi, len(run))) is not None:
+                placed.update(zip(run, places, strict=True))
+                break
+            if j >= len(order):
+                raise InvalidValueError("no room left to place the compacted history's messages in order")
+            run.append(order[j][0])  # it moves with the run
+            j += 1
+        lo, i = placed[run[-1]], j
+    return placed
