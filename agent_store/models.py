@@ -20,6 +20,7 @@ class CommitResult(_Model):
     version: int
     messages_written: int = 0
     state_keys_written: int = 0
+    messages_rewritten: int = 0  # stored messages whose compaction marks or place this commit changed
 
 
 class SessionInfo(_Model):

@@ -18,6 +18,7 @@ from agent_framework import AgentSession, HistoryProvider, Message, SessionConte
 
 import agent_store.run.load as loading
 from agent_store.agent_framework.run_middleware import ContinueLocally, ResultSizeGuard, service_keeps_history
+from agent_store.db import message_rows
 from agent_store.run.commit import Run, run_of
 from agent_store.run.delta import close_tool_pairs, pair_safe_tail
 from agent_store.run.read_times import ReadTimes
@@ -68,6 +69,10 @@ class StoreHistoryProvider(HistoryProvider):
         user_id: the owner of sessions this provider creates and the only user whose sessions it opens
             outside a run (inside one, the run's user applies).
         history_limit: outside a run, load only the last N messages (tool calls kept with their results).
+        skip_excluded: hand the model only the messages a ``CompactionProvider`` left included (as the
+            framework's ``InMemoryHistoryProvider(skip_excluded=True)``); outside a run, only those are read.
+            A ``CompactionProvider(history_source_id=<this source_id>)`` listed after this provider compacts
+            the stored history: its marks and summaries commit with the turn's messages.
         Other keyword arguments are ``HistoryProvider``'s: ``load_messages``, ``store_inputs``, ...
     """
 
@@ -81,11 +86,15 @@ class StoreHistoryProvider(HistoryProvider):
         user_id: str | None = None,
         history_limit: int | None = None,
         continue_locally: bool = True,
+        skip_excluded: bool = False,
         **options: Any,
     ) -> None:
         super().__init__(source_id, **options)
         self.store, self.user_id, self.history_limit = store, user_id, history_limit
-        self.continue_locally = continue_locally
+        self.continue_locally, self.skip_excluded = continue_locally, skip_excluded
+        # A plain session's loaded run, by session object, while its turn runs: its list is what a compaction
+        # edits (state[source_id]["messages"]), and the turn's save commits the edits with the new messages.
+        self._loaded: WeakKeyDictionary[AgentSession, Run] = WeakKeyDictionary()
         # A plain session's run: when its before_run began reading (an erasure after that refuses its save), by
         # session object (one run at a time on one, as the framework's providers assume), and by id for saves
         # made per service call, where only the id is known (the earliest read of it: read_times.py).
@@ -105,6 +114,8 @@ class StoreHistoryProvider(HistoryProvider):
             if self.continue_locally:
                 context.extend_middleware(self.source_id, [ContinueLocally(self.local_history, session)])
             return
+        if (run := run_of(session)) is not None:
+            state["messages"] = run.history  # what a CompactionProvider with this history_source_id compacts
         with _hooked(session, context):
             await super().before_run(agent=agent, session=session, context=context, state=state)
 
@@ -119,6 +130,9 @@ class StoreHistoryProvider(HistoryProvider):
         finally:
             _USAGE.reset(token)
             _READ_AT.reset(read)
+            loaded = self._loaded.pop(session, None)
+            if loaded is not None and state.get("messages") is loaded.history:
+                del state["messages"]  # the store holds them; a plain session's state stays small
         record_usage(session, context)
 
     async def local_history(self, session: AgentSession) -> list[Message]:
@@ -140,14 +154,21 @@ class StoreHistoryProvider(HistoryProvider):
         self, session_id: str | None, *, state: dict[str, Any] | None = None, **kwargs: Any
     ) -> list[Message]:
         if (run := self._joined_run(session_id)) is not None:
-            return list(run.history)
+            return self._handed(run.history)
         if session_id is None:
             return []
         loaded = await loading.load(
             self.store.db, session_id, user_id=self.user_id, agent_id=None, history_limit=self.history_limit,
-            answered=_ANSWERED.get(),
+            answered=_ANSWERED.get(), skip_excluded=self.skip_excluded,
         )  # fmt: skip
-        return list(loaded.history)
+        if (session := _HOOKED_SESSION.get()) is not None and session.session_id == session_id and state is not None:
+            self._loaded[session], state["messages"] = loaded, loaded.history  # for a compaction after the run
+        return self._handed(loaded.history)
+
+    def _handed(self, history: list[Message]) -> list[Message]:
+        if not self.skip_excluded:
+            return list(history)
+        return [m for m in history if not m.additional_properties.get("_excluded", False)]
 
     async def save_messages(
         self, session_id: str | None, messages: Sequence[Message], *, state: dict[str, Any] | None = None, **kwargs: Any
@@ -157,12 +178,21 @@ class StoreHistoryProvider(HistoryProvider):
         if (run := self._joined_run(session_id)) is not None:
             run.add_messages(messages)
             return
+        session = _HOOKED_SESSION.get()
+        loaded = self._loaded.get(session) if session is not None and session.session_id == session_id else None
+        if loaded is not None and any(message_rows.marks_of(m) for m in loaded.history):
+            # A compaction edited the loaded history: its edits commit with these messages, in one transaction,
+            # on the history this turn loaded (another commit since: ConflictError, nothing written).
+            loaded.add_messages(messages)
+            loaded.add_usage(_USAGE.get())
+            await loaded.commit()
+            return
         # Dated from this run's before_run (a save per service call comes before after_run: the earliest read of
         # the id on record); a provider that loads nothing (load_messages=False) read nothing: now.
         read_at = _READ_AT.get() or self._reads.earliest(session_id)
         read_at = read_at or (None if self.load_messages else datetime.now(UTC))
-        session = AgentSession(session_id=session_id)
-        standalone = Run.unloaded(self.store.db, session, user_id=self.user_id, read_at=read_at)
+        plain = AgentSession(session_id=session_id)
+        standalone = Run.unloaded(self.store.db, plain, user_id=self.user_id, read_at=read_at)
         standalone.skip_replays = True  # a replay of the stored tail stores nothing (replays.py)
         standalone.add_messages(messages)
         standalone.add_usage(_USAGE.get())

@@ -80,7 +80,7 @@ def _text(value: str) -> Any:
 
 def position(columns: Any = _M) -> Any:
     """A message's place in the framework's list: its ``pos`` if a compaction placed it, else ``seq << 32``."""
-    return func.coalesce(columns.pos, columns.seq * POSITION_STEP)
+    return func.coalesce(columns.pos, columns.seq * literal_column(str(POSITION_STEP), BigInteger))  # a bigint
 
 
 @functools.cache
@@ -149,8 +149,15 @@ def _statement(with_user: bool, window: str, included_only: bool) -> Any:
     messages = (
         select(
             *_branch(
-                MESSAGE, key=_M.message_id, other=_M.role, doc=_M.body, n1=_M.seq, n3=position(), author=_M.author_name,
-                text=_M.text, marks=_M.marks,
+                MESSAGE,
+                key=_M.message_id,
+                other=_M.role,
+                doc=_M.body,
+                n1=_M.seq,
+                n3=position(),
+                author=_M.author_name,
+                text=_M.text,
+                marks=_M.marks,
             )
         )
         .where(_M.session_id == bindparam("sid"), _M.seq >= start)
@@ -164,7 +171,11 @@ def _statement(with_user: bool, window: str, included_only: bool) -> Any:
 
 
 def load_statement(
-    session_id: str, user_id: str | None, app_id: str, history_limit: int | None, start: int | None = None,
+    session_id: str,
+    user_id: str | None,
+    app_id: str,
+    history_limit: int | None,
+    start: int | None = None,
     included_only: bool = False,
 ) -> tuple[Any, dict[str, Any]]:
     """The statement and its parameters; ``start`` re-reads from a seq the window had to be widened to."""

@@ -72,7 +72,13 @@ def message_record(
         raise InvalidValueError(f"{where}: nested more than {MAX_DEPTH} levels deep") from None
     extra = body.get("additional_properties")
     marks = {k: extra.pop(k) for k in MARK_KEYS if k in extra} if isinstance(extra, dict) else {}
+    if marks and message.message_id is not None:
+        marks[MESSAGE_ID_MARK] = message.message_id
     columns.update(mark_columns(marks or None, where=where, max_bytes=max_bytes), pos=None)
+    if body.get("id") == identity:
+        del body["id"]  # the de-duplication handle store_id() gave it, not data
+    if message.message_id is None:
+        body[NO_ID] = 1  # none was given (a row without one from before 0013 means: the store's id)
     for name in ("message_id", "role", "author_name"):  # e.g. an author_name of 5: refused by name, never str()-ed
         if columns[name] is not None and not isinstance(columns[name], str):
             raise InvalidValueError(f"{where}: {name} must be text, not {type(columns[name]).__name__}")
@@ -96,10 +102,17 @@ def message_record(
 MARK_KEYS = ("_group", "_excluded", "_exclude_reason")
 
 
+MESSAGE_ID_MARK = "$message_id"  # in the marks: the message's message_id, which a compaction may have given it
+
+
 def marks_of(message: Message) -> dict[str, Any] | None:
-    """The compaction marks the message carries now (None: none)."""
+    """The compaction marks the message carries now (None: none), with its ``message_id`` (a compaction gives
+    one to messages without, ``msg_<index>``: its summaries link to them by it)."""
     extra = message.additional_properties
-    return {k: extra[k] for k in MARK_KEYS if k in extra} or None
+    marks = {k: extra[k] for k in MARK_KEYS if k in extra}
+    if marks and message.message_id is not None:
+        marks[MESSAGE_ID_MARK] = message.message_id
+    return marks or None
 
 
 def mark_columns(marks: dict[str, Any] | None, *, where: str, max_bytes: int) -> dict[str, Any]:
@@ -137,6 +150,7 @@ def _column_bytes(value: str, where: str) -> int:
 # A stored body does not repeat what its row's columns hold (the id, role, author, and the text of a message that
 # is one plain text): those are left out, and put back from the columns on the way out (full_body).
 TEXT_FROM_COLUMN = "$text"
+NO_ID = "$no_id"  # the message had no message_id (the model's and the framework's view: None)
 
 
 def _without_columns(body: dict[str, Any], columns: dict[str, Any]) -> dict[str, Any]:
@@ -172,7 +186,7 @@ def full_body(
         filled["contents"] = [{"type": "text", "text": text, "additional_properties": {}}]
     filled.setdefault("type", "message")
     filled.setdefault("role", role)
-    filled.setdefault("message_id", message_id)
+    filled.setdefault("message_id", None if filled.pop(NO_ID, None) else message_id)
     if author_name is not None:
         filled.setdefault("author_name", author_name)
     filled["additional_properties"] = {**filled.get("additional_properties", {}), STORE_ID: message_id}
@@ -187,15 +201,16 @@ STORE_ID = "agent_store_id"
 def store_id(message: Message) -> str:
     """The store's id of ``message``, given the first time agent_store sees it (and kept on the object).
 
-    A message with no ``message_id`` also gets this id as its ``message_id``, so the framework's own
-    de-duplication tells two identical turns apart.
+    A message with no ``message_id`` keeps none (the model, and a compaction's token counts, see it as the
+    framework does), and gets this id as ``id``, the handle the framework's de-duplication reads when there is
+    no ``message_id``: two identical turns stay two.
     """
     identity = message.additional_properties.get(STORE_ID)
     if not isinstance(identity, str):
         identity = uuid.uuid4().hex
         message.additional_properties[STORE_ID] = identity
-    if message.message_id is None:
-        message.message_id = identity
+    if message.message_id is None and getattr(message, "id", None) is None:
+        message.id = identity  # type: ignore[attr-defined]  # never sent, never stored (message_record drops it)
     return identity
 
 
@@ -208,7 +223,12 @@ def message_from_row(
     message = Message.from_dict(dict(full))
     message.additional_properties[STORE_ID] = identity
     if marks:  # the compaction marks, from their own column (decoded per row: the framework edits them in place)
-        message.additional_properties.update(marks)
+        given = {k: v for k, v in marks.items() if k != MESSAGE_ID_MARK}
+        message.additional_properties.update(given)
+        if isinstance(marks.get(MESSAGE_ID_MARK), str):  # the id a compaction gave it, after it was stored
+            message.message_id = marks[MESSAGE_ID_MARK]
+    if message.message_id is None:
+        message.id = identity  # type: ignore[attr-defined]  # see store_id()
     return message
 
 

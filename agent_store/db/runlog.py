@@ -18,10 +18,10 @@ async def record_run(db: AsyncConnection, row: dict[str, Any]) -> None:
 
 
 async def run_recorded(db: AsyncConnection, session_id: str, run_id: str) -> Any:
-    """The log row of a committed run (version, messages_written, state_keys_written), or None."""
+    """The log row of a committed run (version, messages_written, state_keys_written, messages_rewritten)."""
     c = runs_t.c
     found = await db.execute(
-        select(c.version, c.messages_written, c.state_keys_written).where(
+        select(c.version, c.messages_written, c.state_keys_written, c.messages_rewritten).where(
             c.session_id == session_id, c.run_id == run_id, c.outcome == "committed"
         )
     )

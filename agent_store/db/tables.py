@@ -214,6 +214,7 @@ class RunRow(Base):
     version: Mapped[int] = mapped_column(Integer)
     messages_written: Mapped[int] = mapped_column(Integer)
     state_keys_written: Mapped[int] = mapped_column(Integer)
+    messages_rewritten: Mapped[int] = mapped_column(Integer, server_default="0")  # a compaction's (0013)
     started_at: Mapped[datetime] = mapped_column(UTCDateTime())
     committed_at: Mapped[datetime] = mapped_column(UTCDateTime())
     agent_name: Mapped[str | None] = mapped_column(String(ID_MAX))

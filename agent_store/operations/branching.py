@@ -2,6 +2,10 @@
 
 Both cut only where no function call is separated from its result, refuse a seq outside the session, and
 give every copied state row a fresh stamp and the fork a fresh incarnation (a copy never looks unchanged).
+
+Both cut in commit order (seq). A compaction's summary committed after the cut is not kept, so the messages it
+replaced are included again, as they were before it was made: a summary is never cut from what it summarizes,
+and no message is left excluded in favour of a summary that is not there.
 """
 
 from __future__ import annotations
@@ -9,11 +13,12 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import delete, func, literal, select, update
+from sqlalchemy import cast, delete, exists, func, literal, select, update
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects.postgresql import UUID
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from agent_store.db import codec
+from agent_store.db import codec, message_rows, rewrites
 from agent_store.db.database import Database
 from agent_store.db.statements import lock_user, new_stamp, not_found
 from agent_store.db.tables import messages_t, sessions_t, state_t, tool_calls_t
@@ -60,6 +65,7 @@ async def truncate(db: Database, session_id: str, user_id: str | None, after_seq
         M = messages_t.c
         removed = (await conn.execute(delete(messages_t).where(M.session_id == session_id, M.seq > cut))).rowcount
         await conn.execute(update(sessions_t).where(S.id == session_id).values(next_seq=cut + 1, version=S.version + 1))
+        await _include_unsummarized(conn, session_id, db.settings.max_value_bytes)
     return int(removed)
 
 
@@ -88,7 +94,28 @@ async def fork(db: Database, session_id: str, user_id: str | None, at_seq: int |
         await _copy(conn, messages_t, session_id, new_id, messages_t.c.seq <= cut)
         await _copy(conn, tool_calls_t, session_id, new_id, tool_calls_t.c.seq <= cut)
         await _copy(conn, state_t, session_id, new_id, None, version=new_stamp())
+        await _include_unsummarized(conn, new_id, db.settings.max_value_bytes)
     return new_id
+
+
+async def _include_unsummarized(conn: AsyncConnection, session_id: str, max_bytes: int) -> None:
+    """Messages whose summary is gone (cut off) are included again, their summary link dropped."""
+    M, summary = messages_t.c, messages_t.alias("summary")
+    same = [summary.c.session_id == session_id, summary.c.message_id == M.summarized_by]
+    if conn.dialect.name == "postgresql":  # through the unique index on md5(message_id)::uuid (0011)
+        same.append(cast(func.md5(summary.c.message_id), UUID) == cast(func.md5(M.summarized_by), UUID))
+    gone = ~exists().where(*same)
+    found = select(M.message_id, M.marks).where(M.session_id == session_id, M.summarized_by.is_not(None), gone)
+    columns: dict[str, dict[str, Any]] = {}
+    for message_id, marks in (await conn.execute(found)).all():
+        marks = dict(marks or {})
+        group = marks.get("_group")
+        if isinstance(group, dict):
+            marks["_group"] = {k: v for k, v in group.items() if k != "_summarized_by_summary_id"}
+        marks["_excluded"] = False
+        marks.pop("_exclude_reason", None)
+        columns[message_id] = message_rows.mark_columns(marks, where=f"message {message_id!r}", max_bytes=max_bytes)
+    await rewrites.rewrite_marks(conn, session_id, columns)
 
 
 async def _copy(conn: AsyncConnection, table: Any, source_id: str, new_id: str, condition: Any, **fixed: Any) -> None:

@@ -20,6 +20,7 @@ names its line; the import is all or nothing, so a refused row means nothing was
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, date, datetime
 from typing import Any, get_args, get_type_hints
 
@@ -27,7 +28,7 @@ from agent_framework import Content, Message
 
 # codec.py's private state-type registry and tags: the same rules, not a copy of them.
 from agent_framework._sessions import _STATE_TYPE_REGISTRY
-from sqlalchemy import BigInteger, Integer, String, Table
+from sqlalchemy import BigInteger, Boolean, Integer, String, Table
 
 from agent_store.db import codec, message_rows
 from agent_store.db.codec import _TAGS
@@ -121,6 +122,8 @@ def _columns(table: Table, data: dict[str, Any], filled: set[str]) -> dict[str, 
             values[column.name] = codec.dumps(value, where=where, sort_keys=not exact)
         elif isinstance(column.type, String):  # Text too
             _check_text(value, where, column.type.length)
+        elif isinstance(column.type, Boolean) and not isinstance(value, bool):
+            raise InvalidValueError(f"{where} must be true or false, not {type(value).__name__}")
     return values
 
 
@@ -165,6 +168,14 @@ def check_message(values: dict[str, Any], parsed: Any, settings: Settings) -> No
         raise InvalidValueError(why[:300]) from exc
     if encoded.columns["role"] != values["role"]:
         raise InvalidValueError(f"{where}: its role column {values['role']!r} is not its body's role")
+    marks = values.get("marks")
+    if marks is not None:  # a compaction's marks (0013): what load puts back, and the columns that say the same
+        marks = json.loads(marks)
+        if not isinstance(marks, dict) or not set(marks) <= {*message_rows.MARK_KEYS, message_rows.MESSAGE_ID_MARK}:
+            raise InvalidValueError(f"{where}: marks must be a JSON object of the compaction's keys")
+        same = message_rows.mark_columns(marks, where=where, max_bytes=settings.max_value_bytes)
+        if (same["excluded"], same["exclude_reason"]) != (values.get("excluded", False), values.get("exclude_reason")):
+            raise InvalidValueError(f"{where}: excluded and exclude_reason must say what its marks say")
 
 
 def check_framework_message(message: Message, where: str) -> None:

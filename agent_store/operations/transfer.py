@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Table, insert, select, tuple_
+from sqlalchemy import Table, insert, or_, select, tuple_
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -140,10 +140,12 @@ async def _export_session(db: Database, sid: str) -> AsyncIterator[str]:
             tool_rows = (await conn.execute(select(tool_calls_t).where(*tools).order_by(T.seq, T.call_id))).all()
             rewritten = await _rewritten(conn, row, select(M.run_id).where(*window))
         expected = upto - after - 1
-        # Messages below next_seq never change, unless the session is cleared or truncated and written again:
-        # then a page is short, or holds a message of a commit later than the session row that was read.
+        # Messages below next_seq never change, unless the session is cleared or truncated and written again
+        # (then a page is short, or holds a message of a commit later than the session row that was read), or a
+        # compaction rewrote stored messages (its run logs messages_rewritten).
         if len(page) != expected or rewritten:
-            raise ConflictError(sid, [], reason="the session was truncated or cleared while it was being exported")
+            raise ConflictError(sid, [], reason="the session was truncated, cleared or compacted while it was being "
+                                                "exported")  # fmt: skip
         after = page[-1].seq
         for r in page:
             yield _line("message", _to_json(messages_t, r))
@@ -156,7 +158,10 @@ async def _rewritten(conn: AsyncConnection, session: Any, run_ids: Any) -> bool:
     committed after it: by incarnation and version (commit order), never by comparing app servers' clocks."""
     S, R = sessions_t.c, runs_t.c
     now = (await conn.execute(select(S.incarnation).where(S.id == session.id))).scalar_one_or_none()
-    later = select(R.run_id).where(R.session_id == session.id, R.run_id.in_(run_ids), R.version > session.version)
+    # A message of the page committed later, or any later commit that rewrote stored messages (a compaction's
+    # marks and places: pages already exported would no longer match).
+    later = select(R.run_id).where(R.session_id == session.id, R.version > session.version)
+    later = later.where(or_(R.run_id.in_(run_ids), R.messages_rewritten > 0))
     return bool(now != session.incarnation or (await conn.execute(later.limit(1))).first() is not None)
 
 

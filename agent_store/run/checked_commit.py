@@ -19,8 +19,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 import agent_store.run.positions as positions
 import agent_store.run.replays as replays
 from agent_store.db import codec, erasures, message_rows, rewrites, runlog
-from agent_store.db.load_statement import POSITION_STEP
 from agent_store.db import statements as sql
+from agent_store.db.load_statement import POSITION_STEP
 from agent_store.db.scopes import APP_PREFIX, USER_PREFIX, scope_of
 from agent_store.db.stored_twice import StoredTwice
 from agent_store.errors import ConflictError
@@ -92,8 +92,7 @@ async def write(
                 raise ConflictError(sid, lost)
         upserts = {k: v for k, v in delta.upserts.items() if k in keys}
         await sql.write_state(db, scope, upserts, [k for k in delta.deletes if k in keys], delta.stamp, now)
-    if delta.rewrites:
-        await _rewrite(db, call, version)
+    rewritten = await _rewrite(db, call, version) if delta.rewrites else 0
     records, first_seq = delta.messages, next_seq - len(delta.messages)
     if records and snap.verify_new_ids:
         # Skip any message this run carries that is stored already (a retried save of a session it did not load),
@@ -112,11 +111,11 @@ async def write(
     except IntegrityError as exc:  # (session_id, message_id) is unique: an old message added to the history
         raise StoredTwice(sid, [r.message_id for r in records]) from exc
     log = runlog.run_log_row(call.log_ids, version, records, len(delta.changed_keys), delta.usage, "committed")
-    await runlog.record_run(db, log)
-    return incarnation, (version, len(records), len(delta.changed_keys)), maybe_landed
+    await runlog.record_run(db, {**log, "messages_rewritten": rewritten})
+    return incarnation, (version, len(records), len(delta.changed_keys), rewritten), maybe_landed
 
 
-async def _rewrite(db: AsyncConnection, call: OneCall, version: int) -> None:
+async def _rewrite(db: AsyncConnection, call: OneCall, version: int) -> int:
     """A compaction's changes to the stored history (run/compaction.py), on the history as the run loaded it.
 
     They are computed against the loaded list, so they hold only if no other commit came between: otherwise
@@ -145,7 +144,9 @@ async def _rewrite(db: AsyncConnection, call: OneCall, version: int) -> None:
     new_ids = {r.message_id for r in delta.messages}
     for record in delta.messages:
         record.columns["pos"] = placed.get(record.message_id)
+    moved = {mid: place for mid, place in placed.items() if mid not in new_ids}
     await rewrites.rewrite_marks(db, sid, delta.rewrites.marks)
-    await rewrites.move(db, sid, {mid: place for mid, place in placed.items() if mid not in new_ids})
+    await rewrites.move(db, sid, moved)
     delta.rewrites.placed.clear()
     delta.rewrites.placed.update(placed)
+    return len(delta.rewrites.marks.keys() | moved.keys())

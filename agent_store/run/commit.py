@@ -279,7 +279,7 @@ class Run:
 
     def _committed(self, delta: Delta, incarnation: int, written: Any) -> CommitResult:
         """Make the snapshot describe the database as this run left it, so a later commit writes only news."""
-        version, messages, keys = written
+        version, messages, keys, *rest = written
         snap = self._snapshot
         self._places_committed(delta, int(version), int(messages))
         if not snap.exists and int(version) != 1:
@@ -300,8 +300,8 @@ class Run:
         return CommitResult(
             session_id=self.session.session_id, run_id=delta.run_id, version=int(version),
             messages_written=int(messages), state_keys_written=int(keys),
+            messages_rewritten=int(rest[0] if rest else 0),
         )  # fmt: skip
-
 
     def _places_committed(self, delta: Delta, version: int, written: int) -> None:
         """Where this commit's messages now are in the list, and their marks, for a later commit's compaction."""
@@ -312,7 +312,9 @@ class Run:
             return
         first_seq = snap.end // POSITION_STEP if snap.exists else 0
         for i, record in enumerate(delta.messages):
-            snap.places[record.message_id] = delta.rewrites.placed.get(record.message_id, (first_seq + i) * POSITION_STEP)
+            snap.places[record.message_id] = delta.rewrites.placed.get(
+                record.message_id, (first_seq + i) * POSITION_STEP
+            )
             if record.columns["marks"] is not None:
                 snap.marks[record.message_id] = record.columns["marks"]
         for message_id, columns in delta.rewrites.marks.items():

@@ -94,6 +94,12 @@ def diff(
             kept[history_key] = rest
     elif slot is not None:
         kept[history_key] = slot
+    for key, value in list(kept.items()):  # a provider's slot that shows the run's history (for a compaction)
+        if isinstance(value, dict) and value.get("messages") is history:
+            if rest := {k: v for k, v in value.items() if k != "messages"}:
+                kept[key] = rest
+            else:
+                del kept[key]
     upserts: dict[str, str] = {}
     for key, value in kept.items():
         codec.check_id(key, "a state key")

@@ -54,15 +54,15 @@ def assign(order: Order, lows: Mapping[int, int], *, first_low: int, end: int) -
     """New places for the messages of ``order`` that need one (and for stored ones that must make room).
 
     A run of messages needing places goes between the stored messages around it in ``order``. Where the load
-    skipped stored messages (a window, or only the included ones), ``lows`` maps the place of the stored message
-    after a run to its stored predecessor's (read in the commit's transaction), and the run goes above that: a
-    run that had to take in stored messages to make room goes above the one before it. ``first_low``: the place below a run at the very start; ``end``: the place above
-    a run at the end (the next seq's place: what the commit appends goes after it).
+    skipped stored messages (a window, or only the included ones), ``lows`` maps the place of the stored
+    message after a run to its stored predecessor's (read in the commit's transaction), and the run goes above
+    that. ``first_low``: the place below a run at the very start; ``end``: the place above a run at the end
+    (the next seq's place: what the commit appends goes after it).
     """
     placed: dict[str, int] = {}
     lo, i = first_low, 0
     while i < len(order):
-        identity, place = order[i]
+        place = order[i][1]
         if place is not None:
             lo, i = place, i + 1
             continue

@@ -26,8 +26,8 @@ __all__ = ["as_given", "not_replayed"]
 
 def as_given(message: Message) -> Message:
     """A stored message as its provider gave it: one that came with no id is known by its content (the store
-    gave it its own id as ``message_id``), as the framework's de-duplication knows it."""
-    if message.message_id != message.additional_properties.get(STORE_ID):
+    gave it its own id as ``id``, or before 0013 as ``message_id``), as the framework's de-duplication knows it."""
+    if message.message_id is not None and message.message_id != message.additional_properties.get(STORE_ID):
         return message
     return Message(role=message.role, contents=message.contents)
 

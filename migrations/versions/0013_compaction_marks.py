@@ -10,6 +10,9 @@ summaries and what they summarize) and inserts summary messages in the middle of
 - ``pos``: the message's place in the list where it differs from commit order (NULL: at its ``seq``). The list
   order is ``coalesce(pos, seq * 2^32)``; ``seq`` stays gap-free and in commit order.
 
+The run log counts the stored messages each commit rewrote (``agent_runs.messages_rewritten``): an export that
+meets one mid-way knows its earlier pages changed.
+
 The ``agent_model_view`` view is what the model sees: the included messages, ordered by ``position``. No index
 is added: a session never compacted costs only the NULLs' bits.
 
@@ -48,11 +51,14 @@ def upgrade() -> None:
     op.add_column("agent_messages", sa.Column("excluded", sa.Boolean(), nullable=False, server_default=sa.false()))
     op.add_column("agent_messages", sa.Column("exclude_reason", sa.String(255), nullable=True))
     op.add_column("agent_messages", sa.Column("summarized_by", sa.String(255), nullable=True))
+    op.add_column("agent_runs", sa.Column("messages_rewritten", sa.Integer(), nullable=False, server_default="0"))
     op.execute(MODEL_VIEW)
 
 
 def downgrade() -> None:
     op.execute("DROP VIEW agent_model_view")
+    with op.batch_alter_table("agent_runs") as batch:
+        batch.drop_column("messages_rewritten")
     with op.batch_alter_table("agent_messages") as batch:
         for column in ("summarized_by", "exclude_reason", "excluded", "marks", "pos"):
             batch.drop_column(column)
