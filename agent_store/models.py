@@ -60,7 +60,13 @@ class MessageRecord(_Model):
     author_name: str | None
     text: str
     created_at: datetime
-    body: dict[str, Any]
+    body: dict[str, Any]  # with its compaction marks in additional_properties, as the framework left them
+    # Compaction (see the README): left out of what the model sees, why, by which summary (its message_id), and
+    # its place in the framework's list where that is not its seq's (pos; the order is coalesce(pos, seq << 32)).
+    excluded: bool = False
+    exclude_reason: str | None = None
+    summarized_by: str | None = None
+    pos: int | None = None
 
 
 class SearchHit(_Model):
@@ -75,6 +81,8 @@ class SearchHit(_Model):
     snippet: str  # up to ~120 characters around the first match ("…" where cut)
     marks: list[tuple[int, int]]  # (start, end) of each match within ``snippet``
     rank: int  # how many of the query's terms the message holds
+    excluded: bool = False  # a compaction left it out of what the model sees
+    summarized_by: str | None = None  # the store id (agent_messages.message_id) of the summary that replaced it
 
 
 class SearchPage(_Model):

@@ -194,9 +194,13 @@ def create_app(
         panels = await browse.session_panels(store.db, info.id, info.user_id, store.app_id)
         results = {c["call_id"]: c for m in messages for c in m.body.get("contents", [])
                    if c.get("type") == "function_result" and c.get("call_id")}  # fmt: skip  # none: shown alone
+        # A compaction's summaries fold what they replaced; an excluded message links to its summary.
+        summaries = [m.message_id for m in messages if _summary_of(m.body)]
+        folded = await browse.summarized(store.db, info.id, summaries)
+        seq_of = {m.message_id: m.seq for m in messages}
         return page("session.html", s=info, messages=messages, after=after, panels=panels, results=results,
                     checkpoints=await browse.user_checkpoints(store.db, info.user_id), page_size=page_size,
-                    user=info.user_id)  # fmt: skip
+                    user=info.user_id, folded=folded, seq_of=seq_of)  # fmt: skip
 
     @read_only
     async def session_jsonl(request: Request) -> Response:
@@ -241,3 +245,9 @@ def create_app(
             await store.close()
 
     return Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
+
+
+def _summary_of(body: dict[str, Any]) -> bool:
+    """Whether a message is a compaction's summary (it names the messages it replaced)."""
+    group = body.get("additional_properties", {}).get("_group")
+    return isinstance(group, dict) and bool(group.get("_summary_of_message_ids") or group.get("_summary_of_group_ids"))

@@ -68,3 +68,19 @@ async def user_checkpoints(db: Database, user_id: str | None, limit: int = 20) -
     async with db.transaction(write=False, replica=True, doing="reading workflow checkpoints") as conn:
         query = select(*columns).where(C.user_id == owner).order_by(C.saved_at.desc(), C.seq.desc()).limit(limit)
         return list((await conn.execute(query)).all())
+
+
+async def summarized(db: Database, session_id: str, summary_ids: Sequence[str]) -> dict[str, list[Any]]:
+    """For each summary (by store id), the messages it replaced: (seq, role, text), in the session's order."""
+    if not summary_ids:
+        return {}
+    found: dict[str, list[Any]] = {}
+    async with db.transaction(write=False, replica=True, doing="reading summarized messages") as conn:
+        query = (
+            select(M.summarized_by, M.seq, M.role, M.text)
+            .where(M.session_id == session_id, M.summarized_by.in_(list(summary_ids)))
+            .order_by(M.seq)
+        )
+        for row in await conn.execute(query):
+            found.setdefault(row.summarized_by, []).append(row)
+    return found

@@ -59,7 +59,7 @@ SESSION, STATE, MESSAGE = 0, 1, 2
 _COLUMNS = {
     "key": String(), "other": String(), "doc": JsonText(), "n1": BigInteger(), "n2": BigInteger(),
     "n3": BigInteger(), "t1": UTCDateTime(), "t2": UTCDateTime(), "author": String(), "text": Text(),
-    "marks": JsonText(),
+    "marks": JsonText(), "links": JsonText(),
 }  # fmt: skip
 POSITION_STEP = 2**32  # a message at seq n is at position n << 32 unless moved: 2^32 places between two of them
 _S, _M = sessions_t.c, messages_t.c
@@ -146,26 +146,23 @@ def _statement(with_user: bool, window: str, included_only: bool) -> Any:
     # it without a sort. Otherwise, planned before the table has statistics (each connection keeps a generic plan
     # made from its first runs), the message-id index ties with it on cost and can win: a window of 20 then
     # reads the session's every message (the bench's 5,000-message window ran at 2 ms instead of 0.7).
-    messages = (
-        select(
-            *_branch(
-                MESSAGE,
-                key=_M.message_id,
-                other=_M.role,
-                doc=_M.body,
-                n1=_M.seq,
-                n3=position(),
-                author=_M.author_name,
-                text=_M.text,
-                marks=_M.marks,
-            )
-        )
-        .where(_M.session_id == bindparam("sid"), _M.seq >= start)
-        .where(*([_M.excluded == false()] if included_only else []))
-        .order_by(_M.seq)
-        .subquery("messages")
-    )
-    branches.append(select(*messages.c))
+    columns = _branch(
+        MESSAGE, key=_M.message_id, other=_M.role, doc=_M.body, n1=_M.seq, n3=position(), author=_M.author_name,
+        text=_M.text, marks=_M.marks, links=None if included_only else _M.summary_of,
+    )  # fmt: skip
+    if not included_only:
+        messages = select(*columns).where(_M.session_id == bindparam("sid"), _M.seq >= start).order_by(_M.seq)
+        branches.append(select(*messages.subquery("messages").c))
+    else:
+        # Only what the model sees, reading no excluded original: from included_from up, the included rows of
+        # the range; below it, the included rows a compaction placed (summaries), through the partial index.
+        included_from = select(func.coalesce(_S.included_from, 0)).where(_S.id == bindparam("sid")).scalar_subquery()
+        lower = case((included_from > start, included_from), else_=start)  # one bound: the range is an index's
+        upper = select(*columns).where(_M.session_id == bindparam("sid"), _M.seq >= lower, _M.excluded == false())
+        upper = upper.order_by(_M.seq)
+        placed = select(*columns).where(_M.session_id == bindparam("sid"), _M.seq >= start, _M.excluded == false())
+        placed = placed.where(_M.seq < included_from, _M.pos.is_not(None)).order_by(_M.seq)
+        branches += [select(*upper.subquery("upper").c), select(*placed.subquery("placed").c)]
     union = union_all(*branches)
     return union.order_by(union.selected_columns.kind, union.selected_columns.n3, union.selected_columns.n1)
 

@@ -115,19 +115,37 @@ def marks_of(message: Message) -> dict[str, Any] | None:
     return marks or None
 
 
+# A summary's links to what it replaced (in its _group), written once, when the summary is made: kept in their
+# own column (summary_of), which a load of only the included messages leaves unread (a summary of 5,000
+# messages names 5,000 ids). A rewrite that does not carry them (such a load's) keeps the stored ones.
+SUMMARY_LINKS = ("_summary_of_message_ids", "_summary_of_group_ids")
+
+
 def mark_columns(marks: dict[str, Any] | None, *, where: str, max_bytes: int) -> dict[str, Any]:
     """The row's compaction columns for ``marks`` (``summarized_by`` is the caller's: it names a store id)."""
     if not marks:
-        return {"marks": None, "excluded": False, "exclude_reason": None, "summarized_by": None}
+        return {"marks": None, "excluded": False, "exclude_reason": None, "summarized_by": None, "summary_of": None}
     reason = marks.get("_exclude_reason")
     if reason is not None and (not isinstance(reason, str) or len(reason) > 255):
         raise InvalidValueError(f"{where}: _exclude_reason must be text of at most 255 characters")
+    group, links = marks.get("_group"), None
+    if isinstance(group, dict) and any(k in group for k in SUMMARY_LINKS):
+        links = {k: group[k] for k in SUMMARY_LINKS if k in group}
+        marks = {**marks, "_group": {k: v for k, v in group.items() if k not in SUMMARY_LINKS}}
     return {
         "marks": dumps(marks, where=f"{where} compaction marks", max_bytes=max_bytes),
         "excluded": bool(marks.get("_excluded", False)),
         "exclude_reason": reason,
         "summarized_by": None,
+        "summary_of": None if links is None else dumps(links, where=f"{where} summary links", max_bytes=max_bytes),
     }
+
+
+def with_links(marks: dict[str, Any] | None, links: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The marks as the framework wrote them: the summary links put back into ``_group``."""
+    if not marks or not links or not isinstance(marks.get("_group"), dict):
+        return marks
+    return {**marks, "_group": {**marks["_group"], **links}}
 
 
 def summary_link(marks: dict[str, Any] | None) -> str | None:
@@ -223,7 +241,8 @@ def message_from_row(
     message = Message.from_dict(dict(full))
     message.additional_properties[STORE_ID] = identity
     if marks:  # the compaction marks, from their own column (decoded per row: the framework edits them in place)
-        given = {k: v for k, v in marks.items() if k != MESSAGE_ID_MARK}
+        # Copies: the framework edits a mark in place (_group), and the loaded marks are what a commit compares.
+        given = {k: dict(v) if isinstance(v, dict) else v for k, v in marks.items() if k != MESSAGE_ID_MARK}
         message.additional_properties.update(given)
         if isinstance(marks.get(MESSAGE_ID_MARK), str):  # the id a compaction gave it, after it was stored
             message.message_id = marks[MESSAGE_ID_MARK]

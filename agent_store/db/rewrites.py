@@ -8,15 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import bindparam, cast, func, select, update
+from sqlalchemy import bindparam, case, cast, func, literal, select, update
 from sqlalchemy.dialects.postgresql import UUID
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agent_store.db.load_statement import position
 from agent_store.db.statements import id_hash
-from agent_store.db.tables import messages_t
+from agent_store.db.tables import JsonText, messages_t, sessions_t
 
-__all__ = ["move", "place_below", "rewrite_marks"]
+__all__ = ["lower_included_from", "move", "place_below", "rewrite_marks"]
 _M = messages_t.c
 
 
@@ -38,9 +38,11 @@ async def rewrite_marks(db: AsyncConnection, session_id: str, columns: dict[str,
     """Set each message's mark columns (``message_rows.mark_columns``), by store id."""
     if not columns:
         return
-    names = ("marks", "excluded", "exclude_reason", "summarized_by")
+    names = ("marks", "excluded", "exclude_reason", "summarized_by", "summary_of")
     statement = update(messages_t).where(*_this_message(db.dialect.name))
     statement = statement.values({name: bindparam(f"new_{name}") for name in names})
+    # A summary's links are written once: a rewrite without them (a load that did not read them) keeps them.
+    statement = statement.values(summary_of=func.coalesce(bindparam("new_summary_of", type_=JsonText()), _M.summary_of))
     rows = [
         {**_params(db, session_id, mid), **{f"new_{name}": values[name] for name in names}}
         for mid, values in columns.items()
@@ -60,3 +62,10 @@ async def place_below(db: AsyncConnection, session_id: str, place: int) -> int |
     """The place of the stored message right before ``place`` in the list (None: nothing is before it)."""
     found = select(func.max(position())).where(_M.session_id == session_id, position() < place)
     return (await db.execute(found)).scalar()
+
+
+async def lower_included_from(db: AsyncConnection, session_id: str, value: int, *, exactly: bool = False) -> None:
+    """Set ``agent_sessions.included_from`` (0013) to ``value`` when ``exactly``, else lower it to ``value``."""
+    S = sessions_t.c
+    new = literal(value) if exactly else case((S.included_from > value, value), else_=S.included_from)
+    await db.execute(update(sessions_t).where(S.id == session_id).values(included_from=new))

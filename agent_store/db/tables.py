@@ -136,6 +136,8 @@ class SessionRow(Base):
     version: Mapped[int] = mapped_column(Integer, default=0)
     # Next free message seq; also the message count. Bumped under the row lock so seq is gap-free.
     next_seq: Mapped[int] = mapped_column(Integer, default=0)
+    # Below this seq every included message has a pos (a compaction placed it): see migration 0013. NULL: 0.
+    included_from: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime())  # last activity: what listings sort by
     title: Mapped[str | None] = mapped_column(String(512))
@@ -158,6 +160,9 @@ class SessionRow(Base):
             sqlite_where=text("forked_from IS NOT NULL"),
         ),  # a session's branches
     )
+
+
+PLACED = text("pos IS NOT NULL")  # the rows a compaction placed: summaries, a few per session (0013)
 
 
 class MessageRow(Base):
@@ -183,9 +188,13 @@ class MessageRow(Base):
     excluded: Mapped[bool] = mapped_column(Boolean, server_default=false())
     exclude_reason: Mapped[str | None] = mapped_column(String(ID_MAX))
     summarized_by: Mapped[str | None] = mapped_column(String(ID_MAX))  # the store id of the summary replacing it
+    summary_of: Mapped[Any | None] = mapped_column(JsonText())  # a summary's links, apart (message_rows.SUMMARY_LINKS)
 
     # On PostgreSQL the index keys md5(message_id)::uuid, 16 bytes instead of the id's text (migration 0011).
-    __table_args__ = (Index(None, "session_id", "message_id", unique=True),)
+    __table_args__ = (
+        Index(None, "session_id", "message_id", unique=True),
+        Index("ix_agent_messages_placed", "session_id", "seq", postgresql_where=PLACED, sqlite_where=PLACED),
+    )
 
 
 class StateRow(Base):

@@ -65,6 +65,7 @@ async def truncate(db: Database, session_id: str, user_id: str | None, after_seq
         M = messages_t.c
         removed = (await conn.execute(delete(messages_t).where(M.session_id == session_id, M.seq > cut))).rowcount
         await conn.execute(update(sessions_t).where(S.id == session_id).values(next_seq=cut + 1, version=S.version + 1))
+        await rewrites.lower_included_from(conn, session_id, cut + 1)  # never above next_seq
         await _include_unsummarized(conn, session_id, db.settings.max_value_bytes)
     return int(removed)
 
@@ -88,6 +89,7 @@ async def fork(db: Database, session_id: str, user_id: str | None, at_seq: int |
                    last_run_at=None, closed_at=None, forked_from=session_id, forked_at_seq=cut)  # fmt: skip
         row["metadata"] = codec.dumps(row["metadata"] or {}, where="metadata")
         row["service_session_id"] = None  # a service-side thread cannot be branched from here
+        row["included_from"] = min(row["included_from"] or 0, cut + 1)  # never above next_seq (0013)
         insert = (postgresql if conn.dialect.name == "postgresql" else sqlite).insert(sessions_t)
         if not (await conn.execute(insert.on_conflict_do_nothing(), row)).rowcount:
             raise InvalidValueError(f"new_id {new_id!r} is already in use; choose another id")
@@ -116,6 +118,8 @@ async def _include_unsummarized(conn: AsyncConnection, session_id: str, max_byte
         marks.pop("_exclude_reason", None)
         columns[message_id] = message_rows.mark_columns(marks, where=f"message {message_id!r}", max_bytes=max_bytes)
     await rewrites.rewrite_marks(conn, session_id, columns)
+    if columns:  # included again, and not placed maybe: a load of the included reads the whole range
+        await rewrites.lower_included_from(conn, session_id, 0, exactly=True)
 
 
 async def _copy(conn: AsyncConnection, table: Any, source_id: str, new_id: str, condition: Any, **fixed: Any) -> None:

@@ -143,6 +143,7 @@ def _check_session(values: dict[str, Any], row: dict[str, Any]) -> None:
         codec.check_int(values["ttl_seconds"], "session.ttl_seconds", low=1, high=codec.INT32)
     if not isinstance(row.get("service_session_id"), (str, dict, type(None))):  # AgentSession's own types
         raise InvalidValueError("session.service_session_id must be text, a JSON object or null")
+    values["included_from"] = None  # a hint for loads of the included (0013), never taken on trust: 0
 
 
 def check_message(values: dict[str, Any], parsed: Any, settings: Settings) -> None:
@@ -176,6 +177,9 @@ def check_message(values: dict[str, Any], parsed: Any, settings: Settings) -> No
         same = message_rows.mark_columns(marks, where=where, max_bytes=settings.max_value_bytes)
         if (same["excluded"], same["exclude_reason"]) != (values.get("excluded", False), values.get("exclude_reason")):
             raise InvalidValueError(f"{where}: excluded and exclude_reason must say what its marks say")
+    links = json.loads(values["summary_of"]) if values.get("summary_of") is not None else None
+    if links is not None and (not isinstance(links, dict) or not set(links) <= set(message_rows.SUMMARY_LINKS)):
+        raise InvalidValueError(f"{where}: summary_of must be a JSON object of a summary's links")
 
 
 def check_framework_message(message: Message, where: str) -> None:

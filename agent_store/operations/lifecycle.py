@@ -161,14 +161,19 @@ async def messages(
         query = select(messages_t).where(M.session_id == session_id, M.seq > after_seq).order_by(M.seq).limit(limit)
         rows = (await conn.execute(query)).mappings().all()
     cipher = db.settings.message_cipher
-    return [MessageRecord(**{**row, "body": _full(row, cipher, sealed_ok)}) for row in rows]
+    return [MessageRecord(**{**row, "body": _full(row, cipher, sealed_ok)}) for row in rows]  # marks: in the body
 
 
 def _full(row: Any, cipher: message_rows.MessageCipher | None, sealed_ok: bool = False) -> Any:
     if sealed_ok and cipher is None and isinstance(row["body"], dict) and message_rows.ENCRYPTED in row["body"]:
         return {"type": "message", "role": row["role"], "contents": [], "encrypted": True}
-    return message_rows.full_body(row["body"], cipher, message_id=row["message_id"], role=row["role"],
-                           author_name=row["author_name"], text=row["text"])  # fmt: skip
+    body = message_rows.full_body(row["body"], cipher, message_id=row["message_id"], role=row["role"],
+                                  author_name=row["author_name"], text=row["text"])  # fmt: skip
+    if marks := message_rows.with_links(row.get("marks"), row.get("summary_of")):  # where the framework keeps them
+        body = {**body, "additional_properties": {**body.get("additional_properties", {}), **marks}}
+        if isinstance(given := body["additional_properties"].pop(message_rows.MESSAGE_ID_MARK, None), str):
+            body["message_id"] = given
+    return body
 
 
 async def _change(db: Database, doing: str, session_id: str, user_id: str | None, **values: Any) -> None:
@@ -215,7 +220,9 @@ async def clear(db: Database, session_id: str, user_id: str | None) -> int:
     async with db.transaction(write=True, doing="clearing a session") as conn:
         if (
             await conn.execute(
-                update(sessions_t).where(*owned(session_id, user_id)).values(next_seq=0, version=S.version + 1)
+                update(sessions_t)
+                .where(*owned(session_id, user_id))
+                .values(next_seq=0, version=S.version + 1, included_from=None)
             )
         ).rowcount == 0:
             raise not_found(session_id, user_id)

@@ -16,6 +16,7 @@ from sqlalchemy.engine import Row
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+import agent_store.run.compaction as compaction
 import agent_store.run.positions as positions
 import agent_store.run.replays as replays
 from agent_store.db import codec, erasures, message_rows, rewrites, runlog
@@ -130,8 +131,7 @@ async def _rewrite(db: AsyncConnection, call: OneCall, version: int) -> int:
     placed: dict[str, int] = {}
     if delta.rewrites.needs_places:
         lows: dict[int, int] = {}
-        stored = [place for _, place in order if place is not None]
-        first_low = (stored[0] if stored else snap.end) - POSITION_STEP
+        first_low = compaction.first_low(order, snap.end)
         if snap.gapped:  # stored messages may lie between loaded ones: place each run right before what follows it
             for i, (_, place) in enumerate(order):
                 if place is None and (i + 1 == len(order) or order[i + 1][1] is not None):
@@ -147,6 +147,8 @@ async def _rewrite(db: AsyncConnection, call: OneCall, version: int) -> int:
     moved = {mid: place for mid, place in placed.items() if mid not in new_ids}
     await rewrites.rewrite_marks(db, sid, delta.rewrites.marks)
     await rewrites.move(db, sid, moved)
+    exactly = delta.rewrites.knows_every_included
+    await rewrites.lower_included_from(db, sid, delta.rewrites.included_from, exactly=exactly)
     delta.rewrites.placed.clear()
     delta.rewrites.placed.update(placed)
     return len(delta.rewrites.marks.keys() | moved.keys())

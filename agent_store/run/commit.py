@@ -20,6 +20,7 @@ Concurrency is settled by the database, not by locks in this process:
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from collections.abc import Iterable, Mapping
@@ -33,7 +34,7 @@ import agent_store.run.checked_commit as checked_commit
 import agent_store.run.commit_postgresql as commit_postgresql
 import agent_store.run.commit_sqlite as commit_sqlite
 import agent_store.telemetry as telemetry
-from agent_store.db import codec, runlog
+from agent_store.db import codec, message_rows, runlog
 from agent_store.db.database import Database
 from agent_store.db.load_statement import POSITION_STEP
 from agent_store.db.scopes import scopes
@@ -48,9 +49,10 @@ from agent_store.errors import (
     StorageUnavailableError,
 )
 from agent_store.models import CommitResult
-from agent_store.run.delta import Delta, IdentifiedHistory, Snapshot, assign_id, diff
+from agent_store.run.delta import Delta, IdentifiedHistory, assign_id, diff
 from agent_store.run.one_call import OneCall
 from agent_store.run.read_times import UNKNOWN
+from agent_store.run.snapshot import Snapshot
 from agent_store.run.stored_session import StoredSession
 
 __all__ = ["ERASURE_MARGIN", "HISTORY_KEY", "KEY_MAX", "Run", "StoredSession", "run_of"]
@@ -179,7 +181,7 @@ class Run:
         one_call = commit_postgresql if self.db.dialect == "postgresql" else commit_sqlite
         # The common case: a first attempt, outside a serialized run, no key to look up, a session it loaded.
         fast = one_call.AVAILABLE and not retry and self._held is None and self._key is None
-        fast = fast and not snap.verify_new_ids and not delta.compacts  # a compaction's rewrites: checked_commit
+        fast = fast and not snap.verify_new_ids and (not delta.compacts or one_call.takes(self._one_call(delta)))
         held, self._held = self._held, None  # a serialized run's lock ends with this commit, either way
         with telemetry.operation("commit", session_id=self.session.session_id) as span:
             written, attempts = None, 1 if held is not None else 2  # a dead pooled connection: once more
@@ -316,14 +318,20 @@ class Run:
                 record.message_id, (first_seq + i) * POSITION_STEP
             )
             if record.columns["marks"] is not None:
-                snap.marks[record.message_id] = record.columns["marks"]
+                snap.marks[record.message_id] = _as_loaded(record.columns)
         for message_id, columns in delta.rewrites.marks.items():
             if columns["marks"] is None:
                 snap.marks.pop(message_id, None)
             else:
-                snap.marks[message_id] = columns["marks"]
+                snap.marks[message_id] = _as_loaded(columns)
         snap.places.update(delta.rewrites.placed)
         snap.end = (first_seq + len(delta.messages)) * POSITION_STEP
+
+
+def _as_loaded(columns: dict[str, Any]) -> dict[str, Any]:
+    """A message's marks as a load reads its mark columns back (the summary's links into its _group)."""
+    links = json.loads(columns["summary_of"]) if columns["summary_of"] is not None else None
+    return message_rows.with_links(json.loads(columns["marks"]), links) or {}
 
 
 def run_of(session: AgentSession) -> Run | None:

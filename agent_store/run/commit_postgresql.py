@@ -113,3 +113,8 @@ def payload(call: OneCall) -> str:
 
 
 AVAILABLE = True  # the function is in every schema since migration 0005
+
+
+def takes(call: OneCall) -> bool:
+    """Whether the call can write the commit's compaction too: not yet (the checked transaction does)."""
+    return not call.delta.compacts

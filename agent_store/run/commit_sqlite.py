@@ -21,6 +21,7 @@ from typing import Any
 
 import aiosqlite
 
+import agent_store.run.compaction as compaction
 from agent_store.db import runlog
 from agent_store.db.codec import service_session_json
 from agent_store.db.driver_path import DriverPath
@@ -66,21 +67,33 @@ _SCOPE_SQL = {
     for part, (table, owner) in _SCOPES.items()
 }
 _MESSAGE = """INSERT INTO agent_messages (session_id, seq, message_id, run_id, role, author_name, text, created_at,
-    body) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"""
+    body, pos, marks, excluded, exclude_reason, summarized_by, summary_of)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"""
+# A compaction's rewrites of stored messages (run/compaction.py; the checked path's db/rewrites.py). The bump
+# above already required that no commit came since the load, which is what they are computed against.
+_MARKS = """UPDATE agent_messages SET marks = ?, excluded = ?, exclude_reason = ?, summarized_by = ?,
+    summary_of = coalesce(?, summary_of) WHERE session_id = ? AND message_id = ?"""
+_MOVE = "UPDATE agent_messages SET pos = ? WHERE session_id = ? AND message_id = ?"
+_INCLUDED_FROM = (
+    "UPDATE agent_sessions SET included_from = CASE WHEN included_from > ?1 THEN ?1 ELSE included_from END"
+    " WHERE id = ?2",
+    "UPDATE agent_sessions SET included_from = ?1 WHERE id = ?2",  # the run read every included message
+)
+_MARK_COLUMNS = ("marks", "excluded", "exclude_reason", "summarized_by", "summary_of")
 # A result whose call was committed earlier (per-service-call saves) takes the name from that call's row.
 _TOOL = """INSERT INTO agent_tool_calls (session_id, seq, call_id, kind, tool_name) VALUES (?1, ?2, ?3, ?4,
     coalesce(?5, (SELECT c.tool_name FROM agent_tool_calls c WHERE c.session_id = ?1 AND c.call_id = ?3
                   AND c.kind = 'call' LIMIT 1)))"""
 _RUN = """INSERT INTO agent_runs (session_id, run_id, version, messages_written, state_keys_written, started_at,
-    committed_at, agent_name, messages_in, messages_out, input_tokens, output_tokens, outcome)
+    committed_at, agent_name, messages_in, messages_out, input_tokens, output_tokens, outcome, messages_rewritten)
 VALUES (:session_id, :run_id, :version, :messages_written, :state_keys_written, :started_at, :committed_at,
-    :agent_name, :messages_in, :messages_out, :input_tokens, :output_tokens, :outcome)"""
+    :agent_name, :messages_in, :messages_out, :input_tokens, :output_tokens, :outcome, :messages_rewritten)"""
 AVAILABLE = DriverPath.sqlite_thread_available(aiosqlite.Connection)  # else every commit takes the checked path
 _time: Any = None  # UTCDateTime's SQLite bind conversion: the text form every stored timestamp has
 
 
 async def attempt(call: OneCall) -> Outcome:
-    """((new version, messages, keys) if committed, False); None: the checked path must run (nothing was kept).
+    """((new version, messages, keys, rewritten) if committed, False); None: the checked path must run.
 
     The second value (PostgreSQL's "connection lost, outcome unknown") is always False: a file does not drop.
     """
@@ -92,7 +105,13 @@ async def attempt(call: OneCall) -> Outcome:
         version = await call.db.in_sqlite_thread(work, doing="committing a run", committing=call.sent)
     except CheckedPathNeeded:
         return None, False
-    return (version, len(delta.messages), len(delta.changed_keys)), False
+    return (version, len(delta.messages), len(delta.changed_keys), work.rewritten), False
+
+
+def takes(call: OneCall) -> bool:
+    """Whether this hop can write the call's compaction too: the places it needs are known without a read."""
+    rewrites, snap = call.delta.rewrites, call.snapshot
+    return not rewrites or (snap.exists and snap.places_known and not (snap.gapped and rewrites.needs_places))
 
 
 class _Commit:
@@ -130,11 +149,21 @@ class _Commit:
                 rows.append((scope.owner, stored, delta.upserts[key], delta.stamp))
             else:
                 deletes.append(stored)
+        placed = compaction.places_without_reads(delta.rewrites, snap) if delta.rewrites else {}
         self.messages = [
             (sid, r.message_id, delta.run_id, r.columns["role"], r.columns["author_name"], r.columns["text"],
-             r.columns["body"])
+             r.columns["body"], placed.get(r.message_id), *(r.columns[c] for c in _MARK_COLUMNS))
             for r in delta.messages
         ]  # fmt: skip
+        new = {r.message_id for r in delta.messages}
+        self.marks = [(*(c[name] for name in _MARK_COLUMNS), sid, mid) for mid, c in delta.rewrites.marks.items()]
+        self.moves = [(place, sid, mid) for mid, place in placed.items() if mid not in new]
+        self.included_from = (
+            (_INCLUDED_FROM[delta.rewrites.knows_every_included], (delta.rewrites.included_from, sid))
+            if delta.rewrites else None
+        )  # fmt: skip
+        self.rewritten = len({m[-1] for m in self.marks} | {m[-1] for m in self.moves})
+        self.placed = placed
         self.tools = [(sid, i, *tool) for i, r in enumerate(delta.messages) for tool in r.tools]
         self.log = runlog.run_log_row(
             call.log_ids, 0, delta.messages, len(delta.changed_keys), delta.usage, "committed"
@@ -172,12 +201,16 @@ class _Commit:
             if rows:
                 conn.executemany(upsert, [(*row, when) for row in rows])
         first = next_seq - len(self.messages)
+        conn.executemany(_MARKS, self.marks)
+        conn.executemany(_MOVE, self.moves)
+        if self.included_from is not None:
+            conn.execute(*self.included_from)
         try:
-            conn.executemany(_MESSAGE, [(m[0], first + i, *m[1:6], when, m[6]) for i, m in enumerate(self.messages)])
+            conn.executemany(_MESSAGE, [(m[0], first + i, *m[1:6], when, *m[6:]) for i, m in enumerate(self.messages)])
             conn.executemany(_TOOL, [(t[0], first + t[1], *t[2:]) for t in self.tools])
         except sqlite3.IntegrityError as exc:  # a message id stored already: the checked path says which
             raise CheckedPathNeeded("a message id is stored already") from exc
-        log = {**self.log, "committed_at": now, "version": version}
+        log = {**self.log, "committed_at": now, "version": version, "messages_rewritten": self.rewritten}
         conn.execute(_RUN, {k: _time(v) if isinstance(v, datetime) else v for k, v in log.items()})
         return int(version)
 

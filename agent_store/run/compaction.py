@@ -16,7 +16,9 @@ from typing import Any
 from agent_framework import Message
 
 from agent_store.db import message_rows
-from agent_store.run.positions import Order, order_of
+from agent_store.db.load_statement import POSITION_STEP
+from agent_store.run.positions import Order, assign, order_of
+from agent_store.run.snapshot import Snapshot
 
 __all__ = ["Rewrites", "link_summaries", "rewrites"]
 
@@ -28,6 +30,10 @@ class Rewrites:
     marks: dict[str, dict[str, Any]] = field(default_factory=dict)  # store id -> its new mark columns
     order: Order = field(default_factory=list)  # the list up to the appended tail, when some message needs a place
     placed: dict[str, int] = field(default_factory=dict)  # filled in by the commit: the places it gave
+    # agent_sessions.included_from after the commit: set to it when the run loaded every included message,
+    # else only lowered to it (a message the window did not load may be included below).
+    included_from: int = 0
+    knows_every_included: bool = False
 
     @property
     def needs_places(self) -> bool:
@@ -37,24 +43,27 @@ class Rewrites:
         return bool(self.marks) or self.needs_places
 
 
-def rewrites(
-    history: Sequence[Message], ids: Sequence[str], places: dict[str, int], loaded_marks: dict[str, str],
-    known: set[str], *, max_bytes: int,
-) -> Rewrites:  # fmt: skip
-    """Compare the run's list with what was loaded (``places``, ``loaded_marks`` by store id). ``known``: the
-    ids the run has seen (loaded, committed, or made up for the model and never stored: those have no place)."""
+def rewrites(history: Sequence[Message], ids: Sequence[str], snap: Snapshot, *, max_bytes: int) -> Rewrites:
+    """Compare the run's list with what was loaded (``snap``: places and marks by store id; the ids it has seen,
+    loaded, committed, or made up for the model and never stored: those have no place)."""
+    places, loaded_marks, known = snap.places, snap.marks, snap.message_ids
     marks: dict[str, dict[str, Any]] = {}
     for message, identity in zip(history, ids, strict=True):
         if identity not in places:
             continue  # new: its marks go in with its row
         now = message_rows.marks_of(message)
-        if now is None and identity not in loaded_marks:
-            continue
-        columns = message_rows.mark_columns(now, where=f"message {identity!r}", max_bytes=max_bytes)
-        if columns["marks"] != loaded_marks.get(identity):
-            marks[identity] = columns
+        if now != loaded_marks.get(identity):  # compared as values (the message holds copies of what was loaded)
+            marks[identity] = message_rows.mark_columns(now, where=f"message {identity!r}", max_bytes=max_bytes)
     order, _ = order_of([i for i in ids if i in places or i not in known], places)
-    return Rewrites(marks=marks, order=order if any(p is None for _, p in order) else [])
+    # The lowest seq of an included message at its seq's place (every message committed from here on is above
+    # it): a load of the included messages reads the range from there, and below it only the placed rows.
+    lowest = min((snap.unplaced[i] for m, i in zip(history, ids, strict=True)
+                  if i in snap.unplaced and not m.additional_properties.get("_excluded")), default=None)  # fmt: skip
+    lowest = snap.end // POSITION_STEP if lowest is None else lowest
+    return Rewrites(
+        marks=marks, order=order if any(p is None for _, p in order) else [], included_from=lowest,
+        knows_every_included=not snap.windowed,
+    )  # fmt: skip
 
 
 def link_summaries(history: Sequence[Message], ids: Sequence[str], columns: dict[str, dict[str, Any]]) -> None:
@@ -75,3 +84,20 @@ def link_summaries(history: Sequence[Message], ids: Sequence[str], columns: dict
         before = [i for i in candidates if i < index]
         chosen = before[-1] if before else next((i for i in candidates if i > index), None)
         columns[identity]["summarized_by"] = ids[chosen] if chosen is not None else None
+
+
+def first_low(order: Order, end: int) -> int:
+    """The place below a run at the very start of a list loaded whole: one step below its first stored place."""
+    stored = [place for _, place in order if place is not None]
+    return (stored[0] if stored else end) - POSITION_STEP
+
+
+def places_without_reads(changed: Rewrites, snap: Snapshot) -> dict[str, int]:
+    """The places a commit gives, for a run whose load leaves no stored message unknown between loaded ones
+    (not windowed, not only the included: those need the database's neighbours, checked_commit.py)."""
+    if not changed.needs_places:
+        return {}
+    placed = assign(changed.order, {}, first_low=first_low(changed.order, snap.end), end=snap.end)
+    changed.placed.clear()
+    changed.placed.update(placed)
+    return placed

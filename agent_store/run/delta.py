@@ -19,29 +19,7 @@ from agent_store.db.scopes import TEMP_PREFIX, Scope, scope_of
 from agent_store.db.statements import new_stamp
 from agent_store.errors import InvalidValueError
 from agent_store.run.compaction import Rewrites
-
-
-@dataclass
-class Snapshot:
-    """What the run loaded; the commit writes the difference between this and the session."""
-
-    exists: bool = False
-    incarnation: int | None = None  # which life of the session id was loaded (a re-created id gets a new one)
-    version: int = 0
-    service_session_id: Any = None
-    state_text: dict[str, str] = field(default_factory=dict)  # canonical JSON of each key as loaded
-    state_stamp: dict[str, int] = field(default_factory=dict)  # the stamp of the commit that wrote each key
-    message_ids: set[str] = field(default_factory=set)
-    # A run for a session it did not load may carry messages stored already (a retried save): look their ids up.
-    verify_new_ids: bool = False
-    # Compaction (compaction.py): each loaded message's place in the list and its marks as loaded (canonical
-    # JSON, only where it had some); whether the load skipped stored messages before the first one loaded (a
-    # window) or between loaded ones (only the included); and the place the next committed message takes.
-    places: dict[str, int] = field(default_factory=dict)
-    marks: dict[str, str] = field(default_factory=dict)
-    gapped: bool = False  # a window, or only the included messages: stored messages may lie between loaded ones
-    end: int = 0
-    places_known: bool = True  # False once a commit of this run joined others': a compaction must reload first
+from agent_store.run.snapshot import Snapshot
 
 
 @dataclass(frozen=True)
@@ -120,7 +98,7 @@ def diff(
     records = [
         message_rows.message_record(m, max_bytes=max_bytes, tool_names=names, cipher=cipher) for m in new_messages
     ]
-    changed = compaction.rewrites(history, ids, snap.places, snap.marks, snap.message_ids, max_bytes=max_bytes)
+    changed = compaction.rewrites(history, ids, snap, max_bytes=max_bytes)
     if linked := {**changed.marks, **{r.message_id: r.columns for r in records if r.columns["marks"] is not None}}:
         compaction.link_summaries(history, ids, linked)
     return Delta(

@@ -21,7 +21,8 @@ from agent_store.db.database import Database
 from agent_store.db.load_statement import MESSAGE, POSITION_STEP, SESSION, STATE, load_statement
 from agent_store.errors import InvalidValueError, SessionClosedError, SessionExpiredError
 from agent_store.run.commit import HISTORY_KEY, KEY_MAX, Run, StoredSession
-from agent_store.run.delta import IdentifiedHistory, Snapshot, close_tool_pairs, pair_safe_tail
+from agent_store.run.delta import IdentifiedHistory, close_tool_pairs, pair_safe_tail
+from agent_store.run.snapshot import Snapshot
 
 SEQ_MAX = 2**31 - 1  # seq is a 32-bit integer column
 MAX_REMEASURES = 3  # commits between a window's reads before it is read whole instead
@@ -131,11 +132,15 @@ async def _read(
         messages = pair_safe_tail(messages, history_limit) if history_limit else []
         found = found[len(found) - len(messages) :]
     snap.message_ids.update(message.key for message in found)
-    snap.gapped = included_only or (history_limit is not None and bool(found) and min(r.n1 for r in found) > 0)
+    snap.windowed = history_limit is not None and bool(found) and min(r.n1 for r in found) > 0
+    snap.included_only = included_only
     for message in found:  # where each message is in the list, and its compaction marks as loaded
         snap.places[message.key] = message.n3
+        if message.n3 == message.n1 * POSITION_STEP:
+            snap.unplaced[message.key] = message.n1
         if message.marks:
-            snap.marks[message.key] = codec.dumps(message.marks, where="stored compaction marks", max_bytes=2**62)
+            # The message got copies (message_rows.message_from_row); a summary's links only if they were read.
+            snap.marks[message.key] = message_rows.with_links(message.marks, message.links) or {}
     messages, synthetic = close_tool_pairs(messages, answered)
     snap.message_ids |= synthetic  # handed to the model, never stored
     history = session.state.get(HISTORY_KEY)
@@ -145,8 +150,9 @@ async def _read(
 
 
 def _message(row: Row[Any], cipher: message_rows.MessageCipher | None) -> Message:
+    marks = message_rows.with_links(row.marks, row.links)
     return message_rows.message_from_row(row.doc, cipher, identity=row.key, role=row.other, author_name=row.author,
-                                         text=row.text, marks=row.marks)  # fmt: skip
+                                         text=row.text, marks=marks)  # fmt: skip
 
 
 def _orphan_results(rows: Sequence[Row[Any]], cipher: message_rows.MessageCipher | None) -> bool:

@@ -15,11 +15,13 @@ from typing import Any
 
 from agent_store.db.database import Database
 from agent_store.db.scopes import Scope
-from agent_store.run.delta import Delta, Snapshot
+from agent_store.run.delta import Delta
+from agent_store.run.snapshot import Snapshot
 
 __all__ = ["OneCall", "Outcome"]
 
-Outcome = tuple[tuple[int, int, int] | None, bool]  # ((version, messages, keys) if committed, may have landed)
+# ((version, messages, keys[, rewritten]) if committed, may have landed)
+Outcome = tuple[tuple[int, ...] | None, bool]
 
 
 @dataclass(frozen=True)

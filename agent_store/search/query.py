@@ -213,8 +213,9 @@ async def search(
         where += [S.id != exclude_session_id] if exclude_session_id is not None else []
         if visible_to_agent is not None:  # what that agent may open: its own sessions and unbound ones
             where.append(or_(S.agent_id.is_(None), S.agent_id == visible_to_agent))
+        shown = (M.session_id, M.seq, M.role, M.author_name, M.created_at, M.text, M.excluded, M.summarized_by)
         hits = (
-            select(M.session_id, M.seq, M.role, M.author_name, M.created_at, M.text, S.title, rank.label("rank"))
+            select(*shown, S.title, rank.label("rank"))
             .select_from(messages_t.join(sessions_t, S.id == M.session_id))
             .where(*where)
             .subquery()
@@ -231,5 +232,6 @@ async def search(
         items.append(SearchHit(
             session_id=row.session_id, seq=row.seq, role=row.role, author_name=row.author_name,
             created_at=row.created_at, title=row.title, snippet=text, marks=marks, rank=row.rank,
+            excluded=bool(row.excluded), summarized_by=row.summarized_by,
         ))  # fmt: skip
     return SearchPage(items=items, next_cursor=_encode(rows[limit - 1]) if len(rows) > limit else None)

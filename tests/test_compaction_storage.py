@@ -1,0 +1,195 @@
+"""Compaction, stored (issue 24): one transaction, only what changed, seq apart from list order, a retry written
+once, originals kept and queryable, races settled by the database, and every operation keeping summaries with
+what they summarize."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from agent_framework import (
+    Agent,
+    Message,
+    CompactionProvider,
+    InMemoryHistoryProvider,
+    SlidingWindowStrategy,
+    SummarizationStrategy,
+)
+
+from agent_store import ConflictError, InvalidValueError, Store, StorageUnavailableError, retry_on_conflict
+from agent_store.offline import OfflineChatClient
+from tests.helpers import lose_the_reply, rows
+
+TURNS = ["my name is Ann", "hello", "tell me more", "once again", "and then", "what is my name?", "the end"]
+ORDER = "coalesce(pos, seq * 4294967296)"
+
+
+def _agent(strategy: Any = None) -> Agent:
+    strategy = strategy or SummarizationStrategy(client=OfflineChatClient(), target_count=4, threshold=2)
+    return Agent(
+        client=OfflineChatClient(), name="Bot",
+        context_providers=[InMemoryHistoryProvider(skip_excluded=True),
+                           CompactionProvider(after_strategy=strategy, history_source_id="in_memory")],
+    )  # fmt: skip
+
+
+async def _talk(store: Store, turns: list[str], strategy: Any = None, sid: str = "c", user: str | None = None) -> None:
+    for turn in turns:
+        async with store.session(sid, user_id=user) as session:
+            await _agent(strategy).run(turn, session=session)
+
+
+async def _table(store: Store, sid: str = "c") -> list[tuple[Any, ...]]:
+    return await rows(
+        store, "SELECT seq, message_id, marks, pos, excluded, exclude_reason, summarized_by FROM agent_messages "
+        "WHERE session_id = :s ORDER BY seq", s=sid,
+    )  # fmt: skip
+
+
+async def test_summaries_sit_where_their_originals_were_and_seq_stays_commit_order(store: Store) -> None:
+    await _talk(store, TURNS)
+    table = await _table(store)
+    assert [r[0] for r in table] == list(range(len(table)))  # gap-free, commit order
+    summaries = [r for r in table if r[3] is not None]
+    assert summaries, "the summarizer inserted summaries in the middle of the list"
+    excluded = [r for r in table if r[4]]
+    assert excluded and all(r[5] == "summarized" and r[6] in {s[1] for s in summaries} for r in excluded)
+    for summary in summaries:  # committed after its originals, placed before them
+        originals = [r for r in table if r[6] == summary[1]]
+        assert all(o[0] < summary[0] for o in originals)
+        places = dict(await rows(store, f"SELECT message_id, {ORDER} FROM agent_messages WHERE session_id = 'c'"))
+        assert all(places[summary[1]] < places[o[1]] for o in originals)
+    # The model's view in SQL is the list the next turn's model gets (after its own new user message).
+    seen: list[Any] = []
+    view = await rows(store, "SELECT role, text FROM agent_model_view WHERE session_id = 'c' ORDER BY position")
+    async with store.session("c") as session:
+        history = [m for m in session.state["in_memory"]["messages"] if not m.additional_properties.get("_excluded")]
+        seen = [(str(m.role), m.text) for m in history]
+    assert view == seen
+
+
+async def test_a_turn_rewrites_only_the_rows_that_changed(store: Store) -> None:
+    strategy = SlidingWindowStrategy(keep_last_groups=3)
+    await _talk(store, TURNS[:4], strategy)
+    before = {r[1]: r for r in await _table(store)}
+    run = await store.load("c")
+    await _agent(strategy).run("one more", session=run.session)
+    result = await run.commit()
+    after = {r[1]: r for r in await _table(store)}
+    changed = {k for k in before if before[k] != after[k]}
+    assert result.messages_rewritten == len(changed) > 0
+    assert result.messages_written == len(after) - len(before)
+    assert await rows(store, "SELECT messages_rewritten FROM agent_runs WHERE run_id = :r", r=result.run_id) == [
+        (len(changed),)
+    ]
+    if store.engine.dialect.name == "postgresql":  # the rows this transaction wrote: exactly those
+        xid = await rows(store, "SELECT xmin::text FROM agent_runs WHERE run_id = :r", r=result.run_id)
+        written = await rows(store, "SELECT message_id FROM agent_messages WHERE xmin::text = :x", x=xid[0][0])
+        assert {w[0] for w in written} == changed | (after.keys() - before.keys())
+
+
+async def test_a_compaction_commits_whole_or_not_at_all(store: Store) -> None:
+    await _talk(store, TURNS[:5])
+    before = await _table(store)
+    first_id = before[0][1]
+    run = await store.load("c", history_limit=4)  # the first message is not loaded
+    await _agent().run("a turn that compacts", session=run.session)
+    # A message already stored, added again: the insert after the rewrites fails on the unique index
+    twin = Message(role="user", contents=["again"], additional_properties={"agent_store_id": first_id})
+    run.session.state["in_memory"]["messages"].append(twin)
+    with pytest.raises(InvalidValueError, match="already stored"):
+        await run.commit()
+    assert await _table(store) == before  # the rewritten marks and the summary went with it
+
+
+async def test_a_retried_compaction_writes_once(store: Store) -> None:
+    await _talk(store, TURNS[:5])
+    run = await store.load("c")
+    await _agent().run("a turn that compacts", session=run.session)
+    lose_the_reply(store)
+    with pytest.raises(StorageUnavailableError):
+        await run.commit()
+    first = await _table(store)
+    result = await run.commit()  # the retry finds its run committed: nothing is written twice
+    assert await _table(store) == first
+    assert result.messages_rewritten > 0
+
+
+@pytest.mark.parametrize("first", ["appender", "compactor"])
+async def test_a_compaction_racing_an_append_never_loses_a_message(store: Store, first: str) -> None:
+    await _talk(store, TURNS[:5])
+    compactor, appender = await store.load("c"), await store.load("c")
+    await _agent().run("compact now", session=compactor.session)
+    await Agent(client=OfflineChatClient(), name="Plain").run("just append", session=appender.session)
+    if first == "appender":
+        await appender.commit()
+        before = await _table(store)
+        with pytest.raises(ConflictError):  # its rewrites were computed on a history that moved on: nothing written
+            await compactor.commit()
+        assert await _table(store) == before
+        await retry_on_conflict(store, "c", lambda s: _agent().run("compact now", session=s))
+    else:
+        await compactor.commit()
+        await appender.commit()  # appended after the compacted history: nothing lost, no summary orphaned
+    texts = [r[0] for r in await rows(store, "SELECT text FROM agent_messages WHERE session_id = 'c'")]
+    assert texts.count("just append") == 1 and texts.count("compact now") >= 1
+    orphans = await rows(
+        store, "SELECT count(*) FROM agent_messages m WHERE m.session_id = 'c' AND m.summarized_by IS NOT NULL AND "
+        "NOT EXISTS (SELECT 1 FROM agent_messages s WHERE s.session_id = 'c' AND s.message_id = m.summarized_by)",
+    )  # fmt: skip
+    assert orphans == [(0,)]
+
+
+async def test_truncate_and_fork_never_keep_an_exclusion_whose_summary_is_cut(store: Store) -> None:
+    await _talk(store, TURNS)
+    table = await _table(store)
+    summary = min((r for r in table if r[3] is not None), key=lambda r: r[0])
+    cut = summary[0] - 1  # before the first summary was committed: its originals are kept, it is not
+    branch = await store.fork("c", at_seq=cut, new_id="branch")
+    await store.truncate("c", cut)
+    for sid in ("c", branch):
+        kept = await _table(store, sid)
+        assert [r[0] for r in kept] == list(range(cut + 1))
+        assert not any(r[6] == summary[1] for r in kept)  # no link to a summary that is not there
+        assert all(r[4] == (r[6] is not None) for r in kept)  # excluded only under a summary that is there
+        async with store.session(sid) as session:  # and the model sees them again
+            await _agent().run("after the cut", session=session)
+
+
+async def test_search_finds_originals_and_says_which_are_summarized(store: Store) -> None:
+    await _talk(store, ["my name is Ann", *TURNS[1:]], sid="s", user="u")
+    hits = (await store.search("Ann", user_id="u")).items
+    originals = [h for h in hits if h.excluded]
+    assert originals and all(h.summarized_by for h in originals)
+    summary_ids = {r[0] for r in await rows(store, "SELECT message_id FROM agent_messages WHERE pos IS NOT NULL")}
+    assert {h.summarized_by for h in originals} <= summary_ids
+
+
+async def _model_view(store: Store, sid: str = "c") -> list[tuple[str, str, Any]]:
+    run = await store.load(sid)
+    view = [(str(m.role), m.text, m.additional_properties.get("_group")) for m in run.history
+            if not m.additional_properties.get("_excluded")]  # fmt: skip
+    await run.discard()
+    return view
+
+
+async def test_export_and_import_carry_marks_and_places(store: Store) -> None:
+    await _talk(store, TURNS)
+    lines = [line async for line in store.export(session_id="c")]
+    before, view = await _table(store), await _model_view(store)
+    assert any(group for _, _, group in view)
+    await store.delete("c")
+    await store.import_lines(lines)
+    assert await _table(store) == before
+    assert await _model_view(store) == view
+
+
+async def test_an_import_whose_columns_contradict_its_marks_is_refused(store: Store) -> None:
+    await _talk(store, TURNS)
+    lines = [line async for line in store.export(session_id="c")]
+    await store.delete("c")
+    forged = [line.replace('"excluded": true', '"excluded": false') for line in lines]
+    assert forged != lines
+    with pytest.raises(InvalidValueError, match="excluded and exclude_reason must say what its marks say"):
+        await store.import_lines(forged)
+    assert await rows(store, "SELECT count(*) FROM agent_messages") == [(0,)]
