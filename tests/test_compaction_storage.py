@@ -193,3 +193,66 @@ async def test_an_import_whose_columns_contradict_its_marks_is_refused(store: St
     with pytest.raises(InvalidValueError, match="excluded and exclude_reason must say what its marks say"):
         await store.import_lines(forged)
     assert await rows(store, "SELECT count(*) FROM agent_messages") == [(0,)]
+
+
+async def test_the_readme_compaction_queries_answer_on_both_backends(store: Store) -> None:
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    view, why, how_much = [q.replace("chat-42", "c") for q in re.findall(r"```sql\n(.*?)```", readme, re.S)[5:8]]
+    await _talk(store, TURNS)
+    seen = await _model_view(store)
+    assert [(r[2], r[3]) for r in await rows(store, view)] == [(role, text) for role, text, _ in seen]
+    excluded = await rows(store, "SELECT count(*) FROM agent_messages WHERE session_id = 'c' AND excluded")
+    reasons = await rows(store, why)
+    assert len(reasons) == excluded[0][0] > 0
+    assert all(r[2] == "summarized" and r[3] is not None and r[4] for r in reasons)  # each under its summary
+    assert (await rows(store, how_much))[0][1:] == (len(await _table(store)), excluded[0][0])
+
+
+async def test_the_browser_folds_originals_under_their_summary(store: Store) -> None:
+    import re
+
+    import httpx
+
+    from agent_store.browser.app import create_app
+
+    await _talk(store, TURNS, sid="b", user="u")
+    table = await _table(store, "b")
+    summaries = {r[1]: r[0] for r in table if r[3] is not None}
+    transport = httpx.ASGITransport(app=create_app(store, page_size=100))
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
+        html = (await client.get("/session?id=b&user=u")).text
+    folded = re.findall(r'<details class="originals"><summary class="muted">the (\d+) messages it replaced', html)
+    assert sorted(int(n) for n in folded) == sorted(sum(r[6] == s for r in table) for s in summaries)
+    links = re.findall(r'<details class="excluded" id="m(\d+)">.*?summarized by <a href="#m(\d+)">', html, re.S)
+    assert {(int(m), int(s)) for m, s in links} == {(r[0], summaries[r[6]]) for r in table if r[4]}
+
+
+@pytest.mark.parametrize("limit", [1, 3, 6, 9])
+async def test_a_window_over_a_compacted_history_cuts_no_group(store: Store, limit: int) -> None:
+    from agent_framework import ToolResultCompactionStrategy, tool
+
+    @tool
+    def weather() -> str:
+        """Today's weather."""
+        return "sunny"
+
+    def agent() -> Agent:
+        history = InMemoryHistoryProvider(skip_excluded=True)
+        compaction = CompactionProvider(
+            after_strategy=ToolResultCompactionStrategy(keep_last_tool_call_groups=1), history_source_id="in_memory"
+        )
+        return Agent(client=OfflineChatClient(), name="Bot", context_providers=[history, compaction], tools=[weather])
+
+    for turn in ["call weather", "hello", "call weather", "call weather", "more", "call weather"]:
+        async with store.session("w") as session:
+            await agent().run(turn, session=session)
+    run = await store.load("w", history_limit=limit)
+    loaded = run.history
+    await run.discard()
+    calls = {c.call_id for m in loaded for c in m.contents if c.type == "function_call"}
+    assert all(c.call_id in calls for m in loaded for c in m.contents if c.type == "function_result")
+    first = next(m for m in loaded if not (m.additional_properties.get("_group") or {}).get("_summary_of_group_ids"))
+    assert first.role == "user"  # a window starts at a turn's start: no group is cut

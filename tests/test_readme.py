@@ -34,8 +34,8 @@ def run_cli(*args: str, cwd: Path, url: str | None = None) -> subprocess.Complet
 
 
 def test_the_readme_has_the_blocks_these_tests_run() -> None:
-    assert len(blocks("python")) == len(EXAMPLES) == 13
-    assert len(blocks("sql")) == 5
+    assert len(blocks("python")) == len(EXAMPLES) == 14
+    assert len(blocks("sql")) == 8
 
 
 def run_example(source: str, url: str, cwd: Path) -> list[str]:
@@ -78,7 +78,7 @@ def test_each_readme_example_prints_what_it_says(
 
 async def test_the_readme_sql_runs_on_the_quick_starts_data(url: str, tmp_path: Path) -> None:
     run_example(blocks("python")[0], url, tmp_path)
-    _checkpoints, transcript, sessions, matching, state = blocks("sql")
+    _checkpoints, transcript, sessions, matching, state = blocks("sql")[:5]
     async with Store.from_url(url) as store, store.engine.connect() as conn:
 
         def run(sql: str) -> list[tuple[object, ...]]:
