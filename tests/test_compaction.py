@@ -50,9 +50,13 @@ STRATEGIES: dict[str, Callable[[], Any]] = {
     "tool_result": lambda: ToolResultCompactionStrategy(keep_last_tool_call_groups=1),
     "summarization": lambda: SummarizationStrategy(client=OfflineChatClient(), target_count=4, threshold=2),
     "token_budget": lambda: TokenBudgetComposedStrategy(
-        token_budget=120, tokenizer=CharacterEstimatorTokenizer(),
-        strategies=[ToolResultCompactionStrategy(keep_last_tool_call_groups=1), SlidingWindowStrategy(keep_last_groups=3)],
-    ),  # fmt: skip
+        token_budget=120,
+        tokenizer=CharacterEstimatorTokenizer(),
+        strategies=[
+            ToolResultCompactionStrategy(keep_last_tool_call_groups=1),
+            SlidingWindowStrategy(keep_last_groups=3),
+        ],
+    ),
     "context_window": lambda: ContextWindowCompactionStrategy(
         max_context_window_tokens=260, max_output_tokens=60, keep_last_tool_call_groups=1
     ),
@@ -75,7 +79,8 @@ def _recorder(requests: list[list[tuple[Any, ...]]]) -> Any:
 
 
 def _agent(history: HistoryProvider, strategy: str, phase: str, requests: list[Any]) -> Agent:
-    compaction = CompactionProvider(**{f"{phase}_strategy": STRATEGIES[strategy]()}, history_source_id=history.source_id)
+    strategies = {f"{phase}_strategy": STRATEGIES[strategy]()}
+    compaction = CompactionProvider(**strategies, history_source_id=history.source_id)
     return Agent(
         client=OfflineChatClient(), name="Bot", context_providers=[history, compaction],
         middleware=[_recorder(requests)], tools=[weather],

@@ -4,24 +4,26 @@ what they summarize."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 from agent_framework import (
     Agent,
-    Message,
     CompactionProvider,
     InMemoryHistoryProvider,
+    Message,
     SlidingWindowStrategy,
     SummarizationStrategy,
 )
 
-from agent_store import ConflictError, InvalidValueError, Store, StorageUnavailableError, retry_on_conflict
+from agent_store import ConflictError, InvalidValueError, StorageUnavailableError, Store, retry_on_conflict
 from agent_store.offline import OfflineChatClient
 from tests.helpers import lose_the_reply, rows
 
 TURNS = ["my name is Ann", "hello", "tell me more", "once again", "and then", "what is my name?", "the end"]
-ORDER = "coalesce(pos, seq * 4294967296)"
+PLACES = "SELECT message_id, coalesce(pos, seq * 4294967296) FROM agent_messages WHERE session_id = 'c'"
+README = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
 
 
 def _agent(strategy: Any = None) -> Agent:
@@ -57,7 +59,7 @@ async def test_summaries_sit_where_their_originals_were_and_seq_stays_commit_ord
     for summary in summaries:  # committed after its originals, placed before them
         originals = [r for r in table if r[6] == summary[1]]
         assert all(o[0] < summary[0] for o in originals)
-        places = dict(await rows(store, f"SELECT message_id, {ORDER} FROM agent_messages WHERE session_id = 'c'"))
+        places = dict(await rows(store, PLACES))
         assert all(places[summary[1]] < places[o[1]] for o in originals)
     # The model's view in SQL is the list the next turn's model gets (after its own new user message).
     seen: list[Any] = []
@@ -197,10 +199,8 @@ async def test_an_import_whose_columns_contradict_its_marks_is_refused(store: St
 
 async def test_the_readme_compaction_queries_answer_on_both_backends(store: Store) -> None:
     import re
-    from pathlib import Path
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
-    view, why, how_much = [q.replace("chat-42", "c") for q in re.findall(r"```sql\n(.*?)```", readme, re.S)[5:8]]
+    view, why, how_much = [q.replace("chat-42", "c") for q in re.findall(r"```sql\n(.*?)```", README, re.S)[5:8]]
     await _talk(store, TURNS)
     seen = await _model_view(store)
     assert [(r[2], r[3]) for r in await rows(store, view)] == [(role, text) for role, text, _ in seen]

@@ -244,7 +244,7 @@ async def test_an_export_refuses_a_session_deleted_and_created_again_midway(stor
             async with store.session("s", user_id="u") as session:
                 session.state["in_memory"]["messages"] += [Message(role="user", contents=[f"new {i}"]) for i in (0, 1)]
             break
-    with pytest.raises(ConflictError, match="truncated or cleared"):
+    with pytest.raises(ConflictError, match="truncated, cleared or compacted"):
         async for _ in lines:
             pass
 

@@ -17,9 +17,16 @@ from alembic.script import ScriptDirectory
 from helpers import rows
 from sqlalchemy import inspect, text
 
-from agent_store import InvalidValueError, SchemaOutOfDateError, SchemaTooNewError, Store
+from agent_store import (
+    InvalidValueError,
+    SchemaOutOfDateError,
+    SchemaTooNewError,
+    StorageUnavailableError,
+    Store,
+)
 from agent_store.db.engine import migrations_dir
 from agent_store.db.tables import SCHEMA_REVISION, Base
+from agent_store.errors import DatabaseError
 
 ROOT = Path(__file__).resolve().parent.parent
 TABLES = set(Base.metadata.tables)
@@ -27,7 +34,7 @@ TABLES = set(Base.metadata.tables)
 # PostgreSQL's trigram and full-text indexes.
 SEARCH_OBJECTS = ("agent_messages_fts", "ix_agent_messages_text_")
 MESSAGE_ID_INDEX = "ix_agent_messages_session_id_message_id"
-SCHEMA_REVISION_BEFORE_HEAD = "0008"  # the code also runs on it (0009, 0011: indexes; 0010: the commit function)
+SCHEMA_REVISION_BEFORE_HEAD = "0012"  # the code needs 0013's columns: on 0012 a load fails
 
 
 async def table_names(store: Store) -> set[str]:
@@ -120,25 +127,26 @@ async def test_a_database_behind_head_says_how_to_upgrade(url: str, revision: st
 
 
 async def test_a_store_opened_without_the_check_stays_so_after_migrating(url: str) -> None:
-    """``check_schema=False`` (the CLI's): a migration to an older revision does not turn the check back on."""
+    """``check_schema=False`` (the CLI's): a migration to an older revision does not turn the check back on.
+
+    The code reads 0013's columns (compaction): on an older schema a load fails on the database's own error, not
+    on the schema check, and a migration back to head brings it back."""
     async with Store.from_url(url, check_schema=False) as store:
         await store.migrate()
         await store.downgrade(SCHEMA_REVISION_BEFORE_HEAD)
-        # 0009 changed search indexes; 0010 the commit function (0005's refuses a creating call: the checked path)
+        with pytest.raises((DatabaseError, StorageUnavailableError), match="pos"):
+            await store.load("s", user_id="u")
+        await store.migrate()
         async with store.session("s", user_id="u") as session:
             session.state["ok"] = True
         assert (await store.load("s", user_id="u")).session.state["ok"] is True
 
 
-@pytest.mark.parametrize("revision", ["0011", SCHEMA_REVISION])
-async def test_deletes_and_a_re_stored_id_behave_alike_on_0011s_commit_function_and_on_heads(
-    url: str, revision: str
-) -> None:
+async def test_deletes_and_a_re_stored_id_behave_alike_on_heads_commit_paths(url: str) -> None:
     """0012's function skips the state deletes when the call says ``no_deletes`` and leaves a stored id to the
-    unique index; 0011's ignores the flag and looks ids up first. This code commits the same on either."""
-    async with Store.from_url(url, check_schema=False) as store:
+    unique index. (The code no longer runs on 0011's function: it reads 0013's columns.)"""
+    async with Store.from_url(url) as store:
         await store.migrate()
-        await store.downgrade(revision)
         async with store.session("s", user_id="u") as session:
             session.state.update({"gone": 1, "kept": 2, "user:gone": 3})
             session.state["in_memory"]["messages"].append(Message(role="user", contents=["first"]))

@@ -57,7 +57,7 @@ async def test_an_export_consistent_to_its_start_refuses_a_truncation_midway(
                 async with store.session("s0", user_id="u") as session:
                     await agent.run("new", session=session)
             break
-    with pytest.raises(ConflictError, match="truncated or cleared while it was being exported"):
+    with pytest.raises(ConflictError, match="truncated, cleared or compacted while it was being exported"):
         async for _ in lines:
             pass
 

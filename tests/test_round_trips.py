@@ -58,8 +58,10 @@ class Counter:
 
     def in_thread(self) -> list[list[str]]:
         """Each hop's statements (their first three words), an executemany's repeats counted once. What SQLite runs
-        inside a statement (the search index's triggers: traced as "-- ...") is not a statement sent."""
-        sent = [[sql for sql in ran if not sql.startswith("--")] for ran in self.hops]
+        inside a statement (the search index's triggers: traced as "-- ...", and FTS5 reading its own config when
+        a connection first uses it after a schema change) is not a statement sent."""
+        internal = ("--", "PRAGMA 'main'.data_version", "SELECT k, v FROM 'main'")
+        sent = [[sql for sql in ran if not sql.startswith(internal)] for ran in self.hops]
         return [[head for head, _ in groupby(" ".join(sql.split()[:3]) for sql in ran)] for ran in sent]
 
 

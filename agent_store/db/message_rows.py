@@ -77,8 +77,6 @@ def message_record(
     columns.update(mark_columns(marks or None, where=where, max_bytes=max_bytes), pos=None)
     if body.get("id") == identity:
         del body["id"]  # the de-duplication handle store_id() gave it, not data
-    if message.message_id is None:
-        body[NO_ID] = 1  # none was given (a row without one from before 0013 means: the store's id)
     for name in ("message_id", "role", "author_name"):  # e.g. an author_name of 5: refused by name, never str()-ed
         if columns[name] is not None and not isinstance(columns[name], str):
             raise InvalidValueError(f"{where}: {name} must be text, not {type(columns[name]).__name__}")
@@ -168,7 +166,6 @@ def _column_bytes(value: str, where: str) -> int:
 # A stored body does not repeat what its row's columns hold (the id, role, author, and the text of a message that
 # is one plain text): those are left out, and put back from the columns on the way out (full_body).
 TEXT_FROM_COLUMN = "$text"
-NO_ID = "$no_id"  # the message had no message_id (the model's and the framework's view: None)
 
 
 def _without_columns(body: dict[str, Any], columns: dict[str, Any]) -> dict[str, Any]:
@@ -204,7 +201,7 @@ def full_body(
         filled["contents"] = [{"type": "text", "text": text, "additional_properties": {}}]
     filled.setdefault("type", "message")
     filled.setdefault("role", role)
-    filled.setdefault("message_id", None if filled.pop(NO_ID, None) else message_id)
+    filled.setdefault("message_id", None if message_id.startswith(NO_ID_PREFIX) else message_id)
     if author_name is not None:
         filled.setdefault("author_name", author_name)
     filled["additional_properties"] = {**filled.get("additional_properties", {}), STORE_ID: message_id}
@@ -214,6 +211,9 @@ def full_body(
 # Where a message carries the store's own identity. A provider's ``message_id`` (a completion id, reused by
 # some servers) is kept as data and never decides whether a message is new, stored, or the same as another.
 STORE_ID = "agent_store_id"
+# The store's id of a message that came with no message_id starts with this: its body then holds none, and the
+# message comes back with none (before 0013 such a message was given the store's id as its message_id).
+NO_ID_PREFIX = "~"
 
 
 def store_id(message: Message) -> str:
@@ -225,7 +225,7 @@ def store_id(message: Message) -> str:
     """
     identity = message.additional_properties.get(STORE_ID)
     if not isinstance(identity, str):
-        identity = uuid.uuid4().hex
+        identity = (NO_ID_PREFIX if message.message_id is None else "") + uuid.uuid4().hex
         message.additional_properties[STORE_ID] = identity
     if message.message_id is None and getattr(message, "id", None) is None:
         message.id = identity  # type: ignore[attr-defined]  # never sent, never stored (message_record drops it)

@@ -6,15 +6,12 @@ Every session-owned table carries ``session_id`` first in its primary key: it is
 
 from __future__ import annotations
 
-import json
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, cast
 
 from sqlalchemy import (
     BigInteger,
     Boolean,
-    DateTime,
-    Dialect,
     ForeignKey,
     ForeignKeyConstraint,
     Index,
@@ -23,13 +20,14 @@ from sqlalchemy import (
     String,
     Table,
     Text,
-    TypeDecorator,
     false,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSON, JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
-from sqlalchemy.types import TypeEngine
+
+from agent_store.db.column_types import ExactJsonText as ExactJsonText
+from agent_store.db.column_types import JsonText as JsonText
+from agent_store.db.column_types import UTCDateTime as UTCDateTime
 
 # The Alembic revision this code expects; tests/test_migrations.py pins it to the scripts' head.
 SCHEMA_REVISION = "0013"
@@ -42,77 +40,6 @@ NAMING_CONVENTION = {
     "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
     "pk": "pk_%(table_name)s",
 }
-
-
-class _JSONBText(JSONB):
-    """JSONB that takes already-serialized JSON text (the codec serializes once, with its own rules)."""
-
-    def bind_processor(self, dialect: Dialect) -> None:
-        return None
-
-
-class _JSONText(JSON):
-    """PostgreSQL ``json`` (the text as written) taking already-serialized JSON text."""
-
-    def bind_processor(self, dialect: Dialect) -> None:
-        return None
-
-
-class JsonText(TypeDecorator[Any]):
-    """A JSON document column: JSONB on PostgreSQL, UTF-8 text (not \\uXXXX-escaped) on SQLite.
-
-    Binds take JSON *text* produced by :mod:`agent_store.codec`; reads give Python values.
-    """
-
-    impl = Text
-    cache_ok = True
-
-    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
-        if dialect.name == "postgresql":
-            return dialect.type_descriptor(_JSONBText())
-        return dialect.type_descriptor(Text())
-
-    def process_bind_param(self, value: Any, dialect: Dialect) -> Any:
-        if value is not None and not isinstance(value, str):
-            raise TypeError("JsonText binds serialized JSON text; use agent_store.codec.dumps()")
-        return value
-
-    def process_result_value(self, value: Any, dialect: Dialect) -> Any:
-        if dialect.name == "postgresql" or value is None:
-            return value
-        return json.loads(value)
-
-
-class ExactJsonText(JsonText):
-    """A JSON document kept exactly as written: PostgreSQL ``json``, not ``jsonb``, which would reorder keys and
-    rewrite numbers (1e20 comes back as an integer). For documents that must round-trip unchanged."""
-
-    cache_ok = True
-
-    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
-        if dialect.name == "postgresql":
-            return dialect.type_descriptor(_JSONText())
-        return dialect.type_descriptor(Text())
-
-
-class UTCDateTime(TypeDecorator[datetime]):
-    """A timezone-aware UTC timestamp on every backend (SQLite keeps no zone, so UTC is implied)."""
-
-    impl = DateTime(timezone=True)
-    cache_ok = True
-
-    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
-        if value is None:
-            return None
-        if value.tzinfo is None:
-            raise ValueError("timestamps must be timezone-aware")
-        value = value.astimezone(UTC)
-        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
-
-    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
-        if value is not None and value.tzinfo is None:
-            return value.replace(tzinfo=UTC)
-        return value
 
 
 class Base(DeclarativeBase):

@@ -20,7 +20,6 @@ Concurrency is settled by the database, not by locks in this process:
 
 from __future__ import annotations
 
-import json
 import logging
 import uuid
 from collections.abc import Iterable, Mapping
@@ -33,10 +32,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 import agent_store.run.checked_commit as checked_commit
 import agent_store.run.commit_postgresql as commit_postgresql
 import agent_store.run.commit_sqlite as commit_sqlite
+import agent_store.run.compaction as compaction
 import agent_store.telemetry as telemetry
-from agent_store.db import codec, message_rows, runlog
+from agent_store.db import codec, runlog
 from agent_store.db.database import Database
-from agent_store.db.load_statement import POSITION_STEP
 from agent_store.db.scopes import scopes
 from agent_store.db.stored_twice import StoredTwice, named
 from agent_store.errors import (
@@ -283,7 +282,7 @@ class Run:
         """Make the snapshot describe the database as this run left it, so a later commit writes only news."""
         version, messages, keys, *rest = written
         snap = self._snapshot
-        self._places_committed(delta, int(version), int(messages))
+        compaction.committed(snap, delta.messages, delta.rewrites, int(version), int(messages))
         if not snap.exists and int(version) != 1:
             # It joined a session another run created meanwhile, whose keys this run never read: its later
             # commits check every key's stamp (a blind write over one is a conflict) and skip the one-call path.
@@ -304,34 +303,6 @@ class Run:
             messages_written=int(messages), state_keys_written=int(keys),
             messages_rewritten=int(rest[0] if rest else 0),
         )  # fmt: skip
-
-    def _places_committed(self, delta: Delta, version: int, written: int) -> None:
-        """Where this commit's messages now are in the list, and their marks, for a later commit's compaction."""
-        snap = self._snapshot
-        alone = version == snap.version + 1 if snap.exists else version == 1  # no other commit came between
-        if not alone or written != len(delta.messages):
-            snap.places_known = False  # another run's messages are in between: a compaction must reload first
-            return
-        first_seq = snap.end // POSITION_STEP if snap.exists else 0
-        for i, record in enumerate(delta.messages):
-            snap.places[record.message_id] = delta.rewrites.placed.get(
-                record.message_id, (first_seq + i) * POSITION_STEP
-            )
-            if record.columns["marks"] is not None:
-                snap.marks[record.message_id] = _as_loaded(record.columns)
-        for message_id, columns in delta.rewrites.marks.items():
-            if columns["marks"] is None:
-                snap.marks.pop(message_id, None)
-            else:
-                snap.marks[message_id] = _as_loaded(columns)
-        snap.places.update(delta.rewrites.placed)
-        snap.end = (first_seq + len(delta.messages)) * POSITION_STEP
-
-
-def _as_loaded(columns: dict[str, Any]) -> dict[str, Any]:
-    """A message's marks as a load reads its mark columns back (the summary's links into its _group)."""
-    links = json.loads(columns["summary_of"]) if columns["summary_of"] is not None else None
-    return message_rows.with_links(json.loads(columns["marks"]), links) or {}
 
 
 def run_of(session: AgentSession) -> Run | None:

@@ -201,9 +201,9 @@ class _Commit:
             if rows:
                 conn.executemany(upsert, [(*row, when) for row in rows])
         first = next_seq - len(self.messages)
-        conn.executemany(_MARKS, self.marks)
-        conn.executemany(_MOVE, self.moves)
-        if self.included_from is not None:
+        if self.included_from is not None:  # a compaction's (never in a plain turn's commit)
+            conn.executemany(_MARKS, self.marks)
+            conn.executemany(_MOVE, self.moves)
             conn.execute(*self.included_from)
         try:
             conn.executemany(_MESSAGE, [(m[0], first + i, *m[1:6], when, *m[6:]) for i, m in enumerate(self.messages)])

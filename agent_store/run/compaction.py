@@ -9,6 +9,7 @@ Nothing is deleted: an excluded message stays a row, with ``excluded`` set.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -101,3 +102,35 @@ def places_without_reads(changed: Rewrites, snap: Snapshot) -> dict[str, int]:
     changed.placed.clear()
     changed.placed.update(placed)
     return placed
+
+
+def committed(
+    snap: Snapshot, records: Sequence[message_rows.EncodedMessage], changed: Rewrites, version: int, written: int
+) -> None:
+    """Make ``snap`` say where a commit's messages now are, and their marks, for a later commit's compaction."""
+    alone = version == snap.version + 1 if snap.exists else version == 1  # no other commit came between
+    if not alone or written != len(records):
+        snap.places_known = False  # another run's messages are in between: a compaction must reload first
+        return
+    first_seq = snap.end // POSITION_STEP if snap.exists else 0
+    for i, record in enumerate(records):
+        if record.message_id not in changed.placed:
+            snap.places[record.message_id] = (first_seq + i) * POSITION_STEP
+            snap.unplaced[record.message_id] = first_seq + i
+        if record.columns["marks"] is not None:
+            snap.marks[record.message_id] = _as_loaded(record.columns)
+    for message_id, columns in changed.marks.items():
+        if columns["marks"] is None:
+            snap.marks.pop(message_id, None)
+        else:
+            snap.marks[message_id] = _as_loaded(columns)
+    snap.places.update(changed.placed)
+    for message_id in changed.placed:
+        snap.unplaced.pop(message_id, None)
+    snap.end = (first_seq + len(records)) * POSITION_STEP
+
+
+def _as_loaded(columns: dict[str, Any]) -> dict[str, Any]:
+    """A message's marks as a load reads its mark columns back (the summary's links into its _group)."""
+    links = json.loads(columns["summary_of"]) if columns["summary_of"] is not None else None
+    return message_rows.with_links(json.loads(columns["marks"]), links) or {}
