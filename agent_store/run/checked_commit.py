@@ -144,11 +144,11 @@ async def _rewrite(db: AsyncConnection, call: OneCall, version: int) -> int:
     new_ids = {r.message_id for r in delta.messages}
     for record in delta.messages:
         record.columns["pos"] = placed.get(record.message_id)
-    moved = {mid: place for mid, place in placed.items() if mid not in new_ids}
+    delta.rewrites.placed.clear()
+    delta.rewrites.placed.update(placed)
+    moved = delta.rewrites.moved(new_ids)
     await rewrites.rewrite_marks(db, sid, delta.rewrites.marks)
     await rewrites.move(db, sid, moved)
     exactly = delta.rewrites.knows_every_included
     await rewrites.lower_included_from(db, sid, delta.rewrites.included_from, exactly=exactly)
-    delta.rewrites.placed.clear()
-    delta.rewrites.placed.update(placed)
-    return len(delta.rewrites.marks.keys() | moved.keys())
+    return delta.rewrites.rewritten(new_ids)

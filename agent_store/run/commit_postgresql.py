@@ -16,6 +16,7 @@ from typing import Any
 
 from sqlalchemy import text
 
+import agent_store.run.compaction as compaction
 from agent_store.db import codec, runlog
 from agent_store.db.erasures import user_key
 from agent_store.db.scopes import APP_PREFIX, USER_PREFIX, scope_of
@@ -51,7 +52,8 @@ async def attempt(call: OneCall) -> Outcome:
         if not exc.connection_lost:
             raise
         return None, True
-    return (int(rows[0][0]), len(delta.messages), len(delta.changed_keys)), False
+    rewritten = delta.rewrites.rewritten({r.message_id for r in delta.messages})
+    return (int(rows[0][0]), len(delta.messages), len(delta.changed_keys), rewritten), False
 
 
 def _j(value: Any) -> str:
@@ -76,18 +78,25 @@ def payload(call: OneCall) -> str:
             f',"value":{value if value is not None else "null"}}}'
         )
     messages, tools = [], []
+    rewrites = delta.rewrites
+    placed = compaction.places_without_reads(rewrites, snap) if rewrites else {}
     for i, record in enumerate(delta.messages):
         c = record.columns
+        marked = "".join(  # a compaction's columns (0013), only where there are some
+            f',"{name}":{c[name] if name in ("marks", "summary_of") else _j(c[name])}'
+            for name in ("marks", "excluded", "exclude_reason", "summarized_by", "summary_of")
+            if c[name]
+        ) + (f',"pos":{placed[record.message_id]}' if record.message_id in placed else "")
         messages.append(
             f'{{"i":{i},"message_id":{_j(record.message_id)},"role":{_j(c["role"])},'
-            f'"author_name":{_j(c["author_name"])},"text":{_j(c["text"])},"body":{c["body"]}}}'
+            f'"author_name":{_j(c["author_name"])},"text":{_j(c["text"])},"body":{c["body"]}{marked}}}'
         )
         tools += [{"i": i, "call_id": call_id, "kind": kind, "tool_name": name} for call_id, kind, name in record.tools]
     log = runlog.run_log_row(call.log_ids, 0, delta.messages, len(delta.changed_keys), delta.usage, "")
     head: dict[str, Any] = {
         # What agent_store_commit() checks: a call of another shape takes the checked path. Format 2 (migration
         # 0010) creates the session; an older function refuses it and the checked path creates it instead.
-        "format": 1 if snap.exists else 2,
+        "format": 3 if delta.compacts and snap.exists else 1 if snap.exists else 2,
         "sid": call.session_id, "uid": call.user_id, "agent": call.agent_id, "app_id": settings.app_id,
         "incarnation": snap.incarnation if snap.exists else delta.incarnation, "version": snap.version,
         "stamp": delta.stamp, "run_id": delta.run_id,
@@ -101,6 +110,12 @@ def payload(call: OneCall) -> str:
         head["no_deletes"] = True
     if not snap.exists:
         head["create"] = True
+    if rewrites:  # a compaction's rewrites of stored messages (0013's function; an older one refuses format 3)
+        new = {r.message_id for r in delta.messages}
+        moves = [{"message_id": mid, "pos": place} for mid, place in rewrites.moved(new).items()]
+        marks = [_rewrite(mid, columns) for mid, columns in rewrites.marks.items()]
+        head.update(marks=marks, moves=moves, included_from=rewrites.included_from)
+        head.update(included_exactly=rewrites.knows_every_included, rewritten=rewrites.rewritten(new))
     if by_scope["user"] or (not snap.exists and call.user_id is not None):  # the user's lock and the erasure fence
         head["user_key"], head["since"] = user_key(call.user_id or ""), call.since.isoformat()
     parts = [_j(head)[:-1], ',"messages":[', ",".join(messages), "]"]
@@ -115,6 +130,17 @@ def payload(call: OneCall) -> str:
 AVAILABLE = True  # the function is in every schema since migration 0005
 
 
+def _rewrite(message_id: str, columns: dict[str, Any]) -> dict[str, Any]:
+    """One stored message's new mark columns, as the function reads them (JSON documents as JSON)."""
+    json_columns = ("marks", "summary_of")
+    return {
+        "message_id": message_id,
+        **{k: json.loads(v) if k in json_columns and v else v for k, v in columns.items()},
+    }
+
+
 def takes(call: OneCall) -> bool:
-    """Whether the call can write the commit's compaction too: not yet (the checked transaction does)."""
-    return not call.delta.compacts
+    """Whether the call can write the commit's compaction too: the places it needs are known without a read (a
+    load that skipped stored messages needs their neighbours' places: the checked path reads them)."""
+    rewrites, snap = call.delta.rewrites, call.snapshot
+    return not rewrites or (snap.exists and snap.places_known and not (snap.gapped and rewrites.needs_places))

@@ -43,6 +43,14 @@ class Rewrites:
     def __bool__(self) -> bool:
         return bool(self.marks) or self.needs_places
 
+    def moved(self, new: set[str]) -> dict[str, int]:
+        """The stored messages the commit gave a new place (``new``: the ids of the messages it inserts)."""
+        return {mid: place for mid, place in self.placed.items() if mid not in new}
+
+    def rewritten(self, new: set[str]) -> int:
+        """How many stored messages the commit rewrote (marks or place): the run log's messages_rewritten."""
+        return len(self.marks.keys() | self.moved(new).keys())
+
 
 def rewrites(history: Sequence[Message], ids: Sequence[str], snap: Snapshot, *, max_bytes: int) -> Rewrites:
     """Compare the run's list with what was loaded (``snap``: places and marks by store id; the ids it has seen,

@@ -12,6 +12,11 @@ summaries and what they summarize) and inserts summary messages in the middle of
 - ``pos``: the message's place in the list where it differs from commit order (NULL: at its ``seq``). The list
   order is ``coalesce(pos, seq * 2^32)``; ``seq`` stays gap-free and in commit order.
 
+On PostgreSQL the commit function (0005, 0010, 0012) writes a compaction too, in its one call: the stored
+messages' new marks and places, the new messages' mark columns and places, ``included_from``, and the run log's
+count. Such a call says ``"format": 3``; an older function refuses it (the checked path writes it instead).
+Its bump already requires that no commit came since the load, which is what the rewrites are computed against.
+
 The run log counts the stored messages each commit rewrote (``agent_runs.messages_rewritten``): an export that
 meets one mid-way knows its earlier pages changed.
 
@@ -31,6 +36,8 @@ Create Date: 2026-12-01
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 import sqlalchemy as sa
 from alembic import op
@@ -52,6 +59,72 @@ WHERE NOT m.excluded
 """
 
 
+_FORMATS = (
+    "IF coalesce(p->>'format', '') NOT IN ('1', '2') OR (p ? 'create' AND p->>'format' <> '2') THEN",
+    "IF coalesce(p->>'format', '') NOT IN ('1', '2', '3') OR (p ? 'create' AND p->>'format' <> '2') THEN",
+)
+_DECLARE = ("    bumped record;\n", "    bumped record;\n    rw record;\n")
+_REWRITES = (
+    "    -- 5. Messages at the seq numbers the bump reserved, their tool calls, and the run log.\n",
+    """    -- 4b. A compaction's rewrites of stored messages (0013), one index probe each: new marks, new places.
+    FOR rw IN SELECT * FROM jsonb_to_recordset(coalesce(p->'marks', '[]')) AS x(message_id text, marks jsonb,
+             excluded boolean, exclude_reason text, summarized_by text, summary_of jsonb) LOOP
+        UPDATE agent_messages SET marks = rw.marks, excluded = rw.excluded, exclude_reason = rw.exclude_reason,
+            summarized_by = rw.summarized_by, summary_of = coalesce(rw.summary_of, summary_of)
+        WHERE session_id = sid AND md5(message_id)::uuid = md5(rw.message_id)::uuid AND message_id = rw.message_id;
+    END LOOP;
+    FOR rw IN SELECT * FROM jsonb_to_recordset(coalesce(p->'moves', '[]')) AS x(message_id text, pos bigint) LOOP
+        UPDATE agent_messages SET pos = rw.pos
+        WHERE session_id = sid AND md5(message_id)::uuid = md5(rw.message_id)::uuid AND message_id = rw.message_id;
+    END LOOP;
+    IF p ? 'included_from' THEN  -- set, when the run read every included message; else only lowered
+        UPDATE agent_sessions SET included_from = CASE
+            WHEN (p->>'included_exactly')::boolean OR included_from > (p->>'included_from')::integer
+            THEN (p->>'included_from')::integer ELSE included_from END
+        WHERE id = sid;
+    END IF;
+    -- 5. Messages at the seq numbers the bump reserved, their tool calls, and the run log.
+""",
+)
+_MESSAGES = (
+    """        INSERT INTO agent_messages (session_id, seq, message_id, run_id, role, author_name, text, created_at, body)
+            SELECT sid, bumped.next_seq - n + m.i, m.message_id, p->>'run_id', m.role, m.author_name, m.text, now_,
+                   m.body
+            FROM jsonb_to_recordset(p->'messages')
+                AS m(i integer, message_id text, role text, author_name text, text text, body jsonb);""",
+    """        INSERT INTO agent_messages (session_id, seq, message_id, run_id, role, author_name, text, created_at, body,
+                                    pos, marks, excluded, exclude_reason, summarized_by, summary_of)
+            SELECT sid, bumped.next_seq - n + m.i, m.message_id, p->>'run_id', m.role, m.author_name, m.text, now_,
+                   m.body, m.pos, m.marks, coalesce(m.excluded, false), m.exclude_reason, m.summarized_by,
+                   m.summary_of
+            FROM jsonb_to_recordset(p->'messages')
+                AS m(i integer, message_id text, role text, author_name text, text text, body jsonb, pos bigint,
+                     marks jsonb, excluded boolean, exclude_reason text, summarized_by text, summary_of jsonb);""",
+)
+_LOG = (
+    """                            committed_at, agent_name, messages_in, messages_out, input_tokens, output_tokens, outcome)
+        SELECT sid, p->>'run_id', bumped.version, n, r.state_keys_written, r.started_at, r.committed_at,
+               r.agent_name, r.messages_in, r.messages_out, r.input_tokens, r.output_tokens, 'committed'""",
+    """                            committed_at, agent_name, messages_in, messages_out, input_tokens, output_tokens, outcome,
+                            messages_rewritten)
+        SELECT sid, p->>'run_id', bumped.version, n, r.state_keys_written, r.started_at, r.committed_at,
+               r.agent_name, r.messages_in, r.messages_out, r.input_tokens, r.output_tokens, 'committed',
+               coalesce((p->>'rewritten')::integer, 0)""",
+)
+
+
+def _revision(revision_id: str) -> Any:
+    from alembic.script import ScriptDirectory
+
+    return ScriptDirectory(str(Path(__file__).resolve().parents[1])).get_revision(revision_id).module
+
+
+def commit_function() -> str:
+    before = _revision("0010")  # its function_of() and splice()
+    changes = (_FORMATS, _DECLARE, _REWRITES, _MESSAGES, _LOG)
+    return str(before.splice(before.function_of("0012"), changes, revision))
+
+
 def upgrade() -> None:
     op.add_column("agent_messages", sa.Column("pos", sa.BigInteger(), nullable=True))
     op.add_column("agent_messages", sa.Column("marks", JSON_DOC, nullable=True))
@@ -66,9 +139,13 @@ def upgrade() -> None:
         postgresql_where=sa.text("pos IS NOT NULL"), sqlite_where=sa.text("pos IS NOT NULL"),
     )  # fmt: skip
     op.execute(MODEL_VIEW)
+    if op.get_bind().dialect.name == "postgresql":
+        op.execute(commit_function())
 
 
 def downgrade() -> None:
+    if op.get_bind().dialect.name == "postgresql":
+        op.execute(_revision("0012").commit_function())
     op.execute("DROP VIEW agent_model_view")
     op.drop_index("ix_agent_messages_placed", "agent_messages")
     with op.batch_alter_table("agent_sessions") as batch:
