@@ -151,7 +151,8 @@ class Store:
         on SQLite the database write lock, which queues every writer). ``run_id`` is the caller's idempotency
         key (a request id): a commit under a key already committed writes nothing and returns the first result.
         ``skip_excluded=True`` loads only the messages a compaction left included (summaries among them), in
-        the framework's order: for agents whose history provider skips excluded messages anyway.
+        the framework's order, reading no excluded original: for runs that do not compact (a compaction must
+        see the whole list; its commit is refused with ``InvalidValueError``).
 
         Raises:
             SessionNotFoundError: the id belongs to another user, or to another agent.

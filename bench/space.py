@@ -14,7 +14,8 @@ from pathlib import Path
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-PARTS = ("message rows", "message key (session, seq)", "message-id index", "run log", "search indexes")
+PARTS = ("message rows", "message key (session, seq)", "message-id index", "run log", "search indexes",
+         "placed-summaries index")  # fmt: skip
 
 
 def part_of(table: str, relation: str, primary_key: bool) -> str | None:
@@ -29,6 +30,8 @@ def part_of(table: str, relation: str, primary_key: bool) -> str | None:
         return "message rows"
     if primary_key:
         return "message key (session, seq)"
+    if relation == "ix_agent_messages_placed":  # compaction's summaries (0013): empty until a session is compacted
+        return "placed-summaries index"
     return "message-id index" if "message_id" in relation else "search indexes"
 
 

@@ -27,7 +27,7 @@ from agent_framework import (
     tool,
 )
 
-from agent_store import Store
+from agent_store import InvalidValueError, Store
 from agent_store.agent_framework import StoreHistoryProvider
 from agent_store.offline import OfflineChatClient
 
@@ -108,7 +108,7 @@ async def _stored(url: str, strategy: str, phase: str, mode: str) -> list[Any]:
                 history = StoreHistoryProvider(store, skip_excluded=True)
             else:
                 history = InMemoryHistoryProvider(skip_excluded=mode != "in_memory_all")
-            async with store.session("c", skip_excluded=mode == "projection") as session:
+            async with store.session("c") as session:
                 await _agent(history, strategy, phase, requests).run(turn, session=session)
     return requests
 
@@ -122,7 +122,7 @@ async def test_the_model_sees_what_it_sees_in_memory(url: str, strategy: str, ph
     assert await _stored(url, strategy, phase, "in_memory") == reference
 
 
-@pytest.mark.parametrize("mode", ["provider_in_block", "provider_plain", "projection"])
+@pytest.mark.parametrize("mode", ["provider_in_block", "provider_plain"])
 @pytest.mark.parametrize("strategy", ["sliding_window", "summarization", "tool_result"])
 async def test_every_provider_and_session_kind_sees_it_too(url: str, strategy: str, mode: str) -> None:
     reference = await _in_memory(strategy, "after", skip=True)
@@ -137,3 +137,82 @@ async def test_without_skip_excluded_the_whole_history_is_handed_over(url: str, 
     async with Store.from_url(url) as store:
         await store.migrate()
     assert await _stored(url, strategy, "after", "in_memory_all") == reference
+
+
+@pytest.mark.parametrize("strategy", ["sliding_window", "summarization", "tool_result"])
+async def test_a_load_of_only_the_included_hands_the_model_the_same(url: str, strategy: str) -> None:
+    """A run that does not compact (a serving agent over a history compacted by another) may read only what the
+    model sees: it gets exactly the included messages of the whole list, in order."""
+    async with Store.from_url(url) as store:
+        await store.migrate()
+    await _stored(url, strategy, "after", "in_memory")
+    async with Store.from_url(url) as store:
+        whole = await store.load("c")
+        included = [_without_links(m.to_dict()) for m in whole.history if not m.additional_properties.get("_excluded")]
+        projected = await store.load("c", skip_excluded=True)
+        assert [m.to_dict() for m in projected.history] == included  # a summary's links are not read: see README
+        requests: list[Any] = []
+        plain = Agent(client=OfflineChatClient(), name="Bot", middleware=[_recorder(requests)], tools=[weather])
+        expected = [_CALL_ID.sub("call", m.text or "") for m in projected.history] + ["and one more"]
+        await plain.run("and one more", session=projected.session)
+        await projected.commit()
+        assert [text for _, text, _ in requests[0]] == expected
+
+
+def _without_links(body: dict[str, Any]) -> dict[str, Any]:
+    group = body.get("additional_properties", {}).get("_group")
+    if isinstance(group, dict):
+        group.pop("_summary_of_message_ids", None)
+        group.pop("_summary_of_group_ids", None)
+    return body
+
+
+@pytest.mark.parametrize("strategy", ["sliding_window", "summarization"])
+async def test_a_compaction_on_a_load_of_only_the_included_is_refused(url: str, strategy: str) -> None:
+    async with Store.from_url(url) as store:
+        await store.migrate()
+    await _stored(url, strategy, "after", "in_memory")
+    async with Store.from_url(url) as store:
+        before = await store.messages("c", limit=1000)
+        with pytest.raises(InvalidValueError, match="skip_excluded=True"):
+            async with store.session("c", skip_excluded=True) as session:
+                for turn in ("one", "two", "three"):  # enough turns for the strategy to change something
+                    await _agent(InMemoryHistoryProvider(skip_excluded=True), strategy, "after", []).run(
+                        turn, session=session
+                    )
+        assert await store.messages("c", limit=1000) == before
+
+
+@pytest.mark.parametrize("strategy", ["sliding_window", "truncation", "context_window", "summarization"])
+async def test_a_fork_or_truncation_at_a_turn_gives_the_view_of_that_turn(url: str, strategy: str) -> None:
+    """What a compaction excluded after the cut is included again (excluded_at), a summary made after it is
+    not kept: the next request is the one the in-memory session made from that turn (kept as a copy)."""
+    keep_at = 6
+    session, copies = AgentSession(session_id="c"), {}
+    agent = _agent(InMemoryHistoryProvider(skip_excluded=True), strategy, "after", [])
+    for n, turn in enumerate(TURNS):
+        await agent.run(turn, session=session)
+        copies[n] = AgentSession.from_dict(session.to_dict())
+    reference: list[Any] = []
+    await _agent(InMemoryHistoryProvider(skip_excluded=True), strategy, "after", reference).run(
+        "where were we?", session=copies[keep_at]
+    )
+    async with Store.from_url(url) as store:
+        await store.migrate()
+        boundary = 0
+        for n, turn in enumerate(TURNS):
+            async with store.session("c") as stored:
+                await _agent(InMemoryHistoryProvider(skip_excluded=True), strategy, "after", []).run(
+                    turn, session=stored
+                )
+            if n == keep_at:
+                boundary = (await store.get("c")).message_count - 1
+        branch = await store.fork("c", at_seq=boundary, new_id="branch")
+        await store.truncate("c", boundary)
+        for sid in ("c", branch):
+            got: list[Any] = []
+            async with store.session(sid) as stored:
+                await _agent(InMemoryHistoryProvider(skip_excluded=True), strategy, "after", got).run(
+                    "where were we?", session=stored
+                )
+            assert got == reference

@@ -256,3 +256,51 @@ async def test_a_window_over_a_compacted_history_cuts_no_group(store: Store, lim
     assert all(c.call_id in calls for m in loaded for c in m.contents if c.type == "function_result")
     first = next(m for m in loaded if not (m.additional_properties.get("_group") or {}).get("_summary_of_group_ids"))
     assert first.role == "user"  # a window starts at a turn's start: no group is cut
+
+
+@pytest.mark.parametrize(
+    ("forge", "why"),
+    [
+        (lambda row, rows: row.update(pos=10**18), "pos is not a place"),
+        (lambda row, rows: row.update(pos=rows[1]["seq"] * 4294967296), "pos is not a place"),
+        (lambda row, rows: row.update(summarized_by="nobody"), "names a summary the session lacks"),
+        (lambda row, rows: row.update(excluded_at=1) if not row["excluded"] else None, "excluded_at"),
+        (lambda row, rows: row.update(summary_of={"_summary_of_message_ids": []}, marks=None), "not a summary's"),
+    ],
+)
+async def test_an_import_no_run_could_have_written_is_refused(store: Store, forge: Any, why: str) -> None:
+    import json
+
+    await _talk(store, TURNS)
+    lines = [json.loads(line) for line in [line async for line in store.export(session_id="c")]]
+    messages = [line["row"] for line in lines if line.get("kind") == "message"]
+    target = next(r for r in messages if not r["excluded"] and r["seq"] != messages[1]["seq"])
+    forge(target, messages)
+    await store.delete("c")
+    with pytest.raises(InvalidValueError, match=why):
+        await store.import_lines(json.dumps(line, ensure_ascii=False) for line in lines)
+    assert await rows(store, "SELECT count(*) FROM agent_messages") == [(0,)]
+
+
+def test_places_keep_every_list_order_whatever_the_insertions() -> None:
+    import itertools
+    import random
+
+    from agent_store.run.positions import assign, order_of
+
+    step = 4294967296
+    for seed in range(200):
+        rng = random.Random(seed)
+        stored = {f"m{i}": i * step for i in range(rng.randint(1, 8))}
+        ids = list(stored)
+        for turn in range(rng.randint(1, 60)):
+            for _ in range(rng.randint(1, 3)):  # inserted anywhere, most often where the last one went
+                at = rng.choice([0, 1, len(ids) // 2, len(ids)]) if rng.random() < 0.5 else rng.randrange(len(ids) + 1)
+                ids.insert(min(at, len(ids)), f"n{seed}-{turn}-{_}-{rng.random()}")
+            end = (len(stored) + len(ids) + 1) * step * 2
+            order, appended = order_of(ids, stored)
+            placed = assign(order, {}, first_low=min(stored.values()) - step, end=end)
+            stored.update(placed)
+            for identity in ids[len(ids) - appended :]:
+                stored[identity] = end + ids.index(identity)
+            assert all(stored[a] < stored[b] for a, b in itertools.pairwise(ids)), seed

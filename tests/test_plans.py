@@ -65,8 +65,10 @@ async def test_listing_paging_and_loading_use_indexes(big: Store) -> None:
 
 async def test_the_readme_sql_uses_indexes(big: Store) -> None:
     queries = re.findall(r"```sql\n(.*?)```", README, flags=re.S)
-    assert len(queries) == 5
-    for sql in queries:
+    assert len(queries) == 8
+    # The compaction queries after the first five: the model's view and the exclusions are one session's range;
+    # the per-session counts read the table whole (an operator's report, not a hot path).
+    for sql in queries[:7]:
         sql = sql.strip().rstrip(";").replace("'chat-42'", "'session-7'").replace("'u1'", "'user-7'")
         assert await full_scans(big, sql, None) == [], sql
         async with big.engine.connect() as conn:

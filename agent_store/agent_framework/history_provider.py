@@ -70,7 +70,8 @@ class StoreHistoryProvider(HistoryProvider):
             outside a run (inside one, the run's user applies).
         history_limit: outside a run, load only the last N messages (tool calls kept with their results).
         skip_excluded: hand the model only the messages a ``CompactionProvider`` left included (as the
-            framework's ``InMemoryHistoryProvider(skip_excluded=True)``); outside a run, only those are read.
+            framework's ``InMemoryHistoryProvider(skip_excluded=True)``). The history is still read whole: the
+            compaction decides on the whole list, as in memory.
             A ``CompactionProvider(history_source_id=<this source_id>)`` listed after this provider compacts
             the stored history: its marks and summaries commit with the turn's messages.
         Other keyword arguments are ``HistoryProvider``'s: ``load_messages``, ``store_inputs``, ...
@@ -159,7 +160,7 @@ class StoreHistoryProvider(HistoryProvider):
             return []
         loaded = await loading.load(
             self.store.db, session_id, user_id=self.user_id, agent_id=None, history_limit=self.history_limit,
-            answered=_ANSWERED.get(), skip_excluded=self.skip_excluded,
+            answered=_ANSWERED.get(),  # whole, even with skip_excluded: a compaction must see the whole list
         )  # fmt: skip
         if (session := _HOOKED_SESSION.get()) is not None and session.session_id == session_id and state is not None:
             self._loaded[session], state["messages"] = loaded, loaded.history  # for a compaction after the run

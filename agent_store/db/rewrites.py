@@ -34,8 +34,9 @@ def _params(db: AsyncConnection, session_id: str, message_id: str) -> dict[str, 
     return params
 
 
-async def rewrite_marks(db: AsyncConnection, session_id: str, columns: dict[str, dict[str, Any]]) -> None:
-    """Set each message's mark columns (``message_rows.mark_columns``), by store id."""
+async def rewrite_marks(db: AsyncConnection, session_id: str, columns: dict[str, dict[str, Any]], horizon: int) -> None:
+    """Set each message's mark columns (``message_rows.mark_columns``), by store id. ``horizon``: the first seq of
+    this commit, which ``excluded_at`` keeps for a message this commit excludes."""
     if not columns:
         return
     names = ("marks", "excluded", "exclude_reason", "summarized_by", "summary_of")
@@ -43,8 +44,10 @@ async def rewrite_marks(db: AsyncConnection, session_id: str, columns: dict[str,
     statement = statement.values({name: bindparam(f"new_{name}") for name in names})
     # A summary's links are written once: a rewrite without them (a load that did not read them) keeps them.
     statement = statement.values(summary_of=func.coalesce(bindparam("new_summary_of", type_=JsonText()), _M.summary_of))
+    excluded_at = case((bindparam("new_excluded"), func.coalesce(_M.excluded_at, bindparam("horizon"))), else_=None)
+    statement = statement.values(excluded_at=excluded_at)
     rows = [
-        {**_params(db, session_id, mid), **{f"new_{name}": values[name] for name in names}}
+        {**_params(db, session_id, mid), **{f"new_{name}": values[name] for name in names}, "horizon": horizon}
         for mid, values in columns.items()
     ]
     await db.execute(statement, rows)

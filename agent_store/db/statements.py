@@ -240,13 +240,11 @@ async def insert_messages(
 ) -> None:
     if not records:
         return
-    await db.execute(
-        insert(messages_t),
-        [
-            {**r.columns, "session_id": session_id, "seq": first_seq + i, "run_id": run_id, "created_at": now}
-            for i, r in enumerate(records)
-        ],
-    )
+    fixed = {"session_id": session_id, "run_id": run_id, "created_at": now}
+    rows = [{**r.columns, **fixed, "seq": first_seq + i} for i, r in enumerate(records)]
+    for row in rows:  # a message inserted excluded keeps this commit's first seq (0013)
+        row["excluded_at"] = first_seq if row["excluded"] else None
+    await db.execute(insert(messages_t), rows)
     tools = [
         {"session_id": session_id, "seq": first_seq + i, "call_id": call_id, "kind": kind, "tool_name": name}
         for i, r in enumerate(records)

@@ -115,6 +115,7 @@ class MessageRow(Base):
     excluded: Mapped[bool] = mapped_column(Boolean, server_default=false())
     exclude_reason: Mapped[str | None] = mapped_column(String(ID_MAX))
     summarized_by: Mapped[str | None] = mapped_column(String(ID_MAX))  # the store id of the summary replacing it
+    excluded_at: Mapped[int | None] = mapped_column(Integer)  # the first seq of the commit that excluded it
     summary_of: Mapped[Any | None] = mapped_column(JsonText())  # a summary's links, apart (message_rows.SUMMARY_LINKS)
 
     # On PostgreSQL the index keys md5(message_id)::uuid, 16 bytes instead of the id's text (migration 0011).

@@ -3,9 +3,9 @@
 Both cut only where no function call is separated from its result, refuse a seq outside the session, and
 give every copied state row a fresh stamp and the fork a fresh incarnation (a copy never looks unchanged).
 
-Both cut in commit order (seq). A compaction's summary committed after the cut is not kept, so the messages it
-replaced are included again, as they were before it was made: a summary is never cut from what it summarizes,
-and no message is left excluded in favour of a summary that is not there.
+Both cut in commit order (seq). What a compaction excluded after the cut is included again, as it was at the
+cut (``excluded_at``, migration 0013), and a summary committed after it is not kept: a summary is never cut from
+what it summarizes, and no message is left excluded in favour of a summary that is not there.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import cast, delete, exists, func, literal, select, update
+from sqlalchemy import and_, cast, delete, exists, func, literal, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql import UUID
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -66,7 +66,7 @@ async def truncate(db: Database, session_id: str, user_id: str | None, after_seq
         removed = (await conn.execute(delete(messages_t).where(M.session_id == session_id, M.seq > cut))).rowcount
         await conn.execute(update(sessions_t).where(S.id == session_id).values(next_seq=cut + 1, version=S.version + 1))
         await rewrites.lower_included_from(conn, session_id, cut + 1)  # never above next_seq
-        await _include_unsummarized(conn, session_id, db.settings.max_value_bytes)
+        await _include_again(conn, session_id, cut, db.settings.max_value_bytes)
     return int(removed)
 
 
@@ -96,18 +96,21 @@ async def fork(db: Database, session_id: str, user_id: str | None, at_seq: int |
         await _copy(conn, messages_t, session_id, new_id, messages_t.c.seq <= cut)
         await _copy(conn, tool_calls_t, session_id, new_id, tool_calls_t.c.seq <= cut)
         await _copy(conn, state_t, session_id, new_id, None, version=new_stamp())
-        await _include_unsummarized(conn, new_id, db.settings.max_value_bytes)
+        await _include_again(conn, new_id, cut, db.settings.max_value_bytes)
     return new_id
 
 
-async def _include_unsummarized(conn: AsyncConnection, session_id: str, max_bytes: int) -> None:
-    """Messages whose summary is gone (cut off) are included again, their summary link dropped."""
+async def _include_again(conn: AsyncConnection, session_id: str, cut: int, max_bytes: int) -> None:
+    """Messages excluded by a commit after the cut, or whose summary is gone (cut off), are included again, their
+    summary link dropped: as they were at the cut."""
     M, summary = messages_t.c, messages_t.alias("summary")
     same = [summary.c.session_id == session_id, summary.c.message_id == M.summarized_by]
     if conn.dialect.name == "postgresql":  # through the unique index on md5(message_id)::uuid (0011)
         same.append(cast(func.md5(summary.c.message_id), UUID) == cast(func.md5(M.summarized_by), UUID))
     gone = ~exists().where(*same)
-    found = select(M.message_id, M.marks).where(M.session_id == session_id, M.summarized_by.is_not(None), gone)
+    later = and_(M.excluded, M.excluded_at > cut)
+    found = select(M.message_id, M.marks).where(M.session_id == session_id)
+    found = found.where(or_(and_(M.summarized_by.is_not(None), gone), later))
     columns: dict[str, dict[str, Any]] = {}
     for message_id, marks in (await conn.execute(found)).all():
         marks = dict(marks or {})
@@ -117,7 +120,7 @@ async def _include_unsummarized(conn: AsyncConnection, session_id: str, max_byte
         marks["_excluded"] = False
         marks.pop("_exclude_reason", None)
         columns[message_id] = message_rows.mark_columns(marks, where=f"message {message_id!r}", max_bytes=max_bytes)
-    await rewrites.rewrite_marks(conn, session_id, columns)
+    await rewrites.rewrite_marks(conn, session_id, columns, horizon=cut + 1)
     if columns:  # included again, and not placed maybe: a load of the included reads the whole range
         await rewrites.lower_included_from(conn, session_id, 0, exactly=True)
 

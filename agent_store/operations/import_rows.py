@@ -33,6 +33,7 @@ from sqlalchemy import BigInteger, Boolean, Integer, String, Table
 from agent_store.db import codec, message_rows
 from agent_store.db.codec import _TAGS
 from agent_store.db.database import Settings
+from agent_store.db.load_statement import POSITION_STEP
 from agent_store.db.scopes import APP_PREFIX, TEMP_PREFIX, USER_PREFIX
 from agent_store.db.tables import (
     ExactJsonText,
@@ -255,3 +256,21 @@ def _unregistered(doc: Any, where: str) -> tuple[bool, list[Any]]:
         elif isinstance(value, dict):
             pending.extend(value.values())
     return found, registered
+
+
+def check_compaction(session: dict[str, Any], messages: list[dict[str, Any]]) -> None:
+    """A session's compaction columns (0013) as a run leaves them: each place distinct and below the next seq's,
+    links to messages of the session, ``excluded_at`` only on excluded messages, links only on summaries."""
+    where, end = f"import: session {session['id']!r}", session.get("next_seq", 0) * POSITION_STEP
+    ids = {row["message_id"] for row in messages}
+    places = [row["pos"] if row.get("pos") is not None else row["seq"] * POSITION_STEP for row in messages]
+    if any(not -(2**62) < place < end for place in places) or len(set(places)) != len(places):
+        raise InvalidValueError(f"{where}: a message's pos is not a place of its own below the next seq's")
+    for row in messages:
+        if row.get("summarized_by") is not None and row["summarized_by"] not in ids - {row["message_id"]}:
+            raise InvalidValueError(f"{where}: message {row['message_id']!r} names a summary the session lacks")
+        if row.get("excluded_at") is not None and not (row.get("excluded") and 0 <= row["excluded_at"] <= end):
+            raise InvalidValueError(f"{where}: message {row['message_id']!r} has an excluded_at but is not excluded")
+        marks = json.loads(row["marks"]) if row.get("marks") is not None else {}
+        if not isinstance(marks.get("_group", {}), dict) or (row.get("summary_of") and "_group" not in marks):
+            raise InvalidValueError(f"{where}: message {row['message_id']!r}: its _group mark is not a summary's")

@@ -28,6 +28,7 @@ from sqlalchemy import Table, insert, or_, select, tuple_
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+import agent_store.operations.import_rows as import_rows
 from agent_store.db import codec
 from agent_store.db.database import Database
 from agent_store.db.scopes import owner_is
@@ -276,6 +277,7 @@ async def _insert_session(conn: AsyncConnection, records: list[tuple[str, dict[s
     seqs = [row.get("seq") for k, row in rest if k == "message"]
     if seqs != list(range(session.get("next_seq", -1))):
         raise InvalidValueError(f"import: session {session['id']!r}: its messages are not seq 0..next_seq-1")
+    import_rows.check_compaction(session, [row for k, row in rest if k == "message"])
     if not {row.get("seq") for k, row in rest if k == "tool_call"} <= set(seqs):
         raise InvalidValueError(f"import: session {session['id']!r}: a tool_call row names a message it lacks")
     if any((row.get("version") or 0) > (session.get("version") or 0) for k, row in rest if k == "run"):

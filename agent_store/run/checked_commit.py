@@ -147,7 +147,7 @@ async def _rewrite(db: AsyncConnection, call: OneCall, version: int) -> int:
     delta.rewrites.placed.clear()
     delta.rewrites.placed.update(placed)
     moved = delta.rewrites.moved(new_ids)
-    await rewrites.rewrite_marks(db, sid, delta.rewrites.marks)
+    await rewrites.rewrite_marks(db, sid, delta.rewrites.marks, horizon=snap.end // POSITION_STEP)
     await rewrites.move(db, sid, moved)
     exactly = delta.rewrites.knows_every_included
     await rewrites.lower_included_from(db, sid, delta.rewrites.included_from, exactly=exactly)

@@ -67,12 +67,13 @@ _SCOPE_SQL = {
     for part, (table, owner) in _SCOPES.items()
 }
 _MESSAGE = """INSERT INTO agent_messages (session_id, seq, message_id, run_id, role, author_name, text, created_at,
-    body, pos, marks, excluded, exclude_reason, summarized_by, summary_of)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"""
+    body, pos, marks, excluded, exclude_reason, summarized_by, summary_of, excluded_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"""
 # A compaction's rewrites of stored messages (run/compaction.py; the checked path's db/rewrites.py). The bump
 # above already required that no commit came since the load, which is what they are computed against.
-_MARKS = """UPDATE agent_messages SET marks = ?, excluded = ?, exclude_reason = ?, summarized_by = ?,
-    summary_of = coalesce(?, summary_of) WHERE session_id = ? AND message_id = ?"""
+_MARKS = """UPDATE agent_messages SET marks = ?1, excluded = ?2, exclude_reason = ?3, summarized_by = ?4,
+    summary_of = coalesce(?5, summary_of), excluded_at = CASE WHEN ?2 THEN coalesce(excluded_at, ?8) END
+    WHERE session_id = ?6 AND message_id = ?7"""  # ?8: this commit's first seq, kept by what it excludes
 _MOVE = "UPDATE agent_messages SET pos = ? WHERE session_id = ? AND message_id = ?"
 _INCLUDED_FROM = (
     "UPDATE agent_sessions SET included_from = CASE WHEN included_from > ?1 THEN ?1 ELSE included_from END"
@@ -202,11 +203,15 @@ class _Commit:
                 conn.executemany(upsert, [(*row, when) for row in rows])
         first = next_seq - len(self.messages)
         if self.included_from is not None:  # a compaction's (never in a plain turn's commit)
-            conn.executemany(_MARKS, self.marks)
+            conn.executemany(_MARKS, [(*m, first) for m in self.marks])
             conn.executemany(_MOVE, self.moves)
             conn.execute(*self.included_from)
         try:
-            conn.executemany(_MESSAGE, [(m[0], first + i, *m[1:6], when, *m[6:]) for i, m in enumerate(self.messages)])
+            # m[9]: excluded (a message this commit inserts excluded keeps this commit's first seq)
+            rows = [
+                (m[0], first + i, *m[1:6], when, *m[6:], first if m[9] else None) for i, m in enumerate(self.messages)
+            ]
+            conn.executemany(_MESSAGE, rows)
             conn.executemany(_TOOL, [(t[0], first + t[1], *t[2:]) for t in self.tools])
         except sqlite3.IntegrityError as exc:  # a message id stored already: the checked path says which
             raise CheckedPathNeeded("a message id is stored already") from exc

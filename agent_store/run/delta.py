@@ -99,6 +99,12 @@ def diff(
         message_rows.message_record(m, max_bytes=max_bytes, tool_names=names, cipher=cipher) for m in new_messages
     ]
     changed = compaction.rewrites(history, ids, snap, max_bytes=max_bytes)
+    if snap.included_only and (changed or any(r.columns["marks"] is not None for r in records)):
+        raise InvalidValueError(
+            "a compaction changed a history loaded with skip_excluded=True (only the included messages): the "
+            "framework names messages by their place in the whole list, so it must compact the whole history; "
+            "load the session whole when the agent compacts"
+        )
     if linked := {**changed.marks, **{r.message_id: r.columns for r in records if r.columns["marks"] is not None}}:
         compaction.link_summaries(history, ids, linked)
     return Delta(

@@ -42,12 +42,21 @@ def order_of(ids: Sequence[str], stored: Mapping[str, int]) -> tuple[Order, int]
     return order[: len(order) - appended], appended
 
 
+SPACING = 2**20  # between places given together, at most: a gap of 2^32 takes 4,096 summaries inserted one by one
+
+
 def spread(lo: int, hi: int, n: int) -> list[int] | None:
-    """``n`` places strictly between ``lo`` and ``hi``, evenly apart; None if there is no room."""
+    """``n`` places strictly between ``lo`` and ``hi``, right below ``hi``, at most ``SPACING`` apart (evenly over
+    the gap when it is smaller); None if there is no room.
+
+    Right below hi, not mid-gap: a summarizer inserts each new summary before the last one (after a system
+    message, say), so each takes a step of the gap below instead of halving it (dozens, not thousands, then).
+    """
     room = hi - lo
     if room <= n:
         return None
-    return [lo + room * (i + 1) // (n + 1) for i in range(n)]
+    step = min(room // (n + 1), SPACING)
+    return [hi - step * (n - i) for i in range(n)]
 
 
 def assign(order: Order, lows: Mapping[int, int], *, first_low: int, end: int) -> dict[str, int]:
@@ -67,16 +76,18 @@ def assign(order: Order, lows: Mapping[int, int], *, first_low: int, end: int) -
             lo, i = place, i + 1
             continue
         run: list[str] = []
-        j = i
+        j, floor = i, None
         while True:  # the run, then as many stored messages after it as it takes to make room
             while j < len(order) and order[j][1] is None:
                 run.append(order[j][0])
                 j += 1
             hi = order[j][1] if j < len(order) else end
             assert hi is not None
-            # Below hi, but above its stored predecessor when the load skipped some (excluded) messages: a summary
-            # goes right before what it precedes in the list, as in the framework's list.
-            if (places := spread(max(lo, lows.get(hi, lo)), hi, len(run))) is not None:
+            # Above the stored predecessor of what the run precedes when the load skipped some messages (a summary
+            # goes right before what it precedes, as in the framework's list); the run keeps that floor when it
+            # takes in the stored messages after it.
+            floor = max(lo, lows.get(hi, lo)) if floor is None else floor
+            if (places := spread(floor, hi, len(run))) is not None:
                 placed.update(zip(run, places, strict=True))
                 break
             if j >= len(order):

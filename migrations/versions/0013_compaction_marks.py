@@ -7,6 +7,8 @@ summaries and what they summarize) and inserts summary messages in the middle of
 - ``marks``: those annotations as the framework wrote them (JSON; never encrypted: ids, kinds, counts, reasons);
 - ``summary_of``: a summary's links to what it replaced (``_summary_of_message_ids`` and ``_summary_of_group_ids``
   from its ``_group``), written once, apart: a load of only the included messages does not read them;
+- ``excluded_at``: the first seq of the commit that excluded it (kept while it stays excluded): a fork or a
+  truncation at an earlier seq includes it again, as it was then;
 - ``excluded``, ``exclude_reason``, ``summarized_by`` (the store id of the summary that replaced the message):
   the same facts as plain columns, for SQL;
 - ``pos``: the message's place in the list where it differs from commit order (NULL: at its ``seq``). The list
@@ -70,7 +72,8 @@ _REWRITES = (
     FOR rw IN SELECT * FROM jsonb_to_recordset(coalesce(p->'marks', '[]')) AS x(message_id text, marks jsonb,
              excluded boolean, exclude_reason text, summarized_by text, summary_of jsonb) LOOP
         UPDATE agent_messages SET marks = rw.marks, excluded = rw.excluded, exclude_reason = rw.exclude_reason,
-            summarized_by = rw.summarized_by, summary_of = coalesce(rw.summary_of, summary_of)
+            summarized_by = rw.summarized_by, summary_of = coalesce(rw.summary_of, summary_of),
+            excluded_at = CASE WHEN rw.excluded THEN coalesce(excluded_at, bumped.next_seq - n) END
         WHERE session_id = sid AND md5(message_id)::uuid = md5(rw.message_id)::uuid AND message_id = rw.message_id;
     END LOOP;
     FOR rw IN SELECT * FROM jsonb_to_recordset(coalesce(p->'moves', '[]')) AS x(message_id text, pos bigint) LOOP
@@ -93,10 +96,10 @@ _MESSAGES = (
             FROM jsonb_to_recordset(p->'messages')
                 AS m(i integer, message_id text, role text, author_name text, text text, body jsonb);""",
     """        INSERT INTO agent_messages (session_id, seq, message_id, run_id, role, author_name, text, created_at, body,
-                                    pos, marks, excluded, exclude_reason, summarized_by, summary_of)
+                                    pos, marks, excluded, exclude_reason, summarized_by, summary_of, excluded_at)
             SELECT sid, bumped.next_seq - n + m.i, m.message_id, p->>'run_id', m.role, m.author_name, m.text, now_,
                    m.body, m.pos, m.marks, coalesce(m.excluded, false), m.exclude_reason, m.summarized_by,
-                   m.summary_of
+                   m.summary_of, CASE WHEN m.excluded THEN bumped.next_seq - n END
             FROM jsonb_to_recordset(p->'messages')
                 AS m(i integer, message_id text, role text, author_name text, text text, body jsonb, pos bigint,
                      marks jsonb, excluded boolean, exclude_reason text, summarized_by text, summary_of jsonb);""",
@@ -131,6 +134,7 @@ def upgrade() -> None:
     op.add_column("agent_messages", sa.Column("excluded", sa.Boolean(), nullable=False, server_default=sa.false()))
     op.add_column("agent_messages", sa.Column("exclude_reason", sa.String(255), nullable=True))
     op.add_column("agent_messages", sa.Column("summarized_by", sa.String(255), nullable=True))
+    op.add_column("agent_messages", sa.Column("excluded_at", sa.Integer(), nullable=True))
     op.add_column("agent_messages", sa.Column("summary_of", JSON_DOC, nullable=True))  # last: read only when asked
     op.add_column("agent_runs", sa.Column("messages_rewritten", sa.Integer(), nullable=False, server_default="0"))
     op.add_column("agent_sessions", sa.Column("included_from", sa.Integer(), nullable=True))
@@ -153,5 +157,5 @@ def downgrade() -> None:
     with op.batch_alter_table("agent_runs") as batch:
         batch.drop_column("messages_rewritten")
     with op.batch_alter_table("agent_messages") as batch:
-        for column in ("summary_of", "summarized_by", "exclude_reason", "excluded", "marks", "pos"):
+        for column in ("summary_of", "excluded_at", "summarized_by", "exclude_reason", "excluded", "marks", "pos"):
             batch.drop_column(column)
