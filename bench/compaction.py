@@ -54,8 +54,10 @@ async def _fill(store: Store, sid: str, messages: int) -> None:
 
 async def _row_bytes(store: Store, sid: str, included_only: bool) -> int:
     where = " AND NOT excluded" if included_only else ""
-    size = "octet_length(CAST({} AS TEXT))" if store.engine.dialect.name == "postgresql" else "length(CAST({} AS BLOB))"
-    sql = f"SELECT coalesce(sum({size.format('body')} + {size.format('text')}), 0) FROM agent_messages "
+    postgresql = store.engine.dialect.name == "postgresql"
+    size = "octet_length(CAST({} AS TEXT))" if postgresql else "length(CAST({} AS BLOB))"
+    # Built from the constants above only; the session id is a bound parameter.
+    sql = f"SELECT coalesce(sum({size.format('body')} + {size.format('text')}), 0) FROM agent_messages "  # noqa: S608
     async with store.engine.connect() as conn:
         return int((await conn.execute(text(sql + f"WHERE session_id = :s{where}"), {"s": sid})).scalar_one())
 

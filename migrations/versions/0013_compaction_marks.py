@@ -90,12 +90,14 @@ _REWRITES = (
 """,
 )
 _MESSAGES = (
-    """        INSERT INTO agent_messages (session_id, seq, message_id, run_id, role, author_name, text, created_at, body)
+    "        INSERT INTO agent_messages (session_id, seq, message_id, run_id, role, author_name, text, created_at,"
+    """ body)
             SELECT sid, bumped.next_seq - n + m.i, m.message_id, p->>'run_id', m.role, m.author_name, m.text, now_,
                    m.body
             FROM jsonb_to_recordset(p->'messages')
                 AS m(i integer, message_id text, role text, author_name text, text text, body jsonb);""",
-    """        INSERT INTO agent_messages (session_id, seq, message_id, run_id, role, author_name, text, created_at, body,
+    "        INSERT INTO agent_messages (session_id, seq, message_id, run_id, role, author_name, text, created_at,"
+    """ body,
                                     pos, marks, excluded, exclude_reason, summarized_by, summary_of, excluded_at)
             SELECT sid, bumped.next_seq - n + m.i, m.message_id, p->>'run_id', m.role, m.author_name, m.text, now_,
                    m.body, m.pos, m.marks, coalesce(m.excluded, false), m.exclude_reason, m.summarized_by,
@@ -105,10 +107,12 @@ _MESSAGES = (
                      marks jsonb, excluded boolean, exclude_reason text, summarized_by text, summary_of jsonb);""",
 )
 _LOG = (
-    """                            committed_at, agent_name, messages_in, messages_out, input_tokens, output_tokens, outcome)
+    "                            committed_at, agent_name, messages_in, messages_out, input_tokens, output_tokens,"
+    """ outcome)
         SELECT sid, p->>'run_id', bumped.version, n, r.state_keys_written, r.started_at, r.committed_at,
                r.agent_name, r.messages_in, r.messages_out, r.input_tokens, r.output_tokens, 'committed'""",
-    """                            committed_at, agent_name, messages_in, messages_out, input_tokens, output_tokens, outcome,
+    "                            committed_at, agent_name, messages_in, messages_out, input_tokens, output_tokens,"
+    """ outcome,
                             messages_rewritten)
         SELECT sid, p->>'run_id', bumped.version, n, r.state_keys_written, r.started_at, r.committed_at,
                r.agent_name, r.messages_in, r.messages_out, r.input_tokens, r.output_tokens, 'committed',
