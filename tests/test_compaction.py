@@ -123,7 +123,7 @@ async def test_the_model_sees_what_it_sees_in_memory(url: str, strategy: str, ph
 
 
 @pytest.mark.parametrize("mode", ["provider_in_block", "provider_plain"])
-@pytest.mark.parametrize("strategy", ["sliding_window", "summarization", "tool_result"])
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
 async def test_every_provider_and_session_kind_sees_it_too(url: str, strategy: str, mode: str) -> None:
     reference = await _in_memory(strategy, "after", skip=True)
     async with Store.from_url(url) as store:
@@ -131,7 +131,7 @@ async def test_every_provider_and_session_kind_sees_it_too(url: str, strategy: s
     assert await _stored(url, strategy, "after", mode) == reference
 
 
-@pytest.mark.parametrize("strategy", ["sliding_window", "summarization"])
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
 async def test_without_skip_excluded_the_whole_history_is_handed_over(url: str, strategy: str) -> None:
     reference = await _in_memory(strategy, "after", skip=False)
     async with Store.from_url(url) as store:
