@@ -19,7 +19,7 @@ from agent_framework import (
 
 from agent_store import ConflictError, InvalidValueError, StorageUnavailableError, Store, retry_on_conflict
 from agent_store.offline import OfflineChatClient
-from tests.helpers import lose_the_reply, rows
+from helpers import lose_the_reply, rows
 
 TURNS = ["my name is Ann", "hello", "tell me more", "once again", "and then", "what is my name?", "the end"]
 PLACES = "SELECT message_id, coalesce(pos, seq * 4294967296) FROM agent_messages WHERE session_id = 'c'"
