@@ -82,8 +82,10 @@ async def one_rep(url: str) -> dict[str, float]:
         await _fill(store, small, 21)
         run = await store.load(big)  # the framework's summarizer, as CompactionProvider's after_run applies it
         await apply_compaction(
-            run.history, strategy=SummarizationStrategy(client=Summarizer(), target_count=20, threshold=0,
-                                           max_summary_input_tokens=None),
+            run.history,
+            strategy=SummarizationStrategy(
+                client=Summarizer(), target_count=20, threshold=0, max_summary_input_tokens=None
+            ),
         )
         await run.commit()
         figures = {

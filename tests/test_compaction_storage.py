@@ -16,10 +16,10 @@ from agent_framework import (
     SlidingWindowStrategy,
     SummarizationStrategy,
 )
+from helpers import lose_the_reply, rows
 
 from agent_store import ConflictError, InvalidValueError, StorageUnavailableError, Store, retry_on_conflict
 from agent_store.offline import OfflineChatClient
-from helpers import lose_the_reply, rows
 
 TURNS = ["my name is Ann", "hello", "tell me more", "once again", "and then", "what is my name?", "the end"]
 PLACES = "SELECT message_id, coalesce(pos, seq * 4294967296) FROM agent_messages WHERE session_id = 'c'"
