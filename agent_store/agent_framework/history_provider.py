@@ -181,7 +181,7 @@ class StoreHistoryProvider(HistoryProvider):
             return
         session = _HOOKED_SESSION.get()
         loaded = self._loaded.get(session) if session is not None and session.session_id == session_id else None
-        if loaded is not None and any(message_rows.marks_of(m) for m in loaded.history):
+        if loaded is not None and any(message_rows.has_marks(m) for m in loaded.history):
             # A compaction edited the loaded history: its edits commit with these messages, in one transaction,
             # on the history this turn loaded (another commit since: ConflictError, nothing written).
             loaded.add_messages(messages)

@@ -70,11 +70,10 @@ def message_record(
         body = compact_body(message.to_dict())
     except RecursionError:  # the framework's to_dict() walks it recursively: refuse it here, typed
         raise InvalidValueError(f"{where}: nested more than {MAX_DEPTH} levels deep") from None
-    extra = body.get("additional_properties")
-    marks = {k: extra.pop(k) for k in MARK_KEYS if k in extra} if isinstance(extra, dict) else {}
-    if marks and message.message_id is not None:
-        marks[MESSAGE_ID_MARK] = message.message_id
-    columns.update(mark_columns(marks or None, where=where, max_bytes=max_bytes), pos=None)
+    if isinstance(extra := body.get("additional_properties"), dict):
+        for key in MARK_KEYS:
+            extra.pop(key, None)  # in their own columns
+    columns.update(mark_columns(marks_of(message), where=where, max_bytes=max_bytes), pos=None)
     if body.get("id") == identity:
         del body["id"]  # the de-duplication handle store_id() gave it, not data
     for name in ("message_id", "role", "author_name"):  # e.g. an author_name of 5: refused by name, never str()-ed
@@ -101,6 +100,11 @@ MARK_KEYS = ("_group", "_excluded", "_exclude_reason")
 
 
 MESSAGE_ID_MARK = "$message_id"  # in the marks: the message's message_id, which a compaction may have given it
+
+
+def has_marks(message: Message) -> bool:
+    """Whether a compaction marked the message (a set test: every commit asks it of every loaded message)."""
+    return not message.additional_properties.keys().isdisjoint(MARK_KEYS)
 
 
 def marks_of(message: Message) -> dict[str, Any] | None:
@@ -144,6 +148,17 @@ def with_links(marks: dict[str, Any] | None, links: dict[str, Any] | None) -> di
     if not marks or not links or not isinstance(marks.get("_group"), dict):
         return marks
     return {**marks, "_group": {**marks["_group"], **links}}
+
+
+def with_marks(body: Mapping[str, Any], marks: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    """A message's ``to_dict()`` with its compaction marks where the framework keeps them: in
+    ``additional_properties`` (copies: the framework edits a mark in place, and the loaded marks are what a
+    commit compares against), and the ``message_id`` a compaction gave it after it was stored."""
+    if not marks:
+        return body
+    given = {k: dict(v) if isinstance(v, dict) else v for k, v in marks.items() if k != MESSAGE_ID_MARK}
+    body = {**body, "additional_properties": {**body.get("additional_properties", {}), **given}}
+    return {**body, "message_id": marks[MESSAGE_ID_MARK]} if isinstance(marks.get(MESSAGE_ID_MARK), str) else body
 
 
 def summary_link(marks: dict[str, Any] | None) -> str | None:
@@ -237,15 +252,10 @@ def message_from_row(
     text: str, marks: Mapping[str, Any] | None = None,
 ) -> Message:  # fmt: skip
     """Rebuild a ``Message`` from its row: the stored body (decrypted if need be) and the columns it leaves out."""
-    full = full_body(body, cipher, message_id=identity, role=role, author_name=author_name, text=text)
+    full = with_marks(full_body(body, cipher, message_id=identity, role=role, author_name=author_name, text=text),
+                      marks)  # fmt: skip
     message = Message.from_dict(dict(full))
     message.additional_properties[STORE_ID] = identity
-    if marks:  # the compaction marks, from their own column (decoded per row: the framework edits them in place)
-        # Copies: the framework edits a mark in place (_group), and the loaded marks are what a commit compares.
-        given = {k: dict(v) if isinstance(v, dict) else v for k, v in marks.items() if k != MESSAGE_ID_MARK}
-        message.additional_properties.update(given)
-        if isinstance(marks.get(MESSAGE_ID_MARK), str):  # the id a compaction gave it, after it was stored
-            message.message_id = marks[MESSAGE_ID_MARK]
     if message.message_id is None:
         message.id = identity  # type: ignore[attr-defined]  # see store_id()
     return message

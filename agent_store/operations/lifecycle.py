@@ -169,11 +169,7 @@ def _full(row: Any, cipher: message_rows.MessageCipher | None, sealed_ok: bool =
         return {"type": "message", "role": row["role"], "contents": [], "encrypted": True}
     body = message_rows.full_body(row["body"], cipher, message_id=row["message_id"], role=row["role"],
                                   author_name=row["author_name"], text=row["text"])  # fmt: skip
-    if marks := message_rows.with_links(row.get("marks"), row.get("summary_of")):  # where the framework keeps them
-        body = {**body, "additional_properties": {**body.get("additional_properties", {}), **marks}}
-        if isinstance(given := body["additional_properties"].pop(message_rows.MESSAGE_ID_MARK, None), str):
-            body["message_id"] = given
-    return body
+    return dict(message_rows.with_marks(body, message_rows.with_links(row.get("marks"), row.get("summary_of"))))
 
 
 async def _change(db: Database, doing: str, session_id: str, user_id: str | None, **values: Any) -> None:

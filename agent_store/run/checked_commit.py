@@ -17,7 +17,6 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 import agent_store.run.compaction as compaction
-import agent_store.run.positions as positions
 import agent_store.run.replays as replays
 from agent_store.db import codec, erasures, message_rows, rewrites, runlog
 from agent_store.db import statements as sql
@@ -127,25 +126,19 @@ async def _rewrite(db: AsyncConnection, call: OneCall, version: int) -> int:
     if not snap.exists or not snap.places_known or version != snap.version + 1:
         raise ConflictError(sid, [], reason="this run compacted the history, and another run committed to the "
                                             "session after this run loaded it")  # fmt: skip
-    order = delta.rewrites.order
-    placed: dict[str, int] = {}
-    if delta.rewrites.needs_places:
-        lows: dict[int, int] = {}
-        first_low = compaction.first_low(order, snap.end)
-        if snap.gapped:  # stored messages may lie between loaded ones: place each run right before what follows it
-            for i, (_, place) in enumerate(order):
-                if place is None and (i + 1 == len(order) or order[i + 1][1] is not None):
-                    hi = snap.end if i + 1 == len(order) else order[i + 1][1]
-                    assert hi is not None
-                    below = await rewrites.place_below(db, sid, hi)
-                    lows[hi] = hi - POSITION_STEP if below is None else below
-            first_low = -(2**62)
-        placed = positions.assign(order, lows, first_low=first_low, end=snap.end)
+    order, lows = delta.rewrites.order, None
+    if snap.gapped and delta.rewrites.needs_places:
+        lows = {}  # stored messages may lie between loaded ones: each run goes right before what follows it
+        for i, (_, place) in enumerate(order):
+            if place is None and (i + 1 == len(order) or order[i + 1][1] is not None):
+                hi = snap.end if i + 1 == len(order) else order[i + 1][1]
+                assert hi is not None
+                below = await rewrites.place_below(db, sid, hi)
+                lows[hi] = hi - POSITION_STEP if below is None else below
+    placed = compaction.give_places(delta.rewrites, snap, lows)
     new_ids = {r.message_id for r in delta.messages}
     for record in delta.messages:
         record.columns["pos"] = placed.get(record.message_id)
-    delta.rewrites.placed.clear()
-    delta.rewrites.placed.update(placed)
     moved = delta.rewrites.moved(new_ids)
     await rewrites.rewrite_marks(db, sid, delta.rewrites.marks, horizon=snap.end // POSITION_STEP)
     await rewrites.move(db, sid, moved)

@@ -79,7 +79,7 @@ def payload(call: OneCall) -> str:
         )
     messages, tools = [], []
     rewrites = delta.rewrites
-    placed = compaction.places_without_reads(rewrites, snap) if rewrites else {}
+    placed = compaction.give_places(rewrites, snap) if rewrites else {}
     for i, record in enumerate(delta.messages):
         c = record.columns
         marked = "".join(  # a compaction's columns (0013), only where there are some

@@ -150,7 +150,7 @@ class _Commit:
                 rows.append((scope.owner, stored, delta.upserts[key], delta.stamp))
             else:
                 deletes.append(stored)
-        placed = compaction.places_without_reads(delta.rewrites, snap) if delta.rewrites else {}
+        placed = compaction.give_places(delta.rewrites, snap) if delta.rewrites else {}
         self.messages = [
             (sid, r.message_id, delta.run_id, r.columns["role"], r.columns["author_name"], r.columns["text"],
              r.columns["body"], placed.get(r.message_id), *(r.columns[c] for c in _MARK_COLUMNS))
@@ -158,13 +158,12 @@ class _Commit:
         ]  # fmt: skip
         new = {r.message_id for r in delta.messages}
         self.marks = [(*(c[name] for name in _MARK_COLUMNS), sid, mid) for mid, c in delta.rewrites.marks.items()]
-        self.moves = [(place, sid, mid) for mid, place in placed.items() if mid not in new]
+        self.moves = [(place, sid, mid) for mid, place in delta.rewrites.moved(new).items()]
         self.included_from = (
             (_INCLUDED_FROM[delta.rewrites.knows_every_included], (delta.rewrites.included_from, sid))
             if delta.rewrites else None
         )  # fmt: skip
-        self.rewritten = len({m[-1] for m in self.marks} | {m[-1] for m in self.moves})
-        self.placed = placed
+        self.rewritten = delta.rewrites.rewritten(new)
         self.tools = [(sid, i, *tool) for i, r in enumerate(delta.messages) for tool in r.tools]
         self.log = runlog.run_log_row(
             call.log_ids, 0, delta.messages, len(delta.changed_keys), delta.usage, "committed"

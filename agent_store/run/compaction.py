@@ -10,7 +10,7 @@ Nothing is deleted: an excluded message stays a row, with ``excluded`` set.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +21,7 @@ from agent_store.db.load_statement import POSITION_STEP
 from agent_store.run.positions import Order, assign, order_of
 from agent_store.run.snapshot import Snapshot
 
-__all__ = ["Rewrites", "link_summaries", "rewrites"]
+__all__ = ["Rewrites", "committed", "give_places", "link_summaries", "rewrites"]
 
 
 @dataclass(frozen=True)
@@ -57,21 +57,35 @@ def rewrites(history: Sequence[Message], ids: Sequence[str], snap: Snapshot, *, 
     loaded, committed, or made up for the model and never stored: those have no place)."""
     places, loaded_marks, known = snap.places, snap.marks, snap.message_ids
     marks: dict[str, dict[str, Any]] = {}
+    last, new_seen, in_order = None, False, True
+    # One pass, cheap for a history no compaction touched (every commit runs it): a message without marks, and
+    # loaded without, is skipped on a set test; the list order is only worked out if it left commit order.
     for message, identity in zip(history, ids, strict=True):
-        if identity not in places:
-            continue  # new: its marks go in with its row
+        place = places.get(identity)
+        if place is None:  # new (its marks go in with its row), or made up for the model and never stored
+            new_seen = new_seen or identity not in known
+            continue
+        in_order = in_order and not new_seen and (last is None or place > last)
+        last = place
+        if not message_rows.has_marks(message) and identity not in loaded_marks:
+            continue
         now = message_rows.marks_of(message)
         if now != loaded_marks.get(identity):  # compared as values (the message holds copies of what was loaded)
             marks[identity] = message_rows.mark_columns(now, where=f"message {identity!r}", max_bytes=max_bytes)
+    if in_order and not marks:
+        return Rewrites()
     order, _ = order_of([i for i in ids if i in places or i not in known], places)
     # The lowest seq of an included message at its seq's place (every message committed from here on is above
-    # it): a load of the included messages reads the range from there, and below it only the placed rows.
-    lowest = min((snap.unplaced[i] for m, i in zip(history, ids, strict=True)
-                  if i in snap.unplaced and not m.additional_properties.get("_excluded")), default=None)  # fmt: skip
-    lowest = snap.end // POSITION_STEP if lowest is None else lowest
+    # it): a load of the included messages reads the range from there, and below it only the placed rows. A
+    # placed message whose pos is a multiple of the step is counted too: the bound is only lower, never wrong.
+    at_seq = (
+        places[i] // POSITION_STEP
+        for m, i in zip(history, ids, strict=True)
+        if i in places and places[i] % POSITION_STEP == 0 and not m.additional_properties.get("_excluded")
+    )
     return Rewrites(
-        marks=marks, order=order if any(p is None for _, p in order) else [], included_from=lowest,
-        knows_every_included=not snap.windowed,
+        marks=marks, order=order if any(p is None for _, p in order) else [],
+        included_from=min(at_seq, default=snap.end // POSITION_STEP), knows_every_included=not snap.windowed,
     )  # fmt: skip
 
 
@@ -101,12 +115,14 @@ def first_low(order: Order, end: int) -> int:
     return (stored[0] if stored else end) - POSITION_STEP
 
 
-def places_without_reads(changed: Rewrites, snap: Snapshot) -> dict[str, int]:
-    """The places a commit gives, for a run whose load leaves no stored message unknown between loaded ones
-    (not windowed, not only the included: those need the database's neighbours, checked_commit.py)."""
+def give_places(changed: Rewrites, snap: Snapshot, lows: Mapping[int, int] | None = None) -> dict[str, int]:
+    """The places a commit gives (kept in ``changed.placed``). ``lows``: for a load that skipped stored messages
+    (a window, or only the included), the stored predecessor of the place after each run, read by the checked
+    transaction; without them, the stored list is the loaded one."""
     if not changed.needs_places:
         return {}
-    placed = assign(changed.order, {}, first_low=first_low(changed.order, snap.end), end=snap.end)
+    low = first_low(changed.order, snap.end) if lows is None else -(2**62)
+    placed = assign(changed.order, lows or {}, first_low=low, end=snap.end)
     changed.placed.clear()
     changed.placed.update(placed)
     return placed
@@ -124,7 +140,6 @@ def committed(
     for i, record in enumerate(records):
         if record.message_id not in changed.placed:
             snap.places[record.message_id] = (first_seq + i) * POSITION_STEP
-            snap.unplaced[record.message_id] = first_seq + i
         if record.columns["marks"] is not None:
             snap.marks[record.message_id] = _as_loaded(record.columns)
     for message_id, columns in changed.marks.items():
@@ -133,8 +148,6 @@ def committed(
         else:
             snap.marks[message_id] = _as_loaded(columns)
     snap.places.update(changed.placed)
-    for message_id in changed.placed:
-        snap.unplaced.pop(message_id, None)
     snap.end = (first_seq + len(records)) * POSITION_STEP
 
 

@@ -136,8 +136,6 @@ async def _read(
     snap.included_only = included_only
     for message in found:  # where each message is in the list, and its compaction marks as loaded
         snap.places[message.key] = message.n3
-        if message.n3 == message.n1 * POSITION_STEP:
-            snap.unplaced[message.key] = message.n1
         if message.marks:
             # The message got copies (message_rows.message_from_row); a summary's links only if they were read.
             snap.marks[message.key] = message_rows.with_links(message.marks, message.links) or {}

@@ -28,7 +28,6 @@ class Snapshot:
     marks: dict[str, dict[str, Any]] = field(default_factory=dict)
     windowed: bool = False  # a window: stored messages may lie before and between loaded ones
     included_only: bool = False  # only the included messages: excluded ones may lie between loaded ones
-    unplaced: dict[str, int] = field(default_factory=dict)  # the seq of each loaded message at its seq's place
     end: int = 0
     places_known: bool = True  # False once a commit of this run joined others': a compaction must reload first
 
