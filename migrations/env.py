@@ -9,8 +9,9 @@ from typing import Any
 from alembic import context
 from sqlalchemy import text
 
-from agent_store.db.engine import make_engine, migration_connection, resolve_url
+from agent_store.db.engine import make_engine, migration_connection
 from agent_store.db.tables import Base
+from agent_store.db.urls import resolve_url
 
 config = context.config
 if config.config_file_name is not None and config.attributes.get("connection") is None:

@@ -17,9 +17,8 @@ from agent_store import (
 @pytest.mark.parametrize(
     ("url", "match"),
     [
-        pytest.param("postgresql://app:s3cret@db/chat", "postgresql\\+asyncpg://", id="sync-postgres"),
-        pytest.param("sqlite:///chat.db", "sqlite\\+aiosqlite://", id="sync-sqlite"),
-        pytest.param("mysql+aiomysql://app:s3cret@db/chat", "supported", id="other-database"),
+        pytest.param("mysql+aiomysql://app:s3cret@db/chat", "unsupported database", id="other-database"),
+        pytest.param("oracle://app:s3cret@db/chat", "PostgreSQL", id="another-database"),
         pytest.param("not a url at all s3cret", "could not parse", id="malformed"),
         pytest.param("sqlite+aiosqlite://", "in-memory", id="sqlite-memory"),
     ],

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import click
 
-from agent_store.db.engine import URL_ENV
+from agent_store.db.urls import URL_ENV
 from agent_store.errors import AgentStoreError
 
 T = TypeVar("T")

@@ -9,7 +9,6 @@ commit that meets a connection dropped by a server restart is tried once more in
 from __future__ import annotations
 
 import asyncio
-import os
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -17,59 +16,36 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import event
-from sqlalchemy.engine import URL, make_url
+from sqlalchemy.engine import URL
 from sqlalchemy.exc import ArgumentError, DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from agent_store.db import text_match
 from agent_store.db.log_redaction import keep_values_out_of_logs
 from agent_store.db.tables import SCHEMA_REVISION
+from agent_store.db.urls import postgres_connect_args, resolve_url
 from agent_store.errors import ConfigurationError, SchemaOutOfDateError, SchemaTooNewError, redact
 
-DEFAULT_URL = "sqlite+aiosqlite:///agent_store.db"
 BUSY_TIMEOUT_S = 30  # how long a SQLite writer waits for the lock, unless connect_args says otherwise
 SQLITE3_DEFAULT_BUSY_MS = 5000  # what sqlite3.connect() sets when not told: Store(engine) raises it to ours
-URL_ENV = "AGENT_STORE_URL"
 CONNECT_TIMEOUT_S = 10.0
 NO_TRANSACTION = "agent_store_no_transaction"  # set on a SQLite connection whose last hop left no transaction
 
-_DRIVERS = {"sqlite+aiosqlite": "sqlite", "postgresql+asyncpg": "postgresql"}
-_SYNC_HINT = {
-    "sqlite": "sqlite+aiosqlite://",
-    "postgresql": "postgresql+asyncpg://",
-    "postgres": "postgresql+asyncpg://",
-}
 # Fixed statements chosen by an execution option; never assembled from input.
 _SQLITE_BEGIN = {"deferred": "BEGIN", "immediate": "BEGIN IMMEDIATE", "none": ""}
-
-
-def resolve_url(url: str | URL | None) -> URL:
-    """Parse ``url`` (or ``$AGENT_STORE_URL``, or the embedded default) and check the driver is async."""
-    raw = url if url is not None else os.environ.get(URL_ENV) or DEFAULT_URL
-    try:
-        parsed = make_url(raw)
-    except (ArgumentError, ValueError) as exc:  # ValueError: a port that is not a number
-        # The raw text is not echoed: it may hold a password.
-        raise ConfigurationError(
-            "could not parse the database URL; expected e.g. sqlite+aiosqlite:///file.db "
-            "or postgresql+asyncpg://user@host/db"
-        ) from exc
-    if parsed.drivername not in _DRIVERS:
-        hint = _SYNC_HINT.get(parsed.drivername.split("+")[0])
-        advice = f"; use {hint}" if hint else "; supported: sqlite+aiosqlite, postgresql+asyncpg"
-        raise ConfigurationError(f"unsupported driver {parsed.drivername!r} in {redact(parsed)}{advice}")
-    return parsed
 
 
 def make_engine(url: str | URL | None = None, **engine_kwargs: Any) -> AsyncEngine:
     """Create the engine agent_store expects for ``url`` (see :func:`resolve_url`)."""
     parsed = resolve_url(url)
     if parsed.drivername == "postgresql+asyncpg":
-        connect_args = {"timeout": CONNECT_TIMEOUT_S, **engine_kwargs.pop("connect_args", {})}
-        if parsed.query.get("pgbouncer") in ("true", "1", "yes"):
+        parsed, from_url = postgres_connect_args(parsed)
+        connect_args = {"timeout": CONNECT_TIMEOUT_S, **from_url, **engine_kwargs.pop("connect_args", {})}
+        pgbouncer = parsed.query.get("pgbouncer")
+        parsed = parsed.difference_update_query(["pgbouncer"])
+        if pgbouncer in ("true", "1", "yes"):
             # PgBouncer in transaction pooling (before 1.21) cannot keep prepared statements between
             # transactions: no statement caches, and a unique name for every statement asyncpg prepares.
-            parsed = parsed.difference_update_query(["pgbouncer"])
             parsed = parsed.update_query_dict({"prepared_statement_cache_size": "0"})
             connect_args.update(statement_cache_size=0, prepared_statement_name_func=_unique_statement_name)
         engine_kwargs.setdefault("hide_parameters", True)  # parameters are message text: keep them out of errors
