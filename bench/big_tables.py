@@ -131,18 +131,26 @@ async def retention_at_size(store: Store, *, heavy: int, expired: int) -> dict[s
     return results
 
 
+def documented_sql() -> list[str]:
+    """The SQL blocks of the README and the docs pages: tests/helpers.py's DOC_PAGES (all but docs/SCALING.md)."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    pages = [root / "README.md", *sorted(p for p in (root / "docs").glob("*.md") if p.name != "SCALING.md")]
+    return [sql for page in pages for sql in re.findall(r"```sql\n(.*?)```", page.read_text("utf-8"), flags=re.S)]
+
+
 async def check_big(url: str, sessions: int, per_session: int, users: int) -> list[tuple[str, float, list[str]]]:
     """Fill a fresh store, then time each hot read and report the tables it reads whole (none, hopefully)."""
-    import re
     import statistics
     import time
-    from pathlib import Path
 
     from agent_framework import Message
 
     from agent_store import Store
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")  # noqa: ASYNC240
+    documented = documented_sql()
     results: list[tuple[str, float, list[str]]] = []
     async with Store.from_url(url) as store:
         await store.migrate()
@@ -198,7 +206,7 @@ async def check_big(url: str, sessions: int, per_session: int, users: int) -> li
                 await call()
                 timings.append(time.perf_counter() - started)
             results.append((name, statistics.median(timings) * 1e3, scans))
-        for sql in re.findall(r"```sql\n(.*?)```", readme, flags=re.S):
+        for sql in documented:
             sql = sql.strip().rstrip(";").replace("'chat-42'", "'session-7'").replace("'u1'", "'user-7'")
             timings = []
             async with store.engine.connect() as conn:
@@ -207,7 +215,7 @@ async def check_big(url: str, sessions: int, per_session: int, users: int) -> li
                     await conn.execute(text(sql))
                     timings.append(time.perf_counter() - started)
             results.append(
-                ("README: " + sql[:60] + "...", statistics.median(timings) * 1e3, await full_scans(store, sql, None))
+                ("docs: " + sql[:60] + "...", statistics.median(timings) * 1e3, await full_scans(store, sql, None))
             )
         heavy, expired = sessions // 20, sessions // 10
         for name, (durations, scans) in (await retention_at_size(store, heavy=heavy, expired=expired)).items():

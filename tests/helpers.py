@@ -2,12 +2,65 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from pathlib import Path
+from typing import Any, NamedTuple
 
 from sqlalchemy import make_url, text
 
 from agent_store import StorageUnavailableError, Store
+
+ROOT = Path(__file__).resolve().parent.parent
+# The pages whose code blocks the tests run, in this order. docs/SCALING.md is not one of them: its Citus DDL
+# cannot run here (tests/test_distribution.py checks it against the schema) and its Python line is a fragment.
+DOC_PAGES = (
+    "README.md",
+    "docs/seams.md",
+    "docs/concurrency-and-errors.md",
+    "docs/schema-and-sql.md",
+    "docs/search-and-browser.md",
+    "docs/operations.md",
+    "docs/reliability.md",
+    "docs/performance.md",
+)
+
+
+class DocBlock(NamedTuple):
+    page: str  # "README.md", "docs/seams.md", ...
+    heading: str  # the heading above it
+    name: str  # from a marker line ``<!-- block: NAME ... -->`` right above it; "" without one
+    language: str
+    source: str
+
+
+def doc_blocks(language: str) -> list[DocBlock]:
+    """Every ```language block of the DOC_PAGES, in their order."""
+    found: list[DocBlock] = []
+    for page in DOC_PAGES:
+        heading, name, fence, lines = "", "", None, []
+        for line in (ROOT / page).read_text(encoding="utf-8").splitlines():
+            if fence is not None:  # inside a block: only its closing fence counts
+                if line != "```":
+                    lines.append(line)
+                    continue
+                if fence == language:
+                    found.append(DocBlock(page, heading, name, fence, "".join(f"{text}\n" for text in lines)))
+                fence, name = None, ""
+            elif line.startswith("```"):
+                fence, lines = line[3:], []
+            elif marker := re.match(r"<!-- block: ([\w-]+)", line):
+                name = marker[1]
+            else:
+                heading = title[1] if (title := re.match(r"#+ (.*)", line)) else heading
+                name = ""
+    return found
+
+
+def doc_block(page: str, name: str, language: str = "sql") -> str:
+    """The block of ``page`` named by its marker: moving text around never changes which block a test runs."""
+    (source,) = [b.source for b in doc_blocks(language) if (b.page, b.name) == (page, name)]
+    return source
 
 
 async def rows(store: Store, sql: str, **params: object) -> list[tuple[Any, ...]]:

@@ -2,7 +2,7 @@
 by Selenium and Debian's chromedriver) clicks through it. Plus what must hold without a browser: it never writes,
 it escapes, and off loopback it needs a token.
 
-AGENT_STORE_UPDATE_SCREENSHOTS=1 saves the screenshots the README shows into docs/ (from the SQLite run).
+AGENT_STORE_UPDATE_SCREENSHOTS=1 saves into docs/ the screenshots the README and docs/search-and-browser.md show.
 """
 
 from __future__ import annotations

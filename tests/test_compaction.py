@@ -150,7 +150,7 @@ async def test_a_load_of_only_the_included_hands_the_model_the_same(url: str, st
         whole = await store.load("c")
         included = [_without_links(m.to_dict()) for m in whole.history if not m.additional_properties.get("_excluded")]
         projected = await store.load("c", skip_excluded=True)
-        assert [m.to_dict() for m in projected.history] == included  # a summary's links are not read: see README
+        assert [m.to_dict() for m in projected.history] == included  # a summary's links are not read: docs/seams.md
         requests: list[Any] = []
         plain = Agent(client=OfflineChatClient(), name="Bot", middleware=[_recorder(requests)], tools=[weather])
         expected = [_CALL_ID.sub("call", m.text or "") for m in projected.history] + ["and one more"]

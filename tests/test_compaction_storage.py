@@ -4,7 +4,6 @@ what they summarize."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,14 +15,13 @@ from agent_framework import (
     SlidingWindowStrategy,
     SummarizationStrategy,
 )
-from helpers import lose_the_reply, rows
+from helpers import doc_block, lose_the_reply, rows
 
 from agent_store import ConflictError, InvalidValueError, StorageUnavailableError, Store, retry_on_conflict
 from agent_store.offline import OfflineChatClient
 
 TURNS = ["my name is Ann", "hello", "tell me more", "once again", "and then", "what is my name?", "the end"]
 PLACES = "SELECT message_id, coalesce(pos, seq * 4294967296) FROM agent_messages WHERE session_id = 'c'"
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
 
 
 def _agent(strategy: Any = None) -> Agent:
@@ -198,9 +196,8 @@ async def test_an_import_whose_columns_contradict_its_marks_is_refused(store: St
 
 
 async def test_the_readme_compaction_queries_answer_on_both_backends(store: Store) -> None:
-    import re
-
-    view, why, how_much = [q.replace("chat-42", "c") for q in re.findall(r"```sql\n(.*?)```", README, re.S)[5:8]]
+    names = ("model-view", "excluded-why", "excluded-per-session")
+    view, why, how_much = [doc_block("docs/schema-and-sql.md", name).replace("chat-42", "c") for name in names]
     await _talk(store, TURNS)
     seen = await _model_view(store)
     assert [(r[2], r[3]) for r in await rows(store, view)] == [(role, text) for role, text, _ in seen]

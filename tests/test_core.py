@@ -303,7 +303,7 @@ async def test_tables_are_readable_with_orm_rows(store: Store, agent: Agent) -> 
 
 
 class ReversingCipher:
-    """A test double with the cipher's shape (the README example uses Fernet)."""
+    """A test double with the cipher's shape (the Security example in docs/reliability.md uses Fernet)."""
 
     def encrypt(self, plaintext: str) -> str:
         return plaintext[::-1]

@@ -13,15 +13,13 @@ from typing import Any
 
 import pytest
 from agent_framework import Message
-from helpers import rows
+from helpers import doc_blocks, rows
 from sqlalchemy import text
 
 from agent_store import Store
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-from big_tables import fill, full_scans, reads_sent, retention_at_size
-
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+from big_tables import documented_sql, fill, full_scans, reads_sent, retention_at_size
 
 
 @pytest.fixture
@@ -63,12 +61,18 @@ async def test_listing_paging_and_loading_use_indexes(big: Store) -> None:
             assert await full_scans(big, statement, parameters) == [], statement
 
 
-async def test_the_readme_sql_uses_indexes(big: Store) -> None:
-    queries = re.findall(r"```sql\n(.*?)```", README, flags=re.S)
+def test_the_bench_reads_the_documented_sql() -> None:
+    assert sorted(documented_sql()) == sorted(block.source for block in doc_blocks("sql"))
+
+
+async def test_the_documented_sql_uses_indexes(big: Store) -> None:
+    """Every SQL block of the README and the docs pages (tests/helpers.py: DOC_PAGES), by its name."""
+    queries = {block.name: block.source for block in doc_blocks("sql")}
     assert len(queries) == 8
-    # The compaction queries after the first five: the model's view and the exclusions are one session's range;
-    # the per-session counts read the table whole (an operator's report, not a hot path).
-    for sql in queries[:7]:
+    # The compaction queries: the model's view and the exclusions are one session's range; the per-session
+    # counts read the table whole (an operator's report, not a hot path).
+    del queries["excluded-per-session"]
+    for sql in queries.values():
         sql = sql.strip().rstrip(";").replace("'chat-42'", "'session-7'").replace("'u1'", "'user-7'")
         assert await full_scans(big, sql, None) == [], sql
         async with big.engine.connect() as conn:

@@ -1,4 +1,5 @@
-"""The README is the front door: its quick start, its SQL and its commands run here, on both backends."""
+"""The README is the front door: its quick start, its SQL and its commands run here, on both backends, and so
+does every example and query of the docs/ pages (tests/helpers.py: DOC_PAGES, doc_blocks, doc_block)."""
 
 from __future__ import annotations
 
@@ -11,17 +12,24 @@ from pathlib import Path
 
 import pytest
 from fake_openai import FakeOpenAI
+from helpers import DOC_PAGES, ROOT, doc_block, doc_blocks
 from sqlalchemy import text
 
 from agent_store import Store
 
-ROOT = Path(__file__).resolve().parent.parent
-README = (ROOT / "README.md").read_text(encoding="utf-8")
-QUICKSTART_URL = "sqlite+aiosqlite:///chat.db"
-
-
-def blocks(language: str) -> list[str]:
-    return re.findall(rf"```{language}\n(.*?)```", README, flags=re.S)
+QUICKSTART_URL = "sqlite+aiosqlite:///agent_store.db"
+# Every SQL block, by page and name: the tests below run them on their examples' data (the compaction ones:
+# test_compaction_storage.py), and test_plans.py checks their plans.
+SQL_BLOCKS = {
+    ("README.md", "transcript"),
+    ("README.md", "sessions"),
+    ("README.md", "matching"),
+    ("README.md", "state"),
+    ("docs/seams.md", "checkpoint-chain"),
+    ("docs/schema-and-sql.md", "model-view"),
+    ("docs/schema-and-sql.md", "excluded-why"),
+    ("docs/schema-and-sql.md", "excluded-per-session"),
+}
 
 
 def run_cli(*args: str, cwd: Path, url: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -33,9 +41,11 @@ def run_cli(*args: str, cwd: Path, url: str | None = None) -> subprocess.Complet
     )
 
 
-def test_the_readme_has_the_blocks_these_tests_run() -> None:
-    assert len(blocks("python")) == len(EXAMPLES) == 14
-    assert len(blocks("sql")) == 8
+def test_the_readme_and_the_docs_have_the_blocks_these_tests_run() -> None:
+    pages = {"README.md", "docs/SCALING.md"} | {f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")}
+    assert set(DOC_PAGES) | {"docs/SCALING.md"} == pages  # a new page's blocks run too
+    assert len(doc_blocks("python")) == len(EXAMPLES) == 15
+    assert {(b.page, b.name) for b in doc_blocks("sql")} == SQL_BLOCKS and len(doc_blocks("sql")) == 8
 
 
 def run_example(source: str, url: str, cwd: Path) -> list[str]:
@@ -49,13 +59,11 @@ def run_example(source: str, url: str, cwd: Path) -> list[str]:
 
 
 def examples() -> list[object]:
-    """Each python block of the README, named after the heading above it."""
-    found: list[object] = []
-    for section in re.split(r"^#+ ", README, flags=re.M)[1:]:
-        title = section.splitlines()[0]
-        for source in re.findall(r"```python\n(.*?)```", section, flags=re.S):
-            found.append(pytest.param(source, id=re.sub(r"\W+", "-", title.lower()).strip("-")))
-    return found
+    """Each python block of the README and the docs pages, named after its page and the heading above it."""
+    return [
+        pytest.param(b.source, id=f"{Path(b.page).stem}-" + re.sub(r"\W+", "-", b.heading.lower()).strip("-"))
+        for b in doc_blocks("python")
+    ]
 
 
 EXAMPLES = examples()
@@ -77,8 +85,10 @@ def test_each_readme_example_prints_what_it_says(
 
 
 async def test_the_readme_sql_runs_on_the_quick_starts_data(url: str, tmp_path: Path) -> None:
-    run_example(blocks("python")[0], url, tmp_path)
-    _checkpoints, transcript, sessions, matching, state = blocks("sql")[:5]
+    run_example(doc_block("README.md", "quick-start", "python"), url, tmp_path)
+    transcript, sessions, matching, state = (
+        doc_block("README.md", n) for n in ("transcript", "sessions", "matching", "state")
+    )
     async with Store.from_url(url) as store, store.engine.connect() as conn:
 
         def run(sql: str) -> list[tuple[object, ...]]:
@@ -104,28 +114,38 @@ async def test_the_readme_sql_runs_on_the_quick_starts_data(url: str, tmp_path: 
 
 
 async def test_the_readme_checkpoint_chain_query_runs_on_its_example_s_data(url: str, tmp_path: Path) -> None:
-    (example,) = [source for source in blocks("python") if "StoreCheckpointStorage(store" in source]
-    run_example(example, url, tmp_path)
+    run_example(doc_block("docs/seams.md", "checkpoints", "python"), url, tmp_path)
     async with Store.from_url(url) as store, store.engine.connect() as conn:
-        chain = (await conn.execute(text(blocks("sql")[0].strip().rstrip(";")))).all()
+        chain = (await conn.execute(text(doc_block("docs/seams.md", "checkpoint-chain").strip().rstrip(";")))).all()
     assert [r[0] for r in chain] == list(range(1, len(chain) + 1)) and len(chain) >= 2
     assert chain[0][2] is None and [r[2] for r in chain[1:]] == [r[1] for r in chain[:-1]]
 
 
-def test_the_demo_runs_offline_and_remembers_across_processes(url: str, tmp_path: Path) -> None:
-    done = run_cli("demo", cwd=tmp_path, url=url)
+async def test_the_demo_runs_offline_and_remembers_across_processes(url: str, tmp_path: Path) -> None:
+    done = run_cli("demo", "--url", url, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "process A] user: 我叫李明  ->  Assistant: 你好，李明！" in done.stdout
     assert "process B] user: 我叫什么名字？  ->  Assistant: 你叫李明。" in done.stdout
-    assert "turn_count=2" in done.stdout
+    assert 'turn_count=2, preferences={"theme": "dark", "language": "zh"}' in done.stdout
     assert "Translator: [译]" in done.stdout and "Summarizer: 摘要：" in done.stdout
+    # The state, read back with SQL, prints the same JSON on both backends (timestamps with their zone).
+    assert re.search(r'history \| \[\{"timestamp": \{"\$datetime": "[^"]+\+00:00"\}, "turn": 1\}', done.stdout)
+    async with Store.from_url(url) as store:
+        assert (await store.list_sessions(user_id="li-ming")).items  # it wrote where --url said
+    again = run_cli("demo", "--url", url, cwd=tmp_path)  # a database at head is used as it is
+    assert again.returncode == 0 and not (tmp_path / "agent_store.db").exists()
 
 
-def test_the_demo_uses_the_embedded_default_without_a_url(tmp_path: Path) -> None:
-    done = run_cli("demo", cwd=tmp_path)
+async def test_the_demo_writes_only_where_it_is_told(url: str, tmp_path: Path) -> None:
+    async with Store.from_url(url, check_schema=False) as store:
+        await store.migrate("0002")  # someone's database, in AGENT_STORE_URL
+    done = run_cli("demo", cwd=tmp_path, url=url)
     assert done.returncode == 0, done.stderr
-    assert (tmp_path / "agent_store.db").is_file()
-    assert "你叫李明。" in done.stdout
+    assert (tmp_path / "agent_store.db").is_file() and "你叫李明。" in done.stdout  # its own file
+    async with Store.from_url(url, check_schema=False) as store:
+        assert await store.db.revision() == "0002"  # untouched: not migrated, no demo rows
+    told = run_cli("demo", "--url", url, cwd=tmp_path)  # told explicitly: still not migrated behind one's back
+    assert told.returncode == 1 and told.stderr.startswith("Error: SchemaOutOfDateError: ")
 
 
 def test_check_and_upgrade_report_in_one_line(url: str, tmp_path: Path) -> None:
@@ -139,6 +159,6 @@ def test_check_and_upgrade_report_in_one_line(url: str, tmp_path: Path) -> None:
 
 
 def test_a_bad_url_fails_in_one_line_without_the_password(tmp_path: Path) -> None:
-    done = run_cli("check", "--url", "postgresql://app:s3cret@db/x", cwd=tmp_path)
+    done = run_cli("check", "--url", "mysql://app:s3cret@db/x", cwd=tmp_path)
     assert done.returncode == 1
     assert "ConfigurationError" in done.stderr and "s3cret" not in done.stderr and "Traceback" not in done.stderr

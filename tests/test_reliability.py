@@ -43,7 +43,7 @@ async def assert_gap_free(store: Store, session_id: str, count: int) -> None:
 
 
 async def test_eight_workers_race_on_one_session_and_retries_lose_nothing(store: Store, agent: Agent) -> None:
-    """The README's race, with retry_on_conflict's documented defaults: every run finishes, nothing is lost."""
+    """The race of docs/reliability.md, with retry_on_conflict's defaults: every run finishes, nothing is lost."""
     per_run: list[int] = []
 
     async def worker() -> None:

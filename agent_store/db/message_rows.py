@@ -28,7 +28,7 @@ class EncodedMessage:
 
 
 class MessageCipher(Protocol):
-    """Encrypts message content at rest (see the README's Security section): text in, text out."""
+    """Encrypts message content at rest (see docs/reliability.md, Security): text in, text out."""
 
     def encrypt(self, plaintext: str) -> str: ...
 
