@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Any
+from datetime import UTC, datetime
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, computed_field
 
 
 class _Model(BaseModel):
@@ -41,6 +41,14 @@ class SessionInfo(_Model):
     forked_from: str | None = None  # Store.fork: the session this one was branched from ...
     forked_at_seq: int | None = None  # ... and the last message it copied
 
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def status(self) -> Literal["active", "closed", "expired"]:
+        """As ``list_sessions(status=...)`` filters: closed wins; expired once its idle TTL ran out."""
+        if self.closed_at is not None:
+            return "closed"
+        return "expired" if self.expires_at is not None and self.expires_at <= datetime.now(UTC) else "active"
+
 
 class SessionPage(_Model):
     """A page of sessions, newest first; pass ``next_cursor`` back for the next page (None: no more)."""
@@ -61,7 +69,7 @@ class MessageRecord(_Model):
     text: str
     created_at: datetime
     body: dict[str, Any]  # with its compaction marks in additional_properties, as the framework left them
-    # Compaction (see the README): left out of what the model sees, why, by which summary (its message_id), and
+    # Compaction (see docs/seams.md): left out of what the model sees, why, by which summary (its message_id), and
     # its place in the framework's list where that is not its seq's (pos; the order is coalesce(pos, seq << 32)).
     excluded: bool = False
     exclude_reason: str | None = None
@@ -78,6 +86,7 @@ class SearchHit(_Model):
     author_name: str | None
     created_at: datetime
     title: str | None  # the session's
+    user_id: str | None = None  # the session's owner (a search across users finds any)
     snippet: str  # up to ~120 characters around the first match ("…" where cut)
     marks: list[tuple[int, int]]  # (start, end) of each match within ``snippet``
     rank: int  # how many of the query's terms the message holds

@@ -18,7 +18,7 @@ from agent_store.db.database import Database, Settings
 from agent_store.db.engine import make_engine
 from agent_store.errors import ConfigurationError, InvalidValueError
 from agent_store.models import ErasureReport, MessageRecord, SearchPage, SessionInfo, SessionPage, TransferReport
-from agent_store.operations import branching, lifecycle, retention, transfer
+from agent_store.operations import branching, lifecycle, retention, stats, transfer
 from agent_store.run.commit import Run
 from agent_store.run.load import load
 from agent_store.search import query as search
@@ -201,17 +201,20 @@ class Store:
         self,
         query: str,
         *,
-        user_id: str,
+        user_id: str | None = None,
+        all_users: bool = False,
         session_id: str | None = None,
         agent_id: str | None = None,
         limit: int = 20,
         cursor: str | None = None,
     ) -> SearchPage:
         """Messages of ``user_id``'s sessions that match ``query``, best first (see ``agent_store.search``):
-        words, ``"phrases"``, ``OR``, ``-exclusions``; Chinese matches inside words. Reads from the replica."""
+        words, ``"phrases"``, ``OR``, ``-exclusions``; Chinese matches inside words. Reads from the replica.
+        ``all_users=True`` (instead of a ``user_id``) searches every user's sessions: an operator's search."""
         return await search.search(
-            self.db, query, user_id=user_id, session_id=session_id, agent_id=agent_id, limit=limit, cursor=cursor
-        )
+            self.db, query, user_id=user_id, session_id=session_id, agent_id=agent_id, limit=limit, cursor=cursor,
+            all_users=all_users,
+        )  # fmt: skip
 
     async def get(self, session_id: str, *, user_id: str | None = None) -> SessionInfo:
         """One session's summary. Raises ``SessionNotFoundError`` (also for another user's session)."""
@@ -290,8 +293,8 @@ class Store:
         return await transfer.import_lines(self.db, lines, progress)
 
     async def stats(self) -> dict[str, Any]:
-        """Row counts, the busiest sessions, and sizes on disk."""
-        return await lifecycle.stats(self.db)
+        """Every table's rows and bytes on disk (with its indexes), and the busiest sessions."""
+        return await stats.stats(self.db)
 
     async def delete(self, session_id: str, *, user_id: str | None = None) -> bool:
         """Delete a session with its messages, state and run log in one transaction; False if there was none."""

@@ -24,6 +24,8 @@ from throwaway_pg import ThrowawayCluster
 from agent_store import Store
 from agent_store.offline import OfflineChatClient
 
+pytest_plugins = ["cli_support"]  # the CLI tests' `filled` store
+
 PG_ENV = "AGENT_STORE_TEST_POSTGRES_URL"
 IN_CI = os.environ.get("CI", "").lower() == "true"
 

@@ -143,12 +143,14 @@ def create_app(
 
     def read_only(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
         async def guarded(request: Request) -> Response:
+            typed = {"q": request.query_params.get("q"), "user": request.query_params.get("user")}  # kept in the box
             try:
                 return await handler(request)
             except SessionNotFoundError as exc:
-                return page("error.html", 404, message=str(exc))
+                return page("error.html", 404, message=str(exc), **typed)
             except AgentStoreError as exc:  # bad input (a cursor, a query) or a database error: said, not traced
-                return page("error.html", 400 if isinstance(exc, InvalidValueError) else 503, message=str(exc))
+                status = 400 if isinstance(exc, InvalidValueError) else 503
+                return page("error.html", status, message=str(exc), **typed)
 
         return guarded
 
@@ -206,13 +208,12 @@ def create_app(
     async def session_jsonl(request: Request) -> Response:
         return jsonl((await transcript(request))[1])
 
-    async def hits(request: Request) -> tuple[str, str, Any]:
+    async def hits(request: Request) -> tuple[str | None, str, Any]:
         q = request.query_params
-        user, text = q.get("user") or "", q.get("q") or ""
-        if not user:
-            raise InvalidValueError("search needs a user: search is per user")
-        return user, text, await store.search(text, user_id=user, session_id=q.get("session") or None,
-                                              cursor=q.get("cursor") or None, limit=page_size)  # fmt: skip
+        user, text = q.get("user") or None, q.get("q") or ""  # no user: every user's sessions, as /sessions lists
+        found = await store.search(text, user_id=user, all_users=user is None, limit=page_size,
+                                   session_id=q.get("session") or None, cursor=q.get("cursor") or None)  # fmt: skip
+        return user, text, found
 
     @read_only
     async def search(request: Request) -> Response:

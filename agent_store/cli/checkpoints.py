@@ -10,7 +10,15 @@ from typing import TYPE_CHECKING
 
 import click
 
-from agent_store.cli.support import json_option, print_json, print_table, runs_async, url_option
+from agent_store.cli.support import (
+    CommandFailed,
+    json_option,
+    open_store,
+    print_json,
+    print_table,
+    runs_async,
+    url_option,
+)
 from agent_store.store import Store
 
 if TYPE_CHECKING:
@@ -32,7 +40,7 @@ def checkpoints() -> None:
 @runs_async
 async def list_chain(workflow: str, url: str | None, user_id: str | None, as_json: bool) -> None:
     """A workflow's checkpoints, oldest first: each names the one before it."""
-    async with Store.from_url(url) as store:
+    async with open_store(url) as store:
         rows = await _storage(store, user_id).describe(workflow_name=workflow)
     if as_json:
         print_json(rows)
@@ -46,13 +54,14 @@ async def list_chain(workflow: str, url: str | None, user_id: str | None, as_jso
 @click.argument("checkpoint_id")
 @url_option
 @user_option
+@json_option
 @runs_async
-async def show(checkpoint_id: str, url: str | None, user_id: str | None) -> None:
-    """One checkpoint as JSON, its payload as stored."""
-    async with Store.from_url(url) as store:
+async def show(checkpoint_id: str, url: str | None, user_id: str | None, as_json: bool) -> None:
+    """One checkpoint as JSON (with or without --json), its payload as stored."""
+    async with open_store(url) as store:
         rows = await _storage(store, user_id).describe(checkpoint_id=checkpoint_id)
     if not rows:
-        raise click.ClickException(f"no checkpoint {checkpoint_id!r} for user {user_id!r}")
+        raise _not_found(checkpoint_id, user_id)
     print_json(rows[0])
 
 
@@ -60,13 +69,14 @@ async def show(checkpoint_id: str, url: str | None, user_id: str | None) -> None
 @click.argument("checkpoint_id")
 @url_option
 @user_option
+@json_option
 @runs_async
-async def delete(checkpoint_id: str, url: str | None, user_id: str | None) -> None:
+async def delete(checkpoint_id: str, url: str | None, user_id: str | None, as_json: bool) -> None:
     """Delete one checkpoint."""
-    async with Store.from_url(url) as store:
+    async with open_store(url) as store:
         if not await _storage(store, user_id).delete(checkpoint_id):
-            raise click.ClickException(f"no checkpoint {checkpoint_id!r} for user {user_id!r}")
-    click.echo(f"deleted checkpoint {checkpoint_id}")
+            raise _not_found(checkpoint_id, user_id)
+    print_json({"ok": True, "deleted": checkpoint_id}) if as_json else click.echo(f"deleted checkpoint {checkpoint_id}")
 
 
 def _storage(store: Store, user_id: str | None) -> StoreCheckpointStorage:
@@ -75,3 +85,8 @@ def _storage(store: Store, user_id: str | None) -> StoreCheckpointStorage:
     )
 
     return StoreCheckpointStorage(store, user_id=user_id)
+
+
+def _not_found(checkpoint_id: str, user_id: str | None) -> CommandFailed:
+    hint = "" if user_id is not None else " (a user's checkpoint needs --user)"
+    return CommandFailed("CheckpointNotFoundError", f"no checkpoint {checkpoint_id!r} for user {user_id!r}{hint}")

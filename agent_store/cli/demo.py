@@ -9,16 +9,19 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 import uuid
 from asyncio.subprocess import PIPE
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from agent_framework import Agent
 from sqlalchemy import text
 
+from agent_store.db.tables import SCHEMA_REVISION
+from agent_store.db.urls import DEFAULT_URL
 from agent_store.errors import redact
 from agent_store.offline import OfflineChatClient
 from agent_store.store import Store
@@ -30,15 +33,19 @@ def count_turn(state: dict[str, Any]) -> int:
     """The seed's per-turn bookkeeping: a counter and a history list with timestamps."""
     turn: int = state.get("turn_count", 0) + 1
     state["turn_count"] = turn
-    state.setdefault("history", []).append({"turn": turn, "timestamp": datetime.now()})
+    state.setdefault("history", []).append({"turn": turn, "timestamp": datetime.now(UTC)})
     return turn
 
 
 async def turn_one(url: str | None, chat_id: str, say: Callable[[str], None]) -> None:
     agent = Agent(client=OfflineChatClient(), name="Assistant", instructions="友好的助手")
+    async with Store.from_url(url, check_schema=False) as setup:
+        # A new database gets the schema; one of an older agent_store is left for `agent-store upgrade` to take.
+        if await setup.db.revision() is None:
+            await setup.migrate()
     async with Store.from_url(url) as store:
-        await store.migrate()
-        say(f"database: {redact(store.url)} (migrated to head)")
+        await store.warm_up(1)  # a schema behind or ahead is said here, never upgraded by a demo
+        say(f"database: {redact(store.url)} (schema at {SCHEMA_REVISION})")
         async with store.session(chat_id, user_id="li-ming") as session:
             session.state["preferences"] = {"theme": "dark", "language": "zh"}
             turn = count_turn(session.state)
@@ -54,7 +61,7 @@ async def turn_two(url: str | None, chat_id: str, say: Callable[[str], None]) ->
             reply = await agent.run("我叫什么名字？", session=session)
             prefs = session.state["preferences"]
         say(f"[turn {turn}, process B] user: 我叫什么名字？  ->  {agent.name}: {reply.text}")
-        say(f"  state restored in process B: turn_count={turn}, preferences={prefs}")
+        say(f"  state restored in process B: turn_count={turn}, preferences={json.dumps(prefs, ensure_ascii=False)}")
 
 
 async def shared_session(url: str | None, shared_id: str, say: Callable[[str], None]) -> None:
@@ -69,21 +76,33 @@ async def shared_session(url: str | None, shared_id: str, say: Callable[[str], N
         say(f"[shared session] Summarizer: {summary.text}")
 
 
-async def show_sql(store: Store, sql: str, params: dict[str, str], say: Callable[[str], None]) -> None:
-    """Print a query (with its parameters) and its rows: plain SQL over the readable tables."""
+async def show_sql(
+    store: Store, sql: str, params: dict[str, str], say: Callable[[str], None], json_columns: int = 0
+) -> None:
+    """Print a query (with its parameters) and its rows: plain SQL over the readable tables. The last
+    ``json_columns`` hold JSON: SQLite hands back its text, PostgreSQL the decoded value (with jsonb's key
+    order), so both are printed as the same canonical JSON."""
     say(f"\nSQL> {sql}    -- {params}")
     async with store.engine.connect() as conn:
         for row in (await conn.execute(text(sql), params)).all():
-            say("  " + " | ".join("-" if v is None else str(v) for v in row))
+            plain, json_values = row[: len(row) - json_columns], row[len(row) - json_columns :]
+            cells = ["-" if v is None else str(v) for v in plain] + [_json(v) for v in json_values]
+            say("  " + " | ".join(cells))
+
+
+def _json(value: Any) -> str:
+    decoded = json.loads(value) if isinstance(value, str) else value
+    return json.dumps(decoded, ensure_ascii=False, sort_keys=True)
 
 
 async def run_demo(url: str | None, say: Callable[[str], None]) -> str:
-    """Run the whole demo; returns the conversation id of the two-turn chat."""
+    """Run the whole demo; returns the conversation id of the two-turn chat. ``url`` None: ./agent_store.db,
+    never $AGENT_STORE_URL (the demo writes only where it was told to)."""
+    url = DEFAULT_URL if url is None else url
     chat_id, shared_id = f"demo-chat-{uuid.uuid4().hex[:8]}", f"demo-shared-{uuid.uuid4().hex[:8]}"
     await turn_one(url, chat_id, say)
     command = [sys.executable, "-m", "agent_store", "demo", "--step", "turn-two", "--chat-id", chat_id]
-    if url is not None:
-        command += ["--url", url]
+    command += ["--url", url]
     child = await asyncio.create_subprocess_exec(*command, stdout=PIPE, stderr=PIPE)
     out, err = await child.communicate()
     if child.returncode != 0:
@@ -94,6 +113,6 @@ async def run_demo(url: str | None, say: Callable[[str], None]) -> str:
         for sid in (chat_id, shared_id):
             await show_sql(store, TRANSCRIPT_SQL, {"sid": sid}, say)
         await show_sql(
-            store, "SELECT key, value FROM agent_state WHERE session_id = :sid ORDER BY key", {"sid": chat_id}, say
+            store, "SELECT key, value FROM agent_state WHERE session_id = :sid ORDER BY key", {"sid": chat_id}, say, 1
         )
     return chat_id

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
+import json
+import socket
 
 import click
 
-from agent_store.cli.support import json_option, print_json, print_table, runs_async, url_option
-from agent_store.store import Store
+from agent_store.cli.support import json_option, open_store, print_json, print_table, runs_async, url_option
+from agent_store.errors import ConfigurationError
 
 
 def marked(snippet: str, marks: list[tuple[int, int]]) -> str:
@@ -21,7 +24,8 @@ def marked(snippet: str, marks: list[tuple[int, int]]) -> str:
 
 @click.command()
 @click.argument("query")
-@click.option("--user", "user_id", required=True, help="Whose messages to search (required: search is per user).")
+@click.option("--user", "user_id", default=None, help="Whose messages to search.")
+@click.option("--all-users", is_flag=True, help="Search every user's messages (an operator's search).")
 @click.option("--session", "session_id", default=None, help="Only this session.")
 @click.option("--agent", "agent_id", default=None, help="Only sessions of this agent.")
 @click.option("--limit", type=click.IntRange(1, 1000), default=20, show_default=True)
@@ -29,18 +33,20 @@ def marked(snippet: str, marks: list[tuple[int, int]]) -> str:
 @url_option
 @json_option
 @runs_async
-async def search(query: str, user_id: str, session_id: str | None, agent_id: str | None, limit: int,
-                 cursor: str | None, url: str | None, as_json: bool) -> None:  # fmt: skip
-    """Messages of a user matching QUERY: words, "phrases", OR, -exclusions; Chinese matches inside words."""
-    async with Store.from_url(url) as store:
-        page = await store.search(query, user_id=user_id, session_id=session_id, agent_id=agent_id, limit=limit,
-                                  cursor=cursor)  # fmt: skip
+async def search(query: str, user_id: str | None, all_users: bool, session_id: str | None, agent_id: str | None,
+                 limit: int, cursor: str | None, url: str | None, as_json: bool) -> None:  # fmt: skip
+    """Messages matching QUERY: words, "phrases", OR, -exclusions; Chinese matches inside words."""
+    if (user_id is None) == (not all_users):
+        raise click.UsageError("give --user ID, or --all-users to search every user's messages")
+    async with open_store(url) as store:
+        page = await store.search(query, user_id=user_id, all_users=all_users, session_id=session_id,
+                                  agent_id=agent_id, limit=limit, cursor=cursor)  # fmt: skip
     if as_json:
         print_json(page.model_dump(mode="json"))
         return
-    rows = [[h.session_id, h.seq, h.role, f"{h.created_at:%Y-%m-%d %H:%M}", marked(h.snippet, h.marks)]
-            for h in page.items]  # fmt: skip
-    print_table(["SESSION", "SEQ", "ROLE", "WHEN", "MATCH"], rows)
+    rows = [[h.session_id, *([h.user_id] if all_users else []), h.seq, h.role, f"{h.created_at:%Y-%m-%d %H:%M}",
+             marked(h.snippet, h.marks)] for h in page.items]  # fmt: skip
+    print_table(["SESSION", *(["USER"] if all_users else []), "SEQ", "ROLE", "WHEN (UTC)", "MATCH"], rows)
     if page.next_cursor:
         click.echo(f"more: --cursor {page.next_cursor}")
 
@@ -63,19 +69,45 @@ def loopback(host: str) -> bool:
 @click.option("--allow-host", "allow_hosts", multiple=True, metavar="NAME[:PORT]",
               help="Another name requests may use in their Host header (repeatable; '*': any). Loopback names "
                    "and the --host address are always allowed; others are answered 400 (DNS rebinding).")  # fmt: skip
-def ui(url: str | None, host: str, port: int, token: str | None, allow_hosts: tuple[str, ...]) -> None:
+@json_option
+def ui(url: str | None, host: str, port: int, token: str | None, allow_hosts: tuple[str, ...], as_json: bool) -> None:
     """A read-only web browser of sessions, transcripts, state and search (pip install "agent-store[ui]")."""
     try:
         import uvicorn
 
         from agent_store.browser.app import LOOPBACK_HOSTS, create_app
     except ImportError as exc:
-        raise click.ClickException(f'the browser needs its extra: pip install "agent-store[ui]" ({exc.name})') from None
+        raise ConfigurationError(f'the browser needs its extra: pip install "agent-store[ui]" ({exc.name})') from None
     if not loopback(host) and not token:
         raise click.UsageError(f"refusing to serve {host} without --token (or AGENT_STORE_UI_TOKEN): "
                                "anyone who can reach it could read every conversation")  # fmt: skip
+    asyncio.run(_usable(url))  # a wrong URL, a missing database or an old schema: one line, before serving
+    listener = _listen(host, port)  # a port in use: one line, before announcing an address
     bound = f"[{host}]" if ":" in host and not host.startswith("[") else host  # an IPv6 address, as Host gives it
     allowed = [*LOOPBACK_HOSTS, bound, *allow_hosts]
-    app = create_app(Store.from_url(url), token=token, owns_store=True, allowed_hosts=allowed)
-    click.echo(f"agent-store ui: http://{host}:{port}/" + ("?token=<your token>" if token else ""), err=True)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    app = create_app(open_store(url), token=token, owns_store=True, allowed_hosts=allowed)
+    port = listener.getsockname()[1]
+    address = f"http://{bound}:{port}/"
+    if as_json:  # a script learns the address (and the port, with --port 0) from stdout
+        click.echo(json.dumps({"ok": True, "url": address}), nl=True)
+    click.echo(f"agent-store ui: {address}" + ("?token=<your token>" if token else ""), err=True)
+    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[listener])
+
+
+async def _usable(url: str | None) -> None:
+    async with open_store(url) as store:
+        await store.warm_up(1)
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((host.strip("[]"), port))
+        listener.listen(2048)
+    except OSError as exc:
+        listener.close()
+        raise ConfigurationError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+    listener.setblocking(False)
+    return listener

@@ -266,7 +266,8 @@ class Database:
                     below = {r.revision for r in script.iterate_revisions(current, "base")}
                     if revision != current and script.get_revision(revision).revision in below:
                         raise InvalidValueError(
-                            f"the database is at {current}, ahead of {revision}: use downgrade to go back"
+                            f"the database is at {current}, ahead of {revision}: go back with "
+                            f"`agent-store downgrade {revision}` (Store.downgrade)"
                         )
 
                 def run(sync_conn: Any) -> None:

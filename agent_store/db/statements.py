@@ -30,7 +30,8 @@ def _insert(db: AsyncConnection, table: Table) -> Any:
 
 def not_found(session_id: str, user_id: str | None) -> SessionNotFoundError:
     """The one refusal for an id that is unknown, deleted, or another user's / agent's: ids do not leak."""
-    return SessionNotFoundError(f"no session {session_id!r} for user {user_id!r}")
+    hint = " (a user's session is found only with its user id: user_id=, --user)" if user_id is None else ""
+    return SessionNotFoundError(f"no session {session_id!r} for user {user_id!r}{hint}")
 
 
 # ---- load -----------------------------------------------------------------------------------------------

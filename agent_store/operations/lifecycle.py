@@ -11,14 +11,14 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, delete, func, literal, or_, select, text, tuple_, update
+from sqlalchemy import ColumnElement, and_, delete, func, literal, or_, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agent_store.db import codec, message_rows
 from agent_store.db.database import Database
 from agent_store.db.scopes import owner_is
 from agent_store.db.statements import not_found
-from agent_store.db.tables import JsonText, checkpoints_t, messages_t, runs_t, sessions_t, state_t, user_state_t
+from agent_store.db.tables import JsonText, messages_t, sessions_t
 from agent_store.errors import InvalidValueError, SessionExpiredError
 from agent_store.models import MessageRecord, SessionInfo, SessionPage
 
@@ -229,25 +229,3 @@ async def delete_session(db: Database, session_id: str, user_id: str | None) -> 
     async with db.transaction(write=True, doing="deleting a session") as conn:
         done = await conn.execute(delete(sessions_t).where(*owned(session_id, user_id)))
     return bool(done.rowcount)
-
-
-async def stats(db: Database, top: int = 5) -> dict[str, Any]:
-    """Row counts, the busiest sessions, and on-disk sizes where the backend reports them."""
-    async with db.transaction(write=False, replica=True, doing="reading statistics") as conn:
-        counts = {
-            t.name: (await conn.execute(select(func.count()).select_from(t))).scalar_one()
-            for t in (sessions_t, messages_t, state_t, user_state_t, runs_t, checkpoints_t)
-        }
-        busiest = (await conn.execute(select(S.id, S.user_id, S.next_seq).order_by(S.next_seq.desc()).limit(top))).all()
-        sizes: dict[str, int] = {}
-        if conn.dialect.name == "postgresql":
-            for name in counts:
-                sizes[name] = (await conn.execute(select(func.pg_total_relation_size(name)))).scalar_one()
-        else:
-            file_size = text("SELECT page_count * page_size FROM pragma_page_count(), pragma_page_size()")
-            sizes["database"] = (await conn.execute(file_size)).scalar_one()
-    return {
-        "rows": counts,
-        "busiest": [{"id": r.id, "user_id": r.user_id, "messages": r.next_seq} for r in busiest],
-        "bytes": sizes,
-    }

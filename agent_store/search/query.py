@@ -193,10 +193,13 @@ def snippet(text: str, query: Query) -> tuple[str, list[tuple[int, int]]]:
 
 
 async def search(
-    db: Database, query_text: str, *, user_id: str, session_id: str | None, agent_id: str | None, limit: int,
+    db: Database, query_text: str, *, user_id: str | None, session_id: str | None, agent_id: str | None, limit: int,
     cursor: str | None, exclude_session_id: str | None = None, visible_to_agent: str | None = None,
+    all_users: bool = False,
 ) -> SearchPage:  # fmt: skip
-    codec.check_id(user_id, "user_id", required=True)
+    if all_users and user_id is not None:
+        raise InvalidValueError("search takes user_id or all_users=True, not both")
+    codec.check_id(user_id, "user_id", required=not all_users)
     codec.check_id(session_id, "session_id")
     codec.check_id(agent_id, "agent_id")
     codec.check_int(limit, "limit", low=1, high=1001)
@@ -205,7 +208,8 @@ async def search(
     async with db.transaction(write=False, replica=True, doing="searching messages") as conn:
         dialect = conn.dialect.name
         rank = sum((case((matches(t, dialect), 1), else_=0) for t in query.terms), literal(0))
-        where = [S.user_id == user_id]  # scoped to the user before anything is ranked, counted or limited
+        # Scoped to the user before anything is ranked, counted or limited (an operator may search everyone's).
+        where = [] if all_users else [S.user_id == user_id]
         where += [or_(*(matches(t, dialect) for t in clause)) for clause in query.clauses]
         where += [not_(matches(t, dialect)) for t in query.excluded]
         where += [S.id == session_id] if session_id is not None else []
@@ -215,7 +219,7 @@ async def search(
             where.append(or_(S.agent_id.is_(None), S.agent_id == visible_to_agent))
         shown = (M.session_id, M.seq, M.role, M.author_name, M.created_at, M.text, M.excluded, M.summarized_by)
         hits = (
-            select(*shown, S.title, rank.label("rank"))
+            select(*shown, S.title, S.user_id, rank.label("rank"))
             .select_from(messages_t.join(sessions_t, S.id == M.session_id))
             .where(*where)
             .subquery()
@@ -231,7 +235,7 @@ async def search(
         text, marks = snippet(row.text, query)
         items.append(SearchHit(
             session_id=row.session_id, seq=row.seq, role=row.role, author_name=row.author_name,
-            created_at=row.created_at, title=row.title, snippet=text, marks=marks, rank=row.rank,
+            created_at=row.created_at, title=row.title, user_id=row.user_id, snippet=text, marks=marks, rank=row.rank,
             excluded=bool(row.excluded), summarized_by=row.summarized_by,
         ))  # fmt: skip
     return SearchPage(items=items, next_cursor=_encode(rows[limit - 1]) if len(rows) > limit else None)
