@@ -39,6 +39,8 @@ async def test_an_operator_searches_every_user_and_keeps_the_query(url: str) -> 
             assert 'value="李明"' in refused.text  # the typed query stays in the box on the error page too
             lines = (await client.get("/search.jsonl", params={"q": "王芳"})).text.splitlines()
             assert {(h["session_id"], h["user_id"]) for h in map(json.loads, lines)} == {("other", "wang")}
+            malformed = await client.get("/sessions", params={"meta": "no-equals-sign"})
+            assert malformed.status_code == 400 and "key=value" in malformed.text  # as the CLI refuses it
 
 
 async def test_statuses_and_labels_read_as_the_cli_says_them(url: str) -> None:

@@ -15,10 +15,11 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
 import pytest
 from click.testing import CliRunner
-from helpers import rows
+from helpers import expire_now, rows
 from sqlalchemy.engine import make_url
 
 from agent_store import Store
@@ -139,3 +140,30 @@ def test_the_installed_entry_point_behaves_as_the_runner(tmp_path: Path) -> None
                               cwd=tmp_path, timeout=120)  # fmt: skip
         assert done.returncode == 1 and ONE_LINE.fullmatch(done.stderr), (args, done.stderr)
         assert json.loads(done.stdout)["ok"] is False if "--json" in args else done.stdout == ""
+
+
+async def test_out_of_range_numbers_are_refused_before_anything_is_done(sqlite_url: str) -> None:
+    async with Store.from_url(sqlite_url) as store:
+        await store.migrate()
+        async with store.session("old", user_id="u") as session:
+            session.state["n"] = 1
+        await expire_now(store, "old")
+    for args in (["purge", "--checkpoints-older-than", "1000000"], ["purge", "--batch-size", "0"],
+                 ["update", "old", "--user", "u", "--ttl", "99999999999999999999"],
+                 ["sessions", "--all-users", "--user", "u"]):  # fmt: skip
+        assert await asyncio.to_thread(invoke, [*args, "--url", sqlite_url], as_json=True) == ("UsageError", ANY)
+    async with Store.from_url(sqlite_url) as store:
+        assert await store.count_expired() == 1  # the refused purge purged nothing
+
+
+def test_a_group_takes_the_global_options_too(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/x.db"
+    assert CliRunner().invoke(main, ["upgrade", "--url", url]).exit_code == 0
+    for args in (
+        ["checkpoints", "--url", url, "--json", "list", "w"],
+        ["--json", "checkpoints", "list", "w", "--url", url],
+    ):
+        done = CliRunner().invoke(main, args, env={"AGENT_STORE_URL": None})
+        assert done.exit_code == 0 and json.loads(done.stdout) == [], (args, done.stderr)
+    helped = " ".join(CliRunner().invoke(main, ["demo", "--help"]).stdout.split())
+    assert "never writes into $AGENT_STORE_URL's database" in helped and "default: $AGENT_STORE_URL" not in helped

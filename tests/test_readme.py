@@ -11,8 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from agent_framework import Content, Message
 from fake_openai import FakeOpenAI
-from helpers import DOC_PAGES, ROOT, doc_block, doc_blocks
+from helpers import DOC_PAGES, ROOT, doc_block, doc_blocks, rows
 from sqlalchemy import text
 
 from agent_store import Store
@@ -29,6 +30,7 @@ SQL_BLOCKS = {
     ("docs/schema-and-sql.md", "model-view"),
     ("docs/schema-and-sql.md", "excluded-why"),
     ("docs/schema-and-sql.md", "excluded-per-session"),
+    ("docs/schema-and-sql.md", "tool-calls-per-tool"),
 }
 
 
@@ -45,7 +47,7 @@ def test_the_readme_and_the_docs_have_the_blocks_these_tests_run() -> None:
     pages = {"README.md", "docs/SCALING.md"} | {f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")}
     assert set(DOC_PAGES) | {"docs/SCALING.md"} == pages  # a new page's blocks run too
     assert len(doc_blocks("python")) == len(EXAMPLES) == 15
-    assert {(b.page, b.name) for b in doc_blocks("sql")} == SQL_BLOCKS and len(doc_blocks("sql")) == 8
+    assert {(b.page, b.name) for b in doc_blocks("sql")} == SQL_BLOCKS and len(doc_blocks("sql")) == 9
 
 
 def run_example(source: str, url: str, cwd: Path) -> list[str]:
@@ -162,3 +164,20 @@ def test_a_bad_url_fails_in_one_line_without_the_password(tmp_path: Path) -> Non
     done = run_cli("check", "--url", "mysql://app:s3cret@db/x", cwd=tmp_path)
     assert done.returncode == 1
     assert "ConfigurationError" in done.stderr and "s3cret" not in done.stderr and "Traceback" not in done.stderr
+
+
+async def test_tool_calls_are_counted_in_their_table_where_the_view_shows_one_per_message(store: Store) -> None:
+    parallel = Message(role="assistant", contents=[
+        Content.from_function_call(call_id="c1", name="weather", arguments="{}"),
+        Content.from_function_call(call_id="c2", name="clock", arguments="{}"),
+        Content.from_function_call(call_id="c3", name="weather", arguments='{"city": "上海"}'),
+    ])  # fmt: skip
+    answers = Message(
+        role="tool", contents=[Content.from_function_result(call_id=c, result="ok") for c in ("c1", "c2", "c3")]
+    )
+    async with store.session("s", user_id="u") as session:
+        session.state["in_memory"]["messages"] += [Message(role="user", contents=["go"]), parallel, answers]
+    counted = await rows(store, doc_block("docs/schema-and-sql.md", "tool-calls-per-tool").strip().rstrip(";"))
+    assert sorted(counted) == [("clock", 1), ("weather", 2)]
+    shown = await rows(store, "SELECT tool_name FROM agent_transcript WHERE session_id = 's' AND seq = 1")
+    assert shown == [("clock",)]  # one name for three parallel calls: what the docs warn of

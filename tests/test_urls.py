@@ -34,6 +34,8 @@ def test_libpq_parameters_reach_asyncpg_as_its_own_dsn() -> None:
     )
     assert dict(url.query) == {} and (url.host, url.port, url.password) == ("db", 6543, "pw")
     assert args == {"dsn": "postgresql://?application_name=web&sslmode=require", "timeout": 3.0}
+    _, no_limit = postgres_connect_args(resolve_url("postgresql://db/chat?connect_timeout=0"))
+    assert no_limit == {}  # libpq's "no limit": the store's own connect timeout stays
 
 
 @pytest.mark.parametrize(
@@ -44,6 +46,16 @@ def test_libpq_parameters_reach_asyncpg_as_its_own_dsn() -> None:
         ("postgresql://app:s3cret@db/chat?connect_timeout=soon", "must be a number"),
         ("postgresql://app:s3cret@db/chat?sslmode=require&sslmode=disable", "more than once"),
         ("mysql://app:s3cret@db/chat", "unsupported database 'mysql'"),
+        ("postgresql://app:pa@s3cret@db/chat", "write an '@' in the user or password as %40"),
+        ("postgresql://app:s3cret@db:99999/chat", "port 99999 is out of range"),
+        ("postgresql://app:s3cret@db/chat?target_session_attrs=bogus", "target_session_attrs must be one of"),
+        ("postgresql://app:s3cret@db/chat?sslmode=verify-ca&sslrootcert=/no/such/ca.pem", "sslrootcert: no file"),
+        ("postgresql://app:s3cret@db/chat?application_name=%00", "NUL"),
+        ("postgresql://app:s3cret@db/chat?statement_cache_size=-5", "must be a number, 0 or more"),
+        ("postgresql://app:s3cret@db/chat?connect_timeout=nan", "must be a number, 0 or more"),
+        ("sqlite:///chat.db?mode=ro&uri=true", "no parameter but timeout"),
+        ("sqlite:///chat.db?password=s3cret", "no parameter but timeout"),
+        ("sqlite:///file:chat.db", "URI filenames"),
     ],
 )
 def test_what_asyncpg_would_refuse_later_is_refused_now_in_one_line(given: str, match: str) -> None:

@@ -156,6 +156,8 @@ def create_app(
 
     def filters(request: Request) -> dict[str, Any]:
         q = request.query_params
+        if any(pair and "=" not in pair for pair in q.getlist("meta")):
+            raise InvalidValueError("meta filters are key=value")
         meta = dict(pair.split("=", 1) for pair in q.getlist("meta") if "=" in pair)
         return {"user": q.get("user") or None, "agent": q.get("agent") or None, "status": q.get("status") or None,
                 "meta": meta, "cursor": q.get("cursor") or None}  # fmt: skip

@@ -12,6 +12,8 @@ import click
 
 from agent_store.cli.support import (
     CommandFailed,
+    group_json,
+    group_url,
     json_option,
     open_store,
     print_json,
@@ -28,7 +30,9 @@ user_option = click.option("--user", "user_id", default=None, help="The checkpoi
 
 
 @click.group()
-def checkpoints() -> None:
+@group_url
+@group_json
+def checkpoints(url: str | None, as_json: bool) -> None:
     """Workflow checkpoints (StoreCheckpointStorage)."""
 
 
@@ -89,4 +93,5 @@ def _storage(store: Store, user_id: str | None) -> StoreCheckpointStorage:
 
 def _not_found(checkpoint_id: str, user_id: str | None) -> CommandFailed:
     hint = "" if user_id is not None else " (a user's checkpoint needs --user)"
-    return CommandFailed("CheckpointNotFoundError", f"no checkpoint {checkpoint_id!r} for user {user_id!r}{hint}")
+    shown = checkpoint_id if len(checkpoint_id) <= 80 else checkpoint_id[:80] + "..."
+    return CommandFailed("CheckpointNotFoundError", f"no checkpoint {shown!r} for user {user_id!r}{hint}")

@@ -21,12 +21,14 @@ from agent_store.cli.support import (
     global_url,
     json_option,
     open_store,
+    or_global,
     print_json,
     print_table,
     runs_async,
     url_option,
 )
 from agent_store.cli.transfer import erase_user, export, import_, purge
+from agent_store.db.urls import DEFAULT_URL
 from agent_store.errors import redact
 
 
@@ -39,7 +41,8 @@ def main(url: str | None, as_json: bool) -> None:
 
 
 @main.command()
-@url_option
+@click.option("--url", default=None, callback=or_global, help="Database URL (default: ./agent_store.db; "
+              "the demo never writes into $AGENT_STORE_URL's database).")  # fmt: skip
 @click.option("--step", type=click.Choice(["all", "turn-two"]), default="all", hidden=True)
 @click.option("--chat-id", default=None, hidden=True)
 @json_option
@@ -53,10 +56,11 @@ async def demo(url: str | None, step: str, chat_id: str | None, as_json: bool) -
 
     lines: list[str] = []
     say = lines.append if as_json else click.echo
+    target = given_url(url) or DEFAULT_URL
     if step == "turn-two" and chat_id:
-        await turn_two(url, chat_id, say)
+        await turn_two(target, chat_id, say)
     else:
-        await run_demo(given_url(url), say)
+        await run_demo(target, say)
     if as_json:
         print_json({"ok": True, "output": lines})
 
@@ -132,7 +136,7 @@ def _confirm(yes: bool, question: str) -> None:
         return
     if not sys.stdin.isatty():
         raise click.UsageError("refusing without --yes when not on a terminal")
-    click.confirm(question, abort=True)
+    click.confirm(question, abort=True, err=True)  # the prompt on stderr: stdout stays the command's output
 
 
 for command in (sessions, show, fork, truncate, clear, close, delete, update, export, import_, purge, erase_user,

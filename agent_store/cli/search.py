@@ -52,6 +52,7 @@ async def search(query: str, user_id: str | None, all_users: bool, session_id: s
 
 
 def loopback(host: str) -> bool:
+    host = host.removeprefix("[").removesuffix("]")  # "[::1]", as a URL writes an IPv6 address
     if host == "localhost":
         return True
     try:

@@ -43,6 +43,8 @@ def _meta(items: tuple[str, ...]) -> dict[str, str]:
 async def sessions(url: str | None, user_id: str | None, all_users: bool, agent_id: str | None, status: str | None,
                    meta: tuple[str, ...], limit: int, cursor: str | None, as_json: bool) -> None:  # fmt: skip
     """List sessions, most recently active first."""
+    if all_users and user_id is not None:
+        raise click.UsageError("give --user ID or --all-users, not both")
     async with open_store(url) as store:
         page = await store.list_sessions(user_id=user_id, all_users=all_users, agent_id=agent_id, metadata=_meta(meta),
                                          status=status, limit=limit, cursor=cursor)  # fmt: skip
@@ -184,7 +186,7 @@ async def delete(url: str | None, user_id: str | None, session_id: str, as_json:
 @click.option("--title", default=None, help="The new title.")
 @click.option("--no-title", is_flag=True, help="Remove the title.")
 @click.option("--meta", multiple=True, metavar="KEY=VALUE", help="Replace the metadata with these pairs.")
-@click.option("--ttl", type=click.IntRange(min=1), default=None, metavar="SECONDS", help="Its own idle TTL.")
+@click.option("--ttl", type=click.IntRange(1, 2**31 - 1), default=None, metavar="SECONDS", help="Its own idle TTL.")
 @click.option("--no-ttl", is_flag=True, help="Drop its own TTL: the store's idle_ttl applies again.")
 @json_option
 @runs_async

@@ -86,16 +86,18 @@ def fail(exc: BaseException, *, as_json: bool) -> NoReturn:
     sys.exit(1)
 
 
-def _or_global(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
-    """A subcommand's --url / --json when given there, else the one given before the subcommand."""
-    if value is None or value is False:
-        return ctx.find_root().params.get(param.name or "", value)
+def or_global(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """A subcommand's --url / --json when given there, else the one given before it (to a group or the root)."""
+    outer = ctx.parent
+    while (value is None or value is False) and outer is not None:
+        value = outer.params.get(param.name or "", value)
+        outer = outer.parent
     return value
 
 
 URL_HELP = f"Database URL (default: ${URL_ENV}, else sqlite:///agent_store.db)."
-url_option = click.option("--url", default=None, callback=_or_global, expose_value=True, help=URL_HELP)
-json_option = click.option("--json", "as_json", is_flag=True, callback=_or_global, help="Print JSON.")
+url_option = click.option("--url", default=None, callback=or_global, expose_value=True, help=URL_HELP)
+json_option = click.option("--json", "as_json", is_flag=True, callback=or_global, help="Print JSON.")
 global_url = click.option("--url", envvar=URL_ENV, default=None, show_envvar=True, help=URL_HELP)
 global_json = click.option("--json", "as_json", is_flag=True, help="Print JSON (failures too).")
 user_option = click.option(
@@ -109,6 +111,10 @@ def given_url(url: str | None) -> str | None:
     ctx = click.get_current_context()
     typed = (ctx.get_parameter_source("url"), ctx.find_root().get_parameter_source("url"))
     return url if ParameterSource.COMMANDLINE in typed else None
+
+
+group_url = click.option("--url", default=None, callback=or_global, help=URL_HELP)
+group_json = click.option("--json", "as_json", is_flag=True, callback=or_global, help="Print JSON.")
 
 
 def open_store(url: str | None, *, creates: bool = False, **options: Any) -> Store:

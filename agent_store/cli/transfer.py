@@ -66,9 +66,9 @@ async def import_(url: str | None, source: Any, as_json: bool) -> None:
 
 @click.command()
 @url_option
-@click.option("--batch-size", type=click.IntRange(min=1), default=500, show_default=True)
+@click.option("--batch-size", type=click.IntRange(1, 100_000), default=500, show_default=True)
 @click.option(
-    "--checkpoints-older-than", "checkpoint_days", type=click.IntRange(min=0), default=None, metavar="DAYS",
+    "--checkpoints-older-than", "checkpoint_days", type=click.IntRange(0, 36_500), default=None, metavar="DAYS",
     help="Also delete workflow checkpoints saved more than DAYS ago (each workflow's latest is kept).",
 )  # fmt: skip
 @json_option
@@ -98,7 +98,7 @@ async def erase_user(url: str | None, user_id: str, yes: bool, as_json: bool) ->
     if not yes:
         if not sys.stdin.isatty():
             raise click.UsageError("refusing to erase without --yes when not on a terminal")
-        click.confirm(f"Erase everything stored for user {user_id!r}?", abort=True)
+        click.confirm(f"Erase everything stored for user {user_id!r}?", abort=True, err=True)
     async with open_store(url) as store:
         report = await store.erase_user(user_id)
     if as_json:
