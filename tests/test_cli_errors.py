@@ -18,6 +18,7 @@ from typing import Any
 from unittest.mock import ANY
 
 import pytest
+from agent_framework import Message
 from click.testing import CliRunner
 from helpers import expire_now, rows
 from sqlalchemy.engine import make_url
@@ -167,3 +168,17 @@ def test_a_group_takes_the_global_options_too(tmp_path: Path) -> None:
         assert done.exit_code == 0 and json.loads(done.stdout) == [], (args, done.stderr)
     helped = " ".join(CliRunner().invoke(main, ["demo", "--help"]).stdout.split())
     assert "never writes into $AGENT_STORE_URL's database" in helped and "default: $AGENT_STORE_URL" not in helped
+
+
+async def test_a_row_corrupted_outside_the_store_is_a_typed_error(sqlite_url: str) -> None:
+    async with Store.from_url(sqlite_url) as store:
+        await store.migrate()
+        async with store.session("s", user_id="u") as session:
+            session.state["in_memory"]["messages"].append(Message(role="user", contents=["hello"]))
+        async with store.engine.begin() as conn:  # SQLite keeps JSON as text: anyone's UPDATE can break it
+            await conn.exec_driver_sql("UPDATE agent_messages SET body = '{broken' WHERE session_id = 's'")
+    dump = Path(make_url(sqlite_url).database or "").with_name("dump.jsonl")
+    for command in (["show", "s", "--user", "u"], ["export", "--user", "u", "-o", str(dump)]):
+        kind, answer = await asyncio.to_thread(invoke, [*command, "--url", sqlite_url], as_json=True)
+        assert kind == "DatabaseError" and "changed outside agent_store" in answer["message"], command  # type: ignore[index]
+    assert list(dump.parent.glob("dump.jsonl*")) == []  # a failed export leaves no file, not even a partial one

@@ -128,7 +128,7 @@ async def test_the_demo_runs_offline_and_remembers_across_processes(url: str, tm
     assert done.returncode == 0, done.stderr
     assert "process A] user: 我叫李明  ->  Assistant: 你好，李明！" in done.stdout
     assert "process B] user: 我叫什么名字？  ->  Assistant: 你叫李明。" in done.stdout
-    assert 'turn_count=2, preferences={"theme": "dark", "language": "zh"}' in done.stdout
+    assert 'turn_count=2, preferences={"language": "zh", "theme": "dark"}' in done.stdout
     assert "Translator: [译]" in done.stdout and "Summarizer: 摘要：" in done.stdout
     # The state, read back with SQL, prints the same JSON on both backends (timestamps with their zone).
     assert re.search(r'history \| \[\{"timestamp": \{"\$datetime": "[^"]+\+00:00"\}, "turn": 1\}', done.stdout)

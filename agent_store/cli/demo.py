@@ -61,7 +61,7 @@ async def turn_two(url: str | None, chat_id: str, say: Callable[[str], None]) ->
             reply = await agent.run("我叫什么名字？", session=session)
             prefs = session.state["preferences"]
         say(f"[turn {turn}, process B] user: 我叫什么名字？  ->  {agent.name}: {reply.text}")
-        say(f"  state restored in process B: turn_count={turn}, preferences={json.dumps(prefs, ensure_ascii=False)}")
+        say(f"  state restored in process B: turn_count={turn}, preferences={_json(prefs)}")
 
 
 async def shared_session(url: str | None, shared_id: str, say: Callable[[str], None]) -> None:

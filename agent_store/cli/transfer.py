@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any
+from pathlib import Path
+from typing import Any, TextIO
 
 import click
 
@@ -16,34 +19,56 @@ from agent_store.cli.support import json_option, open_store, print_json, progres
 @url_option
 @user_option
 @click.option("--session", "session_id", default=None, help="Only this session (default: all of the user's).")
-@click.option("-o", "--output", type=click.File("w", encoding="utf-8", lazy=True), default="-",
-              help="File (default: stdout).")  # fmt: skip
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="File (default: stdout). Written whole or not at all.")  # fmt: skip
 @json_option
 @runs_async
-async def export(url: str | None, user_id: str | None, session_id: str | None, output: Any, as_json: bool) -> None:
+async def export(url: str | None, user_id: str | None, session_id: str | None, output: Path | None,
+                 as_json: bool) -> None:  # fmt: skip
     """Write sessions as JSON Lines (lossless; `agent-store import` reads them back).
 
-    With -o FILE a summary is printed ({"sessions", "lines", "file"} with --json); on stdout the export itself
-    is the output.
+    With -o FILE a summary is printed ({"sessions", "lines", "file"} with --json); the file appears only when
+    the export is complete. On stdout the export itself is the output (a failure midway has printed part of
+    it, with no trailer line, and exits 1).
     """
-    async with open_store(url) as store:
-        lines = store.export(user_id=user_id, session_id=session_id)
-        header = await anext(lines)  # a failure (no such session, ...) comes before the file is created
-        output.write(header + "\n")
-        written = 1
-        with progress("exporting", json.loads(header)["sessions"]) as advance:
-            async for line in lines:
-                output.write(line + "\n")
-                written += 1
-                advance(line.startswith('{"kind": "session"'))
-    getattr(output, "close_intelligently", lambda: None)()  # the file, never stdout
-    if output.name in ("-", "<stdout>"):
+    partial = None if output is None else output.with_name(output.name + ".partial")
+    try:
+        async with open_store(url) as store:
+            lines = store.export(user_id=user_id, session_id=session_id)
+            header = await anext(lines)  # a failure (no such session, ...) comes before any file is made
+            with _opened(partial) as sink, progress("exporting", json.loads(header)["sessions"]) as advance:
+                sink.write(header + "\n")
+                written = 1
+                async for line in lines:
+                    sink.write(line + "\n")
+                    written += 1
+                    advance(line.startswith('{"kind": "session"'))
+    except BaseException:
+        if partial is not None and partial.exists():
+            partial.unlink()
+        raise
+    if output is None or partial is None:
         return
-    summary = {"sessions": json.loads(line)["sessions"], "lines": written, "file": output.name}
+    partial.replace(output)  # the whole export, at once
+    summary = {"sessions": json.loads(line)["sessions"], "lines": written, "file": str(output)}
     if as_json:
         print_json(summary)
     else:
-        click.echo(f"exported {summary['sessions']} sessions ({written} lines) to {output.name}")
+        click.echo(f"exported {summary['sessions']} sessions ({written} lines) to {output}")
+
+
+@contextmanager
+def _opened(path: Path | None) -> Iterator[TextIO]:
+    """The file to write (stdout when None); a path that cannot be written is click's one-line FileError."""
+    if path is None:
+        yield sys.stdout
+        return
+    try:
+        sink = path.open("w", encoding="utf-8")
+    except OSError as exc:
+        raise click.FileError(str(path), hint=exc.strerror or str(exc)) from exc
+    with sink:
+        yield sink
 
 
 @click.command(name="import")

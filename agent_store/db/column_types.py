@@ -10,6 +10,8 @@ from sqlalchemy import DateTime, Dialect, Text, TypeDecorator
 from sqlalchemy.dialects.postgresql import JSON, JSONB
 from sqlalchemy.types import TypeEngine
 
+from agent_store.errors import DatabaseError
+
 __all__ = ["ExactJsonText", "JsonText", "UTCDateTime"]
 
 
@@ -49,7 +51,11 @@ class JsonText(TypeDecorator[Any]):
     def process_result_value(self, value: Any, dialect: Dialect) -> Any:
         if dialect.name == "postgresql" or value is None:
             return value
-        return json.loads(value)
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError as exc:  # only a write from outside agent_store leaves text that is not JSON
+            raise DatabaseError(f"a stored JSON column does not decode ({exc.msg} at {exc.pos}): the row was "
+                                "changed outside agent_store") from exc  # fmt: skip
 
 
 class ExactJsonText(JsonText):
