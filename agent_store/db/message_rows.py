@@ -247,20 +247,6 @@ def store_id(message: Message) -> str:
     return identity
 
 
-def message_from_row(
-    body: Mapping[str, Any], cipher: MessageCipher | None, *, identity: str, role: str, author_name: str | None,
-    text: str, marks: Mapping[str, Any] | None = None,
-) -> Message:  # fmt: skip
-    """Rebuild a ``Message`` from its row: the stored body (decrypted if need be) and the columns it leaves out."""
-    full = with_marks(full_body(body, cipher, message_id=identity, role=role, author_name=author_name, text=text),
-                      marks)  # fmt: skip
-    message = Message.from_dict(dict(full))
-    message.additional_properties[STORE_ID] = identity
-    if message.message_id is None:
-        message.id = identity  # type: ignore[attr-defined]  # see store_id()
-    return message
-
-
 def plain_body(body: Mapping[str, Any], cipher: MessageCipher | None) -> Mapping[str, Any]:
     """The message's full ``to_dict()``: decrypted if stored encrypted, derived parts put back."""
     if ENCRYPTED in body:

@@ -30,7 +30,7 @@ from agent_framework import Content, Message
 from agent_framework._sessions import _STATE_TYPE_REGISTRY
 from sqlalchemy import BigInteger, Boolean, Integer, String, Table
 
-from agent_store.db import codec, message_rows
+from agent_store.db import codec, message_decode, message_rows
 from agent_store.db.codec import _TAGS
 from agent_store.db.database import Settings
 from agent_store.db.load_statement import POSITION_STEP
@@ -158,7 +158,7 @@ def check_message(values: dict[str, Any], parsed: Any, settings: Settings) -> No
             raise InvalidValueError(f"{where}: an encrypted body is one {message_rows.ENCRYPTED!r} key holding text")
         return  # sealed: only a store holding the cipher can read it back (and refuses to load it without one)
     try:
-        message = message_rows.message_from_row(parsed, settings.message_cipher, identity=values["message_id"],
+        message = message_decode.message_from_row(parsed, settings.message_cipher, identity=values["message_id"],
                                          role=values["role"], author_name=values.get("author_name"),
                                          text=values["text"])  # fmt: skip
         check_framework_message(message, where)

@@ -15,7 +15,7 @@ from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 import agent_store.telemetry as telemetry
-from agent_store.db import codec, message_rows
+from agent_store.db import codec, message_decode, message_rows
 from agent_store.db import statements as sql
 from agent_store.db.database import Database
 from agent_store.db.load_statement import MESSAGE, POSITION_STEP, SESSION, STATE, load_statement
@@ -137,7 +137,7 @@ async def _read(
     for message in found:  # where each message is in the list, and its compaction marks as loaded
         snap.places[message.key] = message.n3
         if message.marks:
-            # The message got copies (message_rows.message_from_row); a summary's links only if they were read.
+            # The message got copies (message_decode.message_from_row); a summary's links only if they were read.
             snap.marks[message.key] = message_rows.with_links(message.marks, message.links) or {}
     messages, synthetic = close_tool_pairs(messages, answered)
     snap.message_ids |= synthetic  # handed to the model, never stored
@@ -149,7 +149,7 @@ async def _read(
 
 def _message(row: Row[Any], cipher: message_rows.MessageCipher | None) -> Message:
     marks = message_rows.with_links(row.marks, row.links)
-    return message_rows.message_from_row(row.doc, cipher, identity=row.key, role=row.other, author_name=row.author,
+    return message_decode.message_from_row(row.doc, cipher, identity=row.key, role=row.other, author_name=row.author,
                                          text=row.text, marks=marks)  # fmt: skip
 
 

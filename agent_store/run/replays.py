@@ -17,7 +17,7 @@ from agent_framework._sessions import filter_new_messages
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from agent_store.db import message_rows
+from agent_store.db import message_decode, message_rows
 from agent_store.db.message_rows import STORE_ID, EncodedMessage
 from agent_store.db.tables import messages_t
 
@@ -46,7 +46,7 @@ async def not_replayed(
         .limit(len(records))
     )
     stored = [
-        as_given(message_rows.message_from_row(r.body, cipher, identity=r.message_id, role=r.role,
+        as_given(message_decode.message_from_row(r.body, cipher, identity=r.message_id, role=r.role,
                                         author_name=r.author_name, text=r.text))
         for r in reversed((await db.execute(tail)).all())
     ]  # fmt: skip
