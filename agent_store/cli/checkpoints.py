@@ -12,8 +12,6 @@ import click
 
 from agent_store.cli.support import (
     CommandFailed,
-    group_json,
-    group_url,
     json_option,
     open_store,
     print_json,
@@ -30,8 +28,8 @@ user_option = click.option("--user", "user_id", default=None, help="The checkpoi
 
 
 @click.group()
-@group_url
-@group_json
+@url_option
+@json_option
 def checkpoints(url: str | None, as_json: bool) -> None:
     """Workflow checkpoints (StoreCheckpointStorage)."""
 

@@ -7,8 +7,6 @@ prints one line and exits with status 1 (support.Commands).
 
 from __future__ import annotations
 
-import sys
-
 import click
 
 from agent_store.cli.checkpoints import checkpoints
@@ -16,6 +14,7 @@ from agent_store.cli.search import search, ui
 from agent_store.cli.sessions import clear, close, delete, fork, sessions, show, truncate, update
 from agent_store.cli.support import (
     Commands,
+    confirm,
     given_url,
     global_json,
     global_url,
@@ -87,7 +86,7 @@ async def upgrade(url: str | None, revision: str, as_json: bool) -> None:
 @runs_async
 async def downgrade(url: str | None, revision: str, yes: bool, as_json: bool) -> None:
     """Migrate the schema back to REVISION ("base": none). Columns and tables added after it are dropped."""
-    _confirm(yes, f"Downgrade the schema to {revision}, dropping what later revisions added?")
+    confirm(yes, f"Downgrade the schema to {revision}, dropping what later revisions added?")
     async with open_store(url, check_schema=False) as store:
         await store.downgrade(revision)
         reached = await store.db.revision()
@@ -129,14 +128,6 @@ async def stats(url: str | None, as_json: bool) -> None:
     click.echo(f"database: {sizes['database']} bytes")
     click.echo("\nbusiest sessions:")
     print_table(["ID", "USER", "MESSAGES"], [[b["id"], b["user_id"], b["messages"]] for b in figures["busiest"]])
-
-
-def _confirm(yes: bool, question: str) -> None:
-    if yes:
-        return
-    if not sys.stdin.isatty():
-        raise click.UsageError("refusing without --yes when not on a terminal")
-    click.confirm(question, abort=True, err=True)  # the prompt on stderr: stdout stays the command's output
 
 
 for command in (sessions, show, fork, truncate, clear, close, delete, update, export, import_, purge, erase_user,

@@ -82,7 +82,9 @@ def ui(url: str | None, host: str, port: int, token: str | None, allow_hosts: tu
     if not loopback(host) and not token:
         raise click.UsageError(f"refusing to serve {host} without --token (or AGENT_STORE_UI_TOKEN): "
                                "anyone who can reach it could read every conversation")  # fmt: skip
-    asyncio.run(_usable(url))  # a wrong URL, a missing database or an old schema: one line, before serving
+    # A wrong URL, a missing database or an old schema: one line, before serving. The check has a store of its
+    # own: asyncpg's connections belong to the event loop that opened them, and uvicorn runs another.
+    asyncio.run(_usable(url))
     listener = _listen(host, port)  # a port in use: one line, before announcing an address
     bound = f"[{host}]" if ":" in host and not host.startswith("[") else host  # an IPv6 address, as Host gives it
     allowed = [*LOOPBACK_HOSTS, bound, *allow_hosts]

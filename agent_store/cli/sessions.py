@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import click
 
 from agent_store.cli.support import (
-    CommandFailed,
     json_option,
     open_store,
     print_json,
@@ -18,8 +18,22 @@ from agent_store.cli.support import (
     url_option,
     user_option,
 )
+from agent_store.db.statements import not_found
 
-session_argument = click.argument("session_id")
+Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+
+def session_command(*options: Decorator) -> Callable[[Callable[..., Any]], click.Command]:
+    """A command on one session: --url, --user, SESSION_ID, then ``options``, then --json; run async."""
+
+    def build(fn: Callable[..., Any]) -> click.Command:
+        command = runs_async(fn)
+        stack: list[Decorator] = [url_option, user_option, click.argument("session_id"), *options, json_option]
+        for decorate in reversed(stack):
+            command = decorate(command)
+        return click.command()(command)
+
+    return build
 
 
 def _meta(items: tuple[str, ...]) -> dict[str, str]:
@@ -82,12 +96,7 @@ def _describe(body: dict[str, Any]) -> list[str]:
     return lines
 
 
-@click.command()
-@url_option
-@user_option
-@session_argument
-@json_option
-@runs_async
+@session_command()
 async def show(url: str | None, user_id: str | None, session_id: str, as_json: bool) -> None:
     """Print a session's transcript: roles, authors, text and tool calls."""
     async with open_store(url) as store:
@@ -108,14 +117,10 @@ async def show(url: str | None, user_id: str | None, session_id: str, as_json: b
             click.echo(f"{m.seq:>5}  {who:<22} {line}" if i == 0 else f"{'':>5}  {'':<22} {line}")
 
 
-@click.command()
-@url_option
-@user_option
-@session_argument
-@click.option("--at-seq", type=int, default=None, help="Copy messages up to this seq (default: all).")
-@click.option("--new-id", default=None, help="Id of the new session (default: a random one).")
-@json_option
-@runs_async
+@session_command(
+    click.option("--at-seq", type=int, default=None, help="Copy messages up to this seq (default: all)."),
+    click.option("--new-id", default=None, help="Id of the new session (default: a random one)."),
+)
 async def fork(url: str | None, user_id: str | None, session_id: str, at_seq: int | None, new_id: str | None,
                as_json: bool) -> None:  # fmt: skip
     """Copy a session (up to a message) into a new session: a new branch of the conversation."""
@@ -124,13 +129,9 @@ async def fork(url: str | None, user_id: str | None, session_id: str, at_seq: in
     print_json({"id": forked, "from": session_id}) if as_json else click.echo(forked)
 
 
-@click.command()
-@url_option
-@user_option
-@session_argument
-@click.option("--after-seq", type=int, required=True, help="Keep messages up to this seq; drop the rest.")
-@json_option
-@runs_async
+@session_command(
+    click.option("--after-seq", type=int, required=True, help="Keep messages up to this seq; drop the rest.")
+)
 async def truncate(url: str | None, user_id: str | None, session_id: str, after_seq: int, as_json: bool) -> None:
     """Rewind a session: drop its messages after --after-seq (a tool call keeps its result)."""
     async with open_store(url) as store:
@@ -138,12 +139,7 @@ async def truncate(url: str | None, user_id: str | None, session_id: str, after_
     _done(as_json, session_id, "truncated", dropped=dropped, text=f"dropped {dropped} messages of {session_id}")
 
 
-@click.command()
-@url_option
-@user_option
-@session_argument
-@json_option
-@runs_async
+@session_command()
 async def clear(url: str | None, user_id: str | None, session_id: str, as_json: bool) -> None:
     """Delete a session's messages, keeping the session and its state."""
     async with open_store(url) as store:
@@ -151,12 +147,7 @@ async def clear(url: str | None, user_id: str | None, session_id: str, as_json: 
     _done(as_json, session_id, "cleared", dropped=dropped, text=f"cleared {dropped} messages of {session_id}")
 
 
-@click.command()
-@url_option
-@user_option
-@session_argument
-@json_option
-@runs_async
+@session_command()
 async def close(url: str | None, user_id: str | None, session_id: str, as_json: bool) -> None:
     """Make a session read-only: later runs are refused; its transcript stays readable."""
     async with open_store(url) as store:
@@ -164,32 +155,22 @@ async def close(url: str | None, user_id: str | None, session_id: str, as_json: 
     _done(as_json, session_id, "closed", text=f"closed {session_id}")
 
 
-@click.command()
-@url_option
-@user_option
-@session_argument
-@json_option
-@runs_async
+@session_command()
 async def delete(url: str | None, user_id: str | None, session_id: str, as_json: bool) -> None:
     """Delete a session with its messages, state and run log."""
     async with open_store(url) as store:
         if not await store.delete(session_id, user_id=user_id):
-            await store.get(session_id, user_id=user_id)  # raises SessionNotFoundError, with its hint
-            raise CommandFailed("SessionNotFoundError", f"session {session_id!r} was deleted meanwhile")
+            raise not_found(session_id, user_id)  # the library's own refusal, with its hint
     _done(as_json, session_id, "deleted", text=f"deleted {session_id}")
 
 
-@click.command()
-@url_option
-@user_option
-@session_argument
-@click.option("--title", default=None, help="The new title.")
-@click.option("--no-title", is_flag=True, help="Remove the title.")
-@click.option("--meta", multiple=True, metavar="KEY=VALUE", help="Replace the metadata with these pairs.")
-@click.option("--ttl", type=click.IntRange(1, 2**31 - 1), default=None, metavar="SECONDS", help="Its own idle TTL.")
-@click.option("--no-ttl", is_flag=True, help="Drop its own TTL: the store's idle_ttl applies again.")
-@json_option
-@runs_async
+@session_command(
+    click.option("--title", default=None, help="The new title."),
+    click.option("--no-title", is_flag=True, help="Remove the title."),
+    click.option("--meta", multiple=True, metavar="KEY=VALUE", help="Replace the metadata with these pairs."),
+    click.option("--ttl", type=click.IntRange(1, 2**31 - 1), default=None, metavar="SECONDS", help="Its own idle TTL."),
+    click.option("--no-ttl", is_flag=True, help="Drop its own TTL: the store's idle_ttl applies again."),
+)
 async def update(url: str | None, user_id: str | None, session_id: str, title: str | None, no_title: bool,
                  meta: tuple[str, ...], ttl: int | None, no_ttl: bool, as_json: bool) -> None:  # fmt: skip
     """Change a session's title, metadata or idle time-to-live."""

@@ -113,8 +113,14 @@ def given_url(url: str | None) -> str | None:
     return url if ParameterSource.COMMANDLINE in typed else None
 
 
-group_url = click.option("--url", default=None, callback=or_global, help=URL_HELP)
-group_json = click.option("--json", "as_json", is_flag=True, callback=or_global, help="Print JSON.")
+def confirm(yes: bool, question: str) -> None:
+    """Ask before destroying anything, unless ``--yes``; refused when no one is at a terminal to answer. The
+    prompt goes to stderr: stdout stays the command's output (its JSON with ``--json``)."""
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise click.UsageError("refusing without --yes when not on a terminal")
+    click.confirm(question, abort=True, err=True)
 
 
 def open_store(url: str | None, *, creates: bool = False, **options: Any) -> Store:

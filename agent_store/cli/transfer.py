@@ -12,7 +12,16 @@ from typing import Any, TextIO
 
 import click
 
-from agent_store.cli.support import json_option, open_store, print_json, progress, runs_async, url_option, user_option
+from agent_store.cli.support import (
+    confirm,
+    json_option,
+    open_store,
+    print_json,
+    progress,
+    runs_async,
+    url_option,
+    user_option,
+)
 
 
 @click.command()
@@ -120,10 +129,7 @@ async def purge(url: str | None, batch_size: int, checkpoint_days: int | None, a
 @runs_async
 async def erase_user(url: str | None, user_id: str, yes: bool, as_json: bool) -> None:
     """Delete every session, message and state row of USER_ID."""
-    if not yes:
-        if not sys.stdin.isatty():
-            raise click.UsageError("refusing to erase without --yes when not on a terminal")
-        click.confirm(f"Erase everything stored for user {user_id!r}?", abort=True, err=True)
+    confirm(yes, f"Erase everything stored for user {user_id!r}?")
     async with open_store(url) as store:
         report = await store.erase_user(user_id)
     if as_json:
