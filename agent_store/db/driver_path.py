@@ -90,10 +90,18 @@ class DriverPath:
         found = self._rows.get(statement)
         if found is None:
             columns = list(statement.selected_columns)
-            converters = [c.type.dialect_impl(self.dialect).result_processor(self.dialect, None) for c in columns]
+            processors = [c.type.dialect_impl(self.dialect).result_processor(self.dialect, None) for c in columns]
+            converters = [(i, f) for i, f in enumerate(processors) if f is not None]
             found = self._rows[statement] = (namedtuple("Row", [c.name for c in columns]), converters)
         row_type, converters = found
-        return [row_type(*[f(v) if f else v for f, v in zip(converters, row, strict=True)]) for row in rows]
+        out = []
+        for row in rows:
+            values = list(row)
+            for i, convert in converters:
+                if values[i] is not None:  # most cells of a union's rows are NULL: no call for those
+                    values[i] = convert(values[i])
+            out.append(row_type._make(values))
+        return out
 
     @staticmethod
     def sqlite_thread_available(conn_class: type) -> bool:

@@ -190,9 +190,12 @@ def close_tool_pairs(messages: list[Message], answered: Iterable[str] = ()) -> t
             elif c.type == "function_result" and c.call_id:
                 if open_at.pop(c.call_id, None) is None:
                     orphans.add((i, j))
+    answered = set(answered)
     for call_id, i in open_at.items():
-        if call_id not in set(answered):
+        if call_id not in answered:
             dangling.setdefault(i, []).append(call_id)
+    if not orphans and not dangling:  # every call answered, no stray result: the usual history, as it is
+        return list(messages), set()
     out: list[Message] = []
     synthetic: set[str] = set()
     for i, m in enumerate(messages):
