@@ -34,6 +34,7 @@ FAST = message_decode.message_from_row
 
 def generic(body: Any, cipher: Any, *, identity: str, role: str, author_name: str | None, text: str,
             marks: Any = None) -> Message:  # fmt: skip
+    body = {message_rows.TEXT_FROM_COLUMN: 1} if body is None else body  # the statement's NULL for plain text
     full = message_rows.full_body(body, cipher, message_id=identity, role=role, author_name=author_name, text=text)
     message = Message.from_dict(dict(message_rows.with_marks(full, marks)))
     message.additional_properties[message_rows.STORE_ID] = identity

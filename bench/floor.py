@@ -1,6 +1,7 @@
 """The raw-driver floor the benchmark measures agent_store against: the same work, fewest statements, no ORM.
 
-A run is a short read transaction (session row, state, last 20 messages rebuilt as ``Message`` objects) and a
+A run is a short read transaction (session row, state, last 20 messages rebuilt as ``Message`` objects with the
+framework's ``from_dict``: the floor of rows plus framework objects) and a
 short write transaction (version-checked session update, 2 message inserts in one executemany, a session key
 and a user-level key upserted): the plain loop a developer would write first. Its tables hold only what that work needs.
 """
@@ -84,7 +85,11 @@ class Floor:
         finally:
             self.pool.put_nowait(conn)
 
-    async def load(self, sid: str, limit: int | None = 20) -> tuple[int, int, dict[str, Any], list[Message]]:
+    async def load(
+        self, sid: str, limit: int | None = 20, *, objects: bool = True
+    ) -> tuple[int, int, dict[str, Any], list[Any]]:
+        """``objects=False``: the message rows as the driver returns them, nothing decoded or built (the floor
+        of rows only, against which building the framework's objects is measured)."""
         async with self.connection() as c:
             if self.postgres:
                 async with c.transaction(isolation="repeatable_read", readonly=True):
@@ -95,7 +100,7 @@ class Floor:
                         sid, (row["next_seq"] - limit) if row and limit else 0,
                     )  # fmt: skip
                 loaded_state = {r["key"]: json.loads(r["value"]) for r in state}
-                messages = [Message.from_dict(json.loads(r["body"])) for r in bodies]
+                messages = [Message.from_dict(json.loads(r["body"])) for r in bodies] if objects else bodies
                 return (row["version"], row["next_seq"], loaded_state, messages) if row else (0, 0, {}, [])
             await c.execute("BEGIN")
             try:
@@ -111,7 +116,7 @@ class Floor:
             finally:
                 await c.execute("COMMIT")
             loaded = {k: json.loads(v) for k, v in state}
-            messages = [Message.from_dict(json.loads(b)) for (b,) in bodies]
+            messages = [Message.from_dict(json.loads(b)) for (b,) in bodies] if objects else bodies
             return (row[0], row[1], loaded, messages) if row else (0, 0, {}, [])
 
     async def commit(self, sid: str, version: int, messages: list[Message], key: str, value: Any) -> None:

@@ -1,7 +1,7 @@
 """The peers bench.py measures on the same work, each in a database of its own (``pip install ".[bench]"``).
 
-- OpenAI Agents SDK ``SQLAlchemySession`` (``openai-agents``): the last 20 items, append 2; it keeps no state,
-  so it does less than a run here (no state key, no conflict detection).
+- OpenAI Agents SDK ``SQLAlchemySession`` (``openai-agents``): the last 20 items (or all of them), append 2; it
+  keeps no state, so it does less than a run here (no state key, no conflict detection).
 - ``community-agent-framework-postgres`` ``PostgresSessionStore`` (PostgreSQL only): the framework's
   ``SessionStore`` protocol, so a run loads and stores the whole session (every message, the state), and
   writes are last-writer-wins.
@@ -26,6 +26,8 @@ class Peer(Protocol):
     name: str
 
     async def run(self, sid: str, n: int) -> None: ...
+
+    async def run_whole(self, sid: str, n: int) -> None: ...
 
     async def close(self) -> None: ...
 
@@ -58,13 +60,16 @@ class OpenAIAgentsSession:
             await conn.close()
         return cls(engine, texts)
 
-    async def run(self, sid: str, n: int) -> None:
+    async def run(self, sid: str, n: int, limit: int | None = 20) -> None:
         from agents.extensions.memory.sqlalchemy_session import SQLAlchemySession
 
         session = SQLAlchemySession(sid, engine=self.engine, **_TABLES)
-        await session.get_items(limit=20)
+        await session.get_items(limit=limit)
         question, answer = self.texts(n)
         await session.add_items([{"role": "user", "content": question}, {"role": "assistant", "content": answer}])
+
+    async def run_whole(self, sid: str, n: int) -> None:
+        await self.run(sid, n, None)
 
     async def close(self) -> None:
         await self.engine.dispose()
@@ -99,6 +104,8 @@ class CommunityPostgresStore:
         session.state["counter"] = n
         session.state["user:last_seen"] = n
         await self.store.set(sid, session)
+
+    run_whole = run  # it always loads and stores the whole session
 
     async def close(self) -> None:
         await self.hub.close()

@@ -1,8 +1,9 @@
-"""The benchmark's work: one run on each side (agent_store, the raw-driver floor) and the scenarios S1-S4.
+"""The benchmark's work: one run on each side (agent_store, the raw-driver floors) and the scenarios S1-S4.
 
-S1 one session, 500 sequential runs (load + 2 messages + 1 session key + 1 user: key); S2 200 sessions x 10
-runs, 32 workers; S3 loading a 5,000-message session whole and with history_limit=20 vs a 20-message session;
-S4 8 workers x 25 runs racing on one session with retries. ``bench.py`` runs them and prints the table.
+S1 one session, 500 sequential runs (load + 2 messages + 1 session key + 1 user: key), with the last 20
+messages or the whole history (up to 1,000 messages); S2 200 sessions x 10 runs, 32 workers; S3 loading a
+5,000-message session whole and with history_limit=20 vs a 20-message session; S4 8 workers x 25 runs racing on
+one session with retries. ``bench.py`` runs them and prints the table.
 """
 
 from __future__ import annotations
@@ -38,21 +39,23 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def store_run(store: Store, sid: str, n: int) -> None:
-    run = await store.load(sid, user_id=f"user-{sid}", history_limit=20)  # S2: 200 users, one session each
+async def store_run(store: Store, sid: str, n: int, limit: int | None = 20) -> None:
+    run = await store.load(sid, user_id=f"user-{sid}", history_limit=limit)  # S2: 200 users, one session each
     run.history.extend(messages(n))
     run.session.state["counter"] = n
     run.session.state["user:last_seen"] = n
     await run.commit()
 
 
-async def floor_run(floor: Floor, sid: str, n: int) -> None:
-    version, _next, _state, _history = await floor.load(sid)
+async def floor_run(floor: Floor, sid: str, n: int, limit: int | None = 20, objects: bool = True) -> None:
+    version, _next, _state, _history = await floor.load(sid, limit, objects=objects)
     await floor.commit(sid, version, messages(n), "counter", n)
 
 
 class Sides:
-    """The two implementations of one run, over the same database."""
+    """The implementations of one run over the same database: agent_store, the floor that builds the framework's
+    objects (``floor``), and the floor of rows only (``rows``); each with the last 20 messages or the whole
+    history (``*_whole``)."""
 
     def __init__(self, store: Store, floor: Floor) -> None:
         self.store, self.floor = store, floor
@@ -62,6 +65,18 @@ class Sides:
 
     async def floor_run(self, sid: str, n: int) -> None:
         await floor_run(self.floor, sid, n)
+
+    async def rows_run(self, sid: str, n: int) -> None:
+        await floor_run(self.floor, sid, n, objects=False)
+
+    async def store_whole(self, sid: str, n: int) -> None:
+        await store_run(self.store, sid, n, None)
+
+    async def floor_whole(self, sid: str, n: int) -> None:
+        await floor_run(self.floor, sid, n, None)
+
+    async def rows_whole(self, sid: str, n: int) -> None:
+        await floor_run(self.floor, sid, n, None, objects=False)
 
 
 class OneSide:
@@ -100,12 +115,19 @@ async def s1(run: Callable[[str, int], Awaitable[None]], sid: str) -> dict[str, 
     }  # fmt: skip
 
 
-async def s2(run: Callable[[str, int], Awaitable[None]], prefix: str, workers: int) -> dict[str, float]:
+async def s2(
+    run: Callable[[str, int], Awaitable[None]],
+    prefix: str,
+    workers: int,
+    trace: list[tuple[float, float]] | None = None,
+) -> dict[str, float]:
+    """``trace`` (if given) gets (seconds since the start, latency) of every run as it ends."""
     queue: asyncio.Queue[int] = asyncio.Queue()
     for n in range(200):
         queue.put_nowait(n)
     lat: list[float] = []
     errors = 0
+    started = time.perf_counter()
 
     async def worker() -> None:
         nonlocal errors
@@ -114,12 +136,22 @@ async def s2(run: Callable[[str, int], Awaitable[None]], prefix: str, workers: i
             for turn in range(10):
                 try:
                     lat.append(await timed(lambda n=n, turn=turn: run(f"{prefix}-{n}", turn)))
+                    if trace is not None:
+                        trace.append((time.perf_counter() - started, lat[-1]))
                 except Exception:  # counted: the target is zero
                     errors += 1
 
-    started = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(workers)))
-    return {"runs/s": 2000 / (time.perf_counter() - started), "p99 ms": pct(lat, 0.99) * 1e3, "errors": errors}
+    elapsed = time.perf_counter() - started
+    return {"runs/s": 2000 / elapsed, "p50 ms": pct(lat, 0.5) * 1e3, "p99 ms": pct(lat, 0.99) * 1e3, "errors": errors}
+
+
+def per_second(trace: list[tuple[float, float]]) -> list[tuple[int, int, float, float]]:
+    """S2's latency trace: (second, runs ended in it, p50 ms, p99 ms)."""
+    by_second: dict[int, list[float]] = {}
+    for at, latency in trace:
+        by_second.setdefault(int(at), []).append(latency)
+    return [(t, len(v), pct(v, 0.5) * 1e3, pct(v, 0.99) * 1e3) for t, v in sorted(by_second.items())]
 
 
 async def s3(sides: Sides, prefix: str) -> dict[str, float]:
@@ -133,22 +165,28 @@ async def s3(sides: Sides, prefix: str) -> dict[str, float]:
         await sides.floor.commit(sid, version, [m for n in range(count // 2) for m in messages(n)], "k", 1)
 
     loads: dict[str, Callable[[], Awaitable[Any]]] = {
-        "store whole 5000 ms": lambda: sides.store.load(big, user_id="bench"),
-        "store window 20 of 5000 ms": lambda: sides.store.load(big, user_id="bench", history_limit=20),
-        "store whole 20 ms": lambda: sides.store.load(small, user_id="bench"),
-        "floor whole 5000 ms": lambda: sides.floor.load(big, limit=None),
-        "floor window 20 of 5000 ms": lambda: sides.floor.load(big, limit=20),
-        "floor whole 20 ms": lambda: sides.floor.load(small, limit=None),
+        "store whole 5000": lambda: sides.store.load(big, user_id="bench"),
+        "store window 20 of 5000": lambda: sides.store.load(big, user_id="bench", history_limit=20),
+        "store whole 20": lambda: sides.store.load(small, user_id="bench"),
+        "floor whole 5000": lambda: sides.floor.load(big, limit=None),
+        "floor window 20 of 5000": lambda: sides.floor.load(big, limit=20),
+        "floor whole 20": lambda: sides.floor.load(small, limit=None),
+        "rows whole 5000": lambda: sides.floor.load(big, limit=None, objects=False),
+        "rows window 20 of 5000": lambda: sides.floor.load(big, limit=20, objects=False),
+        "rows whole 20": lambda: sides.floor.load(small, limit=None, objects=False),
     }
     # Each load in a block of its own, after a collection and 5 untimed calls of the same load: a load timed
     # right after 5,000-message loads ran about 1.5x slower (the allocator and the collector, not the SQL).
-    times: dict[str, list[float]] = {}
+    out: dict[str, float] = {}
     for name, load in loads.items():
         gc.collect()
         for _ in range(5):
             await load()
-        times[name] = [await timed(load) for _ in range(15)]
-    return {name: statistics.median(values) * 1e3 for name, values in times.items()}
+        times = [await timed(load) for _ in range(15)]
+        out[f"{name} ms"] = statistics.median(times) * 1e3
+        if "5000" in name:
+            out[f"{name} p99 ms"] = pct(times, 0.99) * 1e3
+    return out
 
 
 async def s4_store(store: Store, sid: str) -> dict[str, float]:

@@ -100,7 +100,7 @@ class DriverPath:
             for i, convert in converters:
                 if values[i] is not None:  # most cells of a union's rows are NULL: no call for those
                     values[i] = convert(values[i])
-            out.append(row_type._make(values))
+            out.append(row_type(*values))
         return out
 
     @staticmethod
