@@ -4,6 +4,8 @@ Prints, per backend, the median of ``--reps`` loads (each after a full garbage c
 garbage is not another's pause) of:
 
 - rows only: the load's own statement's rows fetched with the raw driver (aiosqlite / asyncpg), nothing built;
+- rows + Message(): the same, and a ``Message`` with one text ``Content`` per row by the framework's constructors
+  (the floor of rows plus framework objects);
 - ``store.load`` with the plain-text fast path (db/message_decode.py), and with every row through the
   framework's ``Message.from_dict`` (as before it), alternated in one process.
 
@@ -22,7 +24,7 @@ from typing import Any
 
 import aiosqlite
 import asyncpg
-from agent_framework import Message
+from agent_framework import Content, Message
 from sqlalchemy.engine import make_url
 
 from agent_store import Store
@@ -73,9 +75,18 @@ async def measure(url: str, reps: int) -> dict[str, float]:
         else:
             raw = await asyncpg.connect(parsed.set(drivername="postgresql").render_as_string(hide_password=False))
             fetch = raw.fetch
-        figures: dict[str, list[float]] = {"rows only": [], "load, fast path": [], "load, from_dict": []}
+
+        async def rows_and_objects() -> None:
+            # The cheapest public way to the framework's objects: its own constructors, one text content each.
+            [Message(role, [Content("text", text=text)], author_name=author) for _s, role, author, text, *_ in
+             await fetch(SQL)]  # fmt: skip
+
+        figures: dict[str, list[float]] = {
+            "rows only": [], "rows + Message()": [], "load, fast path": [], "load, from_dict": []
+        }  # fmt: skip
         for _ in range(reps):
             figures["rows only"].append(await timed(lambda: fetch(SQL)))
+            figures["rows + Message()"].append(await timed(rows_and_objects))
             message_decode.message_from_row = FAST
             figures["load, fast path"].append(await timed(load))
             message_decode.message_from_row = generic

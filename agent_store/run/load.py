@@ -142,8 +142,10 @@ async def _read(
     messages, synthetic = close_tool_pairs(messages, answered)
     snap.message_ids |= synthetic  # handed to the model, never stored
     history = session.state.get(HISTORY_KEY)
-    session.state[HISTORY_KEY] = IdentifiedHistory({**(history if isinstance(history, dict) else {})})
-    session.state[HISTORY_KEY]["messages"] = messages
+    # The loaded list as is: every message in it has its store id already (message_decode), so not the
+    # IdentifiedHistory's own assignment, which is for the lists the framework sets later.
+    session.state[HISTORY_KEY] = IdentifiedHistory({**(history if isinstance(history, dict) else {}),
+                                                    "messages": messages})  # fmt: skip
     return Run(db, session, snap, user_id=user_id, agent_id=agent_id)
 
 
