@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+import weakref
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -65,7 +66,13 @@ logger = logging.getLogger("agent_store")
 
 
 class Run:
-    """A loaded session, and what is needed to commit what the agent changed in it."""
+    """A loaded session, and what is needed to commit what the agent changed in it.
+
+    The session is its one slot; every other attribute is in ``__dict__``, which the session keeps too
+    (StoredSession.link): the run the session's seams find (run_of) shares them, with no cycle between the two.
+    """
+
+    __slots__ = ("__dict__", "__weakref__", "session")
 
     def __init__(
         self, db: Database, session: AgentSession, snapshot: Snapshot, *, user_id: str | None,
@@ -85,7 +92,7 @@ class Run:
         self._held: AsyncConnection | None = None  # serialized mode: the transaction that holds the lock
         self.skip_replays = False  # a history provider's save: what replays the stored tail is not stored again
         if isinstance(session, StoredSession):
-            session._run = self  # a cycle the garbage collector frees with the session
+            session.link(self)  # no cycle: see StoredSession
 
     @classmethod
     def unloaded(
@@ -307,5 +314,11 @@ class Run:
 
 def run_of(session: AgentSession) -> Run | None:
     """The store run that loaded ``session``, if it came from ``store.load`` / ``store.session``."""
-    run: Run | None = session._run if isinstance(session, StoredSession) else None
+    if not isinstance(session, StoredSession) or session._run_attributes is None:
+        return None
+    run: Run | None = session._run_ref() if session._run_ref is not None else None
+    if run is None:  # nothing holds the Run that loaded it (StoreSessionStore.get hands out the session alone)
+        run = Run.__new__(Run)
+        run.session, run.__dict__ = session, session._run_attributes
+        session._run_ref = weakref.ref(run)
     return run

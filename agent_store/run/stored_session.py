@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import weakref
 from typing import Any
 
 from agent_framework import AgentSession
@@ -15,7 +16,16 @@ class StoredSession(AgentSession):
     serialized (``to_dict``) and not copied: a deep copy is a plain ``AgentSession``.
     """
 
-    _run: Any = None  # the Run (commit.py); typed where it is read, by run_of, so this module imports nothing above
+    # The run that loaded it (commit.py's Run; typed where it is read, by run_of, so this module imports nothing
+    # above): its attributes, which never refer back to the session, and a weak reference to the Run itself.
+    # Not the Run: the Run holds the session, and a cycle between them would keep every loaded message alive
+    # until a garbage collection (promoted meanwhile: the long pauses of a whole-history service, bench/gc_pauses.py).
+    # run_of gives back the Run while anything holds it, else a new Run on the same attributes.
+    _run_attributes: dict[str, Any] | None = None
+    _run_ref: weakref.ref[Any] | None = None
+
+    def link(self, run: Any) -> None:
+        self._run_attributes, self._run_ref = run.__dict__, weakref.ref(run)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> AgentSession:
         clone = AgentSession(
