@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import platform
 import sqlite3
@@ -22,7 +23,7 @@ from pathlib import Path
 import asyncpg
 from floor import TABLES as FLOOR_TABLES
 from floor import Floor
-from peers import fresh_url, peers_for, round_trips_per_run
+from peers import fresh_url, peers_for, preload, round_trips_per_run
 from scenarios import Sides, open_floor, open_store, per_second, s1, s2, s3, s4_floor, s4_store, texts
 from space import PARTS, postgres_parts, sqlite_parts
 from sqlalchemy import text
@@ -184,6 +185,9 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--backends", nargs="+", default=["sqlite", "postgresql"])
     parser.add_argument(
+        "--freeze", action="store_true", help="gc.freeze() after start-up, as docs/performance.md advises"
+    )
+    parser.add_argument(
         "--pg-url",
         default=os.environ.get("AGENT_STORE_BENCH_PG_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres"),
     )
@@ -201,9 +205,14 @@ def main() -> None:
             await conn.close()
         return rows, traces, version
 
+    if args.freeze:  # every side alike: the modules imported by now are never scanned by a collection again
+        preload()
+        gc.collect()
+        gc.freeze()
     rows, traces, pg_version = asyncio.run(everything())
     print(f"machine: {platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
-          f"SQLite {sqlite3.sqlite_version}, PostgreSQL {pg_version}; medians of {args.reps} repetitions")  # fmt: skip
+          f"SQLite {sqlite3.sqlite_version}, PostgreSQL {pg_version}; medians of {args.reps} repetitions"
+          + ("; gc.freeze() after start-up" if args.freeze else ""))  # fmt: skip
     print_main(rows)
     print_peers(rows)
     print_traces(traces)

@@ -40,6 +40,15 @@ def available() -> dict[str, bool]:
     }
 
 
+def preload() -> None:
+    """Import the installed peers' modules now: ``bench.py --freeze`` freezes after start-up, every side alike."""
+    found = available()
+    if found["openai-agents"]:
+        importlib.import_module("agents.extensions.memory.sqlalchemy_session")
+    if found["community-agent-framework-postgres"]:
+        importlib.import_module("agent_framework_community_postgres")
+
+
 class OpenAIAgentsSession:
     name = "openai-agents SQLAlchemySession"
 

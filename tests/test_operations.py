@@ -177,6 +177,22 @@ async def test_warm_up_opens_the_pool_before_the_first_run_and_checks_the_schema
         assert await unlimited.warm_up() == 1 and await unlimited.warm_up(5) == 5
 
 
+async def test_warm_up_runs_a_loads_statements_on_every_connection_and_writes_nothing(url: str) -> None:
+    """PostgreSQL parses and plans a statement per connection: a burst of first runs on new connections paid for
+    it all at once (S2's first second, bench/README.md). The warm-up's loads only read."""
+    async with Store.from_url(url, pool_size=2, max_overflow=0) as store:
+        await store.migrate()
+        assert await store.warm_up() == 2
+        async with store.engine.connect() as one, store.engine.connect() as two:  # the pool's two connections
+            if store.engine.dialect.name == "postgresql" and "pgbouncer" not in url:
+                prepared = text("SELECT count(*) FROM pg_prepared_statements"  # not matching its own text:
+                                " WHERE strpos(statement, concat('window', '_start')) > 0")  # fmt: skip
+                counts = [(await conn.execute(prepared)).scalar_one() for conn in (one, two)]
+                assert counts == [4, 4]  # with and without a user, whole and windowed, on each connection
+        assert await rows(store, "SELECT count(*) FROM agent_sessions") == [(0,)]
+        assert await rows(store, "SELECT count(*) FROM agent_runs") == [(0,)]
+
+
 async def test_runs_one_after_another_reuse_the_connection_that_came_back_last(url: str) -> None:
     """A light load keeps to the connections whose statements are already prepared and planned (LIFO)."""
     async with Store.from_url(url, pool_size=4, max_overflow=0) as store:
