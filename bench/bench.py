@@ -76,10 +76,9 @@ async def one_rep(
                     out["S1 " + key][peer.name] = value
                 for key, value in (await s1(peer.run_whole, f"s1w-{rep}")).items():
                     out["S1 whole " + key][peer.name] = value
-                if postgres:
-                    trace = traces.setdefault(peer.name, []) if rep == 0 else None
-                    for key, value in (await s2(peer.run, f"s2-{rep}", workers, trace)).items():
-                        out["S2 " + key][peer.name] = value
+                trace = traces.setdefault(peer.name, []) if rep == 0 else None
+                for key, value in (await s2(peer.run, f"s2-{rep}", workers, trace)).items():
+                    out["S2 " + key][peer.name] = value
             finally:
                 await peer.close()
             if postgres:
