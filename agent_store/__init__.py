@@ -15,6 +15,7 @@ call: run/commit_postgresql.py or run/commit_sqlite.py; else the checked transac
 
 from agent_store.errors import (
     AgentStoreError,
+    BudgetExceededError,
     CheckpointRefusedError,
     ConfigurationError,
     ConflictError,
@@ -43,6 +44,7 @@ from agent_store.store import Store
 
 __all__ = [
     "AgentStoreError",
+    "BudgetExceededError",
     "CheckpointRefusedError",
     "CommitResult",
     "ConfigurationError",

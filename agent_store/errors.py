@@ -8,6 +8,7 @@
     ├── SessionNotFoundError      no such session for this user / agent (also a LookupError)
     ├── SessionClosedError        the session was closed: readable, no longer writable
     ├── SessionExpiredError       the session outlived its idle time-to-live
+    ├── BudgetExceededError       the user's or the app's token budget for the period is spent: no run starts
     ├── ConflictError             another run or incarnation got there first; nothing was written (retryable)
     ├── SchemaError               the database schema does not match this agent_store, or a migration failed
     │   ├── SchemaOutOfDateError  database behind the code: run `agent-store upgrade`
@@ -26,6 +27,7 @@ import re
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime
 
 from agent_framework.exceptions import WorkflowCheckpointException
 from sqlalchemy import exc as sa_exc
@@ -70,6 +72,19 @@ class SessionClosedError(AgentStoreError):
 
 class SessionExpiredError(AgentStoreError):
     """The session's idle time-to-live ran out; open it with ``if_expired="restart"`` to start afresh."""
+
+
+class BudgetExceededError(AgentStoreError):
+    """A run was refused at load: its user's (or the app's) token budget for the current period is spent.
+
+    ``scope`` ("user" or "app"), ``subject`` (the user id or app id), ``used`` and ``limit`` (tokens), and
+    ``resets_at`` (when the period ends; None for a "total" budget) say which budget and until when.
+    """
+
+    def __init__(self, scope: str, subject: str, used: int, limit: int, resets_at: datetime | None) -> None:
+        until = f"; it resets at {resets_at.isoformat()}" if resets_at else "; it does not reset (period: total)"
+        super().__init__(f"the {scope} {subject!r} has used {used} of its {limit} tokens{until}")
+        self.scope, self.subject, self.used, self.limit, self.resets_at = scope, subject, used, limit, resets_at
 
 
 class ConflictError(AgentStoreError):

@@ -21,6 +21,7 @@ from agent_store.models import ErasureReport, MessageRecord, SearchPage, Session
 from agent_store.operations import branching, lifecycle, retention, stats, transfer
 from agent_store.run.commit import Run
 from agent_store.run.load import load
+from agent_store.run.recording import recording_into
 from agent_store.search import query as search
 
 
@@ -167,9 +168,11 @@ class Store:
             serialized=serialized, run_id=run_id, skip_excluded=skip_excluded,
         )  # fmt: skip
         try:
-            yield run.session
+            with recording_into(run.calls):  # an application's UsageRecorder records here
+                yield run.session
         except BaseException:
             await run.discard()
+            await run.log_unwritten("failed")  # its model calls were spent all the same
             raise
         await run.commit()
 

@@ -127,7 +127,13 @@ class FakeOpenAI:
         tools = [t["function"]["name"] for t in body.get("tools") or []]
         kind, value = _reply(turns, tools, instructions)
         completion_id = "chatcmpl-same" if self.same_completion_id else _new_id("chatcmpl")
-        usage = {"prompt_tokens": 10 + len(turns), "completion_tokens": 5, "total_tokens": 15 + len(turns)}
+        usage = {
+            "prompt_tokens": 10 + len(turns),
+            "completion_tokens": 5,
+            "total_tokens": 15 + len(turns),
+            "prompt_tokens_details": {"cached_tokens": 3},
+            "completion_tokens_details": {"reasoning_tokens": 2},
+        }
         message: dict[str, Any] = {"role": "assistant", "content": value if kind == "text" else None}
         if kind == "call":
             call = {"id": value[0], "type": "function", "function": {"name": value[1], "arguments": "{}"}}
@@ -185,8 +191,8 @@ class FakeOpenAI:
         if body.get("store", True):
             self.responses[response_id] = turns
         usage = {"input_tokens": 10 + len(turns), "output_tokens": 5, "total_tokens": 15 + len(turns),
-                 "input_tokens_details": {"cached_tokens": 0},
-                 "output_tokens_details": {"reasoning_tokens": 0}}  # fmt: skip
+                 "input_tokens_details": {"cached_tokens": 3},
+                 "output_tokens_details": {"reasoning_tokens": 2}}  # fmt: skip
         response = {"id": response_id, "object": "response", "created_at": 1, "status": "completed",
                     "model": body["model"], "output": output, "usage": usage, "parallel_tool_calls": True,
                     "tool_choice": "auto", "tools": [], "previous_response_id": previous}  # fmt: skip

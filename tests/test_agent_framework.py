@@ -61,7 +61,13 @@ async def test_history_provider_inside_a_store_session_joins_the_run(store: Stor
         "我叫什么名字？",
         "你叫李明。",
     ]
-    assert await rows(store, "SELECT count(*) FROM agent_runs") == [(2,)]
+    assert await rows(store, "SELECT outcome, count(*) FROM agent_runs GROUP BY outcome ORDER BY outcome") == [
+        ("committed", 2), ("failed", 1),  # the failed run wrote nothing but its model call, which was spent
+    ]  # fmt: skip
+    failed = (
+        "SELECT count(*) FROM agent_usage u JOIN agent_runs r USING (session_id, run_id) WHERE r.outcome = 'failed'"
+    )
+    assert await rows(store, failed) == [(1,)]
 
 
 async def test_history_provider_on_a_plain_session_commits_each_save(store: Store) -> None:

@@ -34,7 +34,7 @@ TABLES = set(Base.metadata.tables)
 # PostgreSQL's trigram and full-text indexes.
 SEARCH_OBJECTS = ("agent_messages_fts", "ix_agent_messages_text_")
 MESSAGE_ID_INDEX = "ix_agent_messages_session_id_message_id"
-SCHEMA_REVISION_BEFORE_HEAD = "0012"  # the code needs 0013's columns: on 0012 a load fails
+SCHEMA_REVISION_BEFORE_HEAD = "0013"  # the code needs 0014's budgets table: on 0013 a load fails
 
 
 async def table_names(store: Store) -> set[str]:
@@ -129,12 +129,12 @@ async def test_a_database_behind_head_says_how_to_upgrade(url: str, revision: st
 async def test_a_store_opened_without_the_check_stays_so_after_migrating(url: str) -> None:
     """``check_schema=False`` (the CLI's): a migration to an older revision does not turn the check back on.
 
-    The code reads 0013's columns (compaction): on an older schema a load fails on the database's own error, not
-    on the schema check, and a migration back to head brings it back."""
+    The code reads 0014's budgets: on an older schema a load fails on the database's own error, not on the
+    schema check, and a migration back to head brings it back."""
     async with Store.from_url(url, check_schema=False) as store:
         await store.migrate()
         await store.downgrade(SCHEMA_REVISION_BEFORE_HEAD)
-        with pytest.raises((DatabaseError, StorageUnavailableError), match="pos"):
+        with pytest.raises((DatabaseError, StorageUnavailableError), match="agent_usage_budgets"):
             await store.load("s", user_id="u")
         await store.migrate()
         async with store.session("s", user_id="u") as session:

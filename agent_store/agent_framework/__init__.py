@@ -5,6 +5,7 @@
     session_store.py      StoreSessionStore: the framework's SessionStore (get / set / delete)
     checkpoints.py        StoreCheckpointStorage: workflow checkpoints; checkpoint_payloads.py decodes them safely
     run_middleware.py     the size guard for tool results; continuing locally when the service forgot
+    usage_recorder.py     UsageRecorder: each model call into the usage ledger (the providers add it themselves)
     search_tool.py        SearchHistoryProvider: a tool that searches the user's past conversations
     ag_ui.py              StoreThreadSnapshotStore for AG-UI front ends (the ag-ui extra; imported on its own)
 
@@ -13,11 +14,12 @@ state in its one transaction. They use the Store and the run protocol below them
 """
 
 from agent_store.agent_framework.checkpoints import StoreCheckpointStorage
-from agent_store.agent_framework.history_provider import StoreHistoryProvider, record_usage
+from agent_store.agent_framework.history_provider import StoreHistoryProvider
 from agent_store.agent_framework.memory import MemoryProvider
 from agent_store.agent_framework.run_middleware import ToolResultTooLargeError
 from agent_store.agent_framework.search_tool import SearchHistoryProvider
 from agent_store.agent_framework.session_store import StoreSessionStore
+from agent_store.agent_framework.usage_recorder import UsageRecorder, record_usage
 
 __all__ = [
     "MemoryProvider",
@@ -26,5 +28,6 @@ __all__ = [
     "StoreHistoryProvider",
     "StoreSessionStore",
     "ToolResultTooLargeError",
+    "UsageRecorder",
     "record_usage",
 ]

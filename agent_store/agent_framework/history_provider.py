@@ -18,6 +18,7 @@ from agent_framework import AgentSession, HistoryProvider, Message, SessionConte
 
 import agent_store.run.load as loading
 from agent_store.agent_framework.run_middleware import ContinueLocally, ResultSizeGuard, service_keeps_history
+from agent_store.agent_framework.usage_recorder import begin_turn, pending_calls, record_usage
 from agent_store.db import message_rows
 from agent_store.run.commit import Run, run_of
 from agent_store.run.delta import close_tool_pairs, pair_safe_tail
@@ -26,13 +27,11 @@ from agent_store.run.read_times import ReadTimes
 if TYPE_CHECKING:
     from agent_store.store import Store
 
-__all__ = ["StoreHistoryProvider", "record_usage"]
+__all__ = ["StoreHistoryProvider"]
 logger = logging.getLogger("agent_store")
 # The session whose provider hooks are running: the framework passes the session to before_run/after_run but
 # only its id to get_messages/save_messages, and two sessions may share an id in one process (two tabs).
 _HOOKED_SESSION: ContextVar[AgentSession | None] = ContextVar("agent_store_hooked_session", default=None)
-# Token usage of the response being saved, for a save that commits on its own (outside store.session).
-_USAGE: ContextVar[dict[str, Any] | None] = ContextVar("agent_store_usage", default=None)
 # Function-call ids whose results are in the request being prepared (a tool loop in progress).
 _ANSWERED: ContextVar[frozenset[str]] = ContextVar("agent_store_answered_calls", default=frozenset())
 # When the run being saved read its history from the store (its before_run): the erasure fence's basis.
@@ -108,6 +107,7 @@ class StoreHistoryProvider(HistoryProvider):
         if run_of(session) is None:
             self._read_at[session] = now = datetime.now(UTC)  # a run that failed before saving is forgotten
             self._reads.read(session.session_id, now)
+        begin_turn(agent, session, context, self.source_id)  # its model calls, into the usage ledger
         context.extend_middleware(self.source_id, [ResultSizeGuard(self.store.db.settings.max_value_bytes)])
         if session.service_session_id is not None and service_keeps_history(agent):
             # The service keeps this conversation: the local transcript is stored, not sent again, unless the
@@ -123,18 +123,16 @@ class StoreHistoryProvider(HistoryProvider):
     async def after_run(
         self, *, agent: Any, session: AgentSession, context: SessionContext, state: dict[str, Any]
     ) -> None:
-        usage = context.response.usage_details if context.response is not None else None
-        token, read = _USAGE.set(dict(usage) if usage else None), _READ_AT.set(self._read_at.pop(session, None))
+        record_usage(session, context)  # before the save, which commits a plain session's calls
+        read = _READ_AT.set(self._read_at.pop(session, None))
         try:
             with _hooked(session, context):
                 await super().after_run(agent=agent, session=session, context=context, state=state)
         finally:
-            _USAGE.reset(token)
             _READ_AT.reset(read)
             loaded = self._loaded.pop(session, None)
             if loaded is not None and state.get("messages") is loaded.history:
                 del state["messages"]  # the store holds them; a plain session's state stays small
-        record_usage(session, context)
 
     async def local_history(self, session: AgentSession) -> list[Message]:
         """What the model would get from this store without a service-side conversation (windowed, pair-safe)."""
@@ -185,7 +183,7 @@ class StoreHistoryProvider(HistoryProvider):
             # A compaction edited the loaded history: its edits commit with these messages, in one transaction,
             # on the history this turn loaded (another commit since: ConflictError, nothing written).
             loaded.add_messages(messages)
-            loaded.add_usage(_USAGE.get())
+            loaded.calls.extend(pending_calls(session))
             await loaded.commit()
             return
         # Dated from this run's before_run (a save per service call comes before after_run: the earliest read of
@@ -196,12 +194,5 @@ class StoreHistoryProvider(HistoryProvider):
         standalone = Run.unloaded(self.store.db, plain, user_id=self.user_id, read_at=read_at)
         standalone.skip_replays = True  # a replay of the stored tail stores nothing (replays.py)
         standalone.add_messages(messages)
-        standalone.add_usage(_USAGE.get())
+        standalone.calls.extend(pending_calls(session))
         await standalone.commit()
-
-
-def record_usage(session: AgentSession, context: SessionContext) -> None:
-    """Add the response's token usage to the store run's log entry, when the session belongs to a run."""
-    run = run_of(session)
-    if run is not None and context.response is not None:
-        run.add_usage(context.response.usage_details)

@@ -6,7 +6,7 @@ from typing import Any
 
 from agent_framework import AgentSession, ContextProvider, SessionContext, tool
 
-from agent_store.agent_framework.history_provider import record_usage
+from agent_store.agent_framework.usage_recorder import begin_turn, record_usage
 
 __all__ = ["FACT_PREFIX", "MemoryProvider"]
 
@@ -39,6 +39,7 @@ class MemoryProvider(ContextProvider):
     async def before_run(
         self, *, agent: Any, session: AgentSession, context: SessionContext, state: dict[str, Any]
     ) -> None:
+        begin_turn(agent, session, context, self.source_id)  # its model calls, into the usage ledger
         if facts := self.facts(session):
             lines = "\n".join(f"- {key}: {value}" for key, value in sorted(facts.items()))
             context.extend_instructions(self.source_id, f"What you remember about this user:\n{lines}")

@@ -9,12 +9,14 @@ kind       key         other     doc                 n1           n2       n3   
 SESSION    user_id     agent_id  service_session_id  incarnation  version  next_seq  closed_at  expires_at
 STATE      key         prefix    value               stamp
 MESSAGE    message_id  role      body                seq                   position
+BUDGET     scope       period                        token_limit  used               period_start
 =========  ==========  ========  ==================  ===========  =======  ========  =========  ==========
 
 and a message's ``author`` (author_name) and ``text``, which its stored body leaves out (message_rows.full_body),
-and its compaction ``marks``. Messages come in the framework's list order (``position``: coalesce(pos, seq<<32),
-migration 0013), which is commit order unless a compaction inserted a summary in the middle. With
-``included_only``, excluded messages are left out (what ``skip_excluded`` would hand the model).
+and its compaction ``marks``; a budget's ``author`` is its subject. Messages come in the framework's list order
+(``position``: coalesce(pos, seq<<32), migration 0013), which is commit order unless a compaction inserted a
+summary in the middle. With ``included_only``, excluded messages are left out (what ``skip_excluded`` would hand
+the model). The budgets the run will be charged to (migration 0014) come last: a spent one refuses the run.
 
 A window (``history_limit``) starts ``limit`` before the session's ``next_seq``, widened back to the user
 message that began that turn, and to the call of any function result in it (the tool-calls index), so a window
@@ -50,6 +52,7 @@ from agent_store.db.tables import (
     JsonText,
     UTCDateTime,
     app_state_t,
+    budgets_t,
     messages_t,
     sessions_t,
     state_t,
@@ -57,7 +60,7 @@ from agent_store.db.tables import (
     user_state_t,
 )
 
-SESSION, STATE, MESSAGE = 0, 1, 2
+SESSION, STATE, MESSAGE, BUDGET = 0, 1, 2, 3
 _COLUMNS = {
     "key": String(), "other": String(), "doc": JsonText(), "n1": BigInteger(), "n2": BigInteger(),
     "n3": BigInteger(), "t1": UTCDateTime(), "t2": UTCDateTime(), "author": String(), "text": Text(),
@@ -173,6 +176,18 @@ def _statement(with_user: bool, window: str, included_only: bool) -> Any:
         placed = select(*columns).where(_M.session_id == bindparam("sid"), _M.seq >= start, _M.excluded == false())
         placed = placed.where(_M.seq < included_from, _M.pos.is_not(None)).order_by(_M.seq)
         branches += [select(*upper.subquery("upper").c), select(*placed.subquery("placed").c)]
+    # The budgets the run will be charged to (the user's, the app's; migration 0014): a spent one refuses it.
+    b = budgets_t.c
+    owners = (b.scope == "app") & (b.subject == bindparam("app"))
+    if with_user:
+        owners = owners | ((b.scope == "user") & (b.subject == bindparam("uid")))
+    branches.append(
+        select(
+            *_branch(
+                BUDGET, key=b.scope, other=b.period, n1=b.token_limit, n2=b.used, t1=b.period_start, author=b.subject
+            )
+        ).where(owners)
+    )
     union = union_all(*branches)
     return union.order_by(union.selected_columns.kind, union.selected_columns.n3, union.selected_columns.n1)
 

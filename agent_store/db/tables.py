@@ -16,34 +16,27 @@ from sqlalchemy import (
     ForeignKeyConstraint,
     Index,
     Integer,
-    MetaData,
     String,
     Table,
     Text,
     false,
     text,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import Mapped, mapped_column
 
 from agent_store.db.column_types import ExactJsonText as ExactJsonText
 from agent_store.db.column_types import JsonText as JsonText
 from agent_store.db.column_types import UTCDateTime as UTCDateTime
+from agent_store.db.schema_base import ID_MAX as ID_MAX
+from agent_store.db.schema_base import Base as Base
+
+# The usage ledger's tables (0014), on the same metadata: migrations compare the schema with all of them.
+from agent_store.db.usage_tables import budgets_t as budgets_t
+from agent_store.db.usage_tables import prices_t as prices_t
+from agent_store.db.usage_tables import usage_t as usage_t
 
 # The Alembic revision this code expects; tests/test_migrations.py pins it to the scripts' head.
-SCHEMA_REVISION = "0013"
-ID_MAX = 255  # ids are bounded: longer ones are refused before any SQL runs
-
-NAMING_CONVENTION = {
-    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
-    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
-    "ck": "ck_%(table_name)s_%(constraint_name)s",
-    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
-    "pk": "pk_%(table_name)s",
-}
-
-
-class Base(DeclarativeBase):
-    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+SCHEMA_REVISION = "0014"
 
 
 class SessionRow(Base):

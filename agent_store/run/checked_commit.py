@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 import agent_store.run.compaction as compaction
 import agent_store.run.replays as replays
-from agent_store.db import codec, erasures, message_rows, rewrites, runlog
+from agent_store.db import codec, erasures, ledger, message_rows, rewrites, runlog
 from agent_store.db import statements as sql
 from agent_store.db.load_statement import POSITION_STEP
 from agent_store.db.scopes import APP_PREFIX, USER_PREFIX, scope_of
@@ -112,6 +112,8 @@ async def write(
         raise StoredTwice(sid, [r.message_id for r in records]) from exc
     log = runlog.run_log_row(call.log_ids, version, records, len(delta.changed_keys), delta.usage, "committed")
     await runlog.record_run(db, {**log, "messages_rewritten": rewritten})
+    await ledger.record(db, log, delta.calls, user_id=call.user_id, agent_id=call.agent_id, app_id=settings.app_id,
+                        now=now)  # fmt: skip
     return incarnation, (version, len(records), len(delta.changed_keys), rewritten), maybe_landed
 
 

@@ -35,8 +35,9 @@ import agent_store.run.commit_postgresql as commit_postgresql
 import agent_store.run.commit_sqlite as commit_sqlite
 import agent_store.run.compaction as compaction
 import agent_store.telemetry as telemetry
-from agent_store.db import codec, runlog
+from agent_store.db import codec, ledger, runlog
 from agent_store.db.database import Database
+from agent_store.db.ledger import ModelCall, totals
 from agent_store.db.scopes import scopes
 from agent_store.db.stored_twice import StoredTwice, named
 from agent_store.errors import (
@@ -88,7 +89,7 @@ class Run:
         # When what this run holds was read from the store: erasures from then on refuse its commit. None: not
         # known (a session the store did not hand out), so any erasure of the user still on record refuses it.
         self._read_at: datetime | None = self._started_at
-        self.usage: dict[str, int] = {}  # token usage reported by the agent's responses (see add_usage)
+        self.calls: list[ModelCall] = []  # model calls not committed yet (the usage ledger; add_call)
         self._held: AsyncConnection | None = None  # serialized mode: the transaction that holds the lock
         self.skip_replays = False  # a history provider's save: what replays the stored tail is not stored again
         if isinstance(session, StoredSession):
@@ -143,10 +144,9 @@ class Run:
             await self.db.release(held, commit=False)
 
     def add_usage(self, usage: Mapping[str, Any] | None) -> None:
-        """Add a response's token usage to the run log (the store's context providers call this)."""
-        for key in ("input_token_count", "output_token_count"):
-            if usage and isinstance(usage.get(key), int):
-                self.usage[key] = self.usage.get(key, 0) + usage[key]
+        """Record a response's total usage, for a client whose calls no recorder saw (purpose "response")."""
+        if usage and any(isinstance(v, int) for v in usage.values()):
+            self.calls.append(ModelCall(called_at=datetime.now(UTC), usage=dict(usage), purpose="response"))
 
     def _next_run_id(self) -> str:
         if self._key is None:
@@ -224,7 +224,7 @@ class Run:
                     self._pending = None  # refused before COMMIT: certainly not written
                     if isinstance(exc, ConflictError):
                         telemetry.conflicts.add(1)
-                        await self._log_conflict()
+                        await self.log_unwritten("conflict")
                     if isinstance(exc, StoredTwice):
                         raise await named(self.db, self.session.session_id, exc) from exc.__cause__
                     raise
@@ -263,16 +263,21 @@ class Run:
         if isinstance(exc, DatabaseError) or (isinstance(exc, StorageUnavailableError) and exc.refused):
             self._maybe_landed = landed_before
 
-    async def _log_conflict(self) -> None:
-        """Record the refused run in the run log (its own transaction), so operators can see conflicts."""
-        if not self._snapshot.exists:
+    async def log_unwritten(self, outcome: str) -> None:
+        """Log a run that wrote nothing ("conflict", "failed") and its model calls, in a transaction of its own:
+        operators see conflicts, and tokens spent are accounted. Not for a session not in the database yet."""
+        if not self._snapshot.exists or (outcome != "conflict" and not self.calls):
             return
-        row = runlog.run_log_row(self._log_ids(uuid.uuid4().hex), self._snapshot.version, [], 0, self.usage, "conflict")
+        calls = self.calls[:]  # spent, whatever becomes of the run (cleared in place: recorders hold the list)
+        self.calls.clear()
+        row = runlog.run_log_row(self._log_ids(uuid.uuid4().hex), self._snapshot.version, [], 0, totals(calls), outcome)
         try:
-            async with self.db.transaction(write=True, doing="logging a conflict") as db:
+            async with self.db.transaction(write=True, doing=f"logging a {outcome} run") as db:
                 await runlog.record_run(db, row)
-        except AgentStoreError:  # the conflict itself is what the caller must see
-            logger.warning("could not log the conflict of run %s", row["run_id"], exc_info=True)
+                await ledger.record(db, row, calls, user_id=self.user_id, agent_id=self.agent_id,
+                                    app_id=self.db.settings.app_id, now=row["committed_at"])  # fmt: skip
+        except AgentStoreError:  # the conflict (the failure) itself is what the caller must see
+            logger.warning("could not log the %s run %s", outcome, row["run_id"], exc_info=True)
 
     def _log_ids(self, run_id: str) -> dict[str, Any]:
         return {"session_id": self.session.session_id, "run_id": run_id, "started_at": self._started_at}
@@ -282,7 +287,7 @@ class Run:
         return diff(
             self._snapshot, self.session.state, self.history, self._scopes,
             max_bytes=settings.max_value_bytes, cipher=settings.message_cipher, run_id=self._next_run_id(),
-            history_key=HISTORY_KEY, service_session_id=self.session.service_session_id, usage=dict(self.usage),
+            history_key=HISTORY_KEY, service_session_id=self.session.service_session_id, calls=self.calls,
         )  # fmt: skip
 
     def _committed(self, delta: Delta, incarnation: int, written: Any) -> CommitResult:
@@ -303,8 +308,7 @@ class Run:
             snap.state_text[key], snap.state_stamp[key] = text, delta.stamp
         snap.message_ids.update(r.message_id for r in delta.messages)
         self._pending, self._commits = None, self._commits + 1
-        for key, value in delta.usage.items():  # what was logged is not logged again
-            self.usage[key] = self.usage.get(key, 0) - value
+        del self.calls[: len(delta.calls)]  # what was recorded is not recorded again (later calls stay)
         return CommitResult(
             session_id=self.session.session_id, run_id=delta.run_id, version=int(version),
             messages_written=int(messages), state_keys_written=int(keys),

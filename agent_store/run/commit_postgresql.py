@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy import text
 
 import agent_store.run.compaction as compaction
-from agent_store.db import codec, runlog
+from agent_store.db import codec, ledger, runlog
 from agent_store.db.erasures import user_key
 from agent_store.db.scopes import APP_PREFIX, USER_PREFIX, scope_of
 from agent_store.errors import CheckedPathNeeded, DatabaseError, StorageUnavailableError
@@ -26,6 +26,8 @@ from agent_store.run.one_call import OneCall, Outcome
 # PostgreSQL caps one jsonb value at 256 MB: a run that large (characters; up to 4 bytes each) goes the checked way.
 LARGEST_CALL = 32 * 1024 * 1024
 CALL = text("SELECT agent_store_commit(CAST(:p AS jsonb))")
+# A run with model calls: the same commit, then its usage-ledger rows and budget charges (migration 0014).
+CALL_WITH_USAGE = text("SELECT agent_store_commit_usage(CAST(:p AS jsonb))")
 UNIQUE_VIOLATION = "23505"
 
 
@@ -39,7 +41,10 @@ async def attempt(call: OneCall) -> Outcome:
     if sum(len(r.columns["body"]) + len(r.columns["text"]) for r in delta.messages) > LARGEST_CALL:
         return None, False
     try:
-        rows = await call.db.one_statement(CALL, {"p": payload(call)}, doing="committing a run", committing=call.sent)
+        statement = CALL_WITH_USAGE if delta.calls else CALL
+        rows = await call.db.one_statement(
+            statement, {"p": payload(call)}, doing="committing a run", committing=call.sent
+        )
     except CheckedPathNeeded:
         return None, False
     except DatabaseError as exc:
@@ -106,6 +111,10 @@ def payload(call: OneCall) -> str:
     }  # fmt: skip
     if tools:
         head["tools"] = tools
+    if delta.calls:  # agent_store_commit_usage's part: the ledger rows, and the tokens to charge (db/ledger.py)
+        head["calls"] = [_call(row) for row in ledger.call_rows(delta.calls, call.agent_id)]
+        if tokens := sum(c.tokens for c in delta.calls):
+            head["charge"] = {"tokens": tokens, **{k: v.isoformat() for k, v in ledger.period_starts(now).items()}}
     if not delta.deletes:  # the function (0012) then skips its delete statements; an older one ignores this
         head["no_deletes"] = True
     if not snap.exists:
@@ -125,6 +134,11 @@ def payload(call: OneCall) -> str:
         if snap.service_session_id is not None:  # absent: SQL NULL, as the checked path binds it
             parts.append(f',"loaded_ssid":{codec.dumps(snap.service_session_id, where="service_session_id")}')
     return "".join(parts) + "}"
+
+
+def _call(row: dict[str, Any]) -> dict[str, Any]:
+    extra = row["extra"]
+    return {**row, "called_at": row["called_at"].isoformat(), "extra": json.loads(extra) if extra else None}
 
 
 AVAILABLE = True  # the function is in every schema since migration 0005

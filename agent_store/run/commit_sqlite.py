@@ -22,7 +22,7 @@ from typing import Any
 import aiosqlite
 
 import agent_store.run.compaction as compaction
-from agent_store.db import runlog
+from agent_store.db import ledger, runlog
 from agent_store.db.codec import service_session_json
 from agent_store.db.driver_path import DriverPath
 from agent_store.db.erasures import user_key
@@ -89,6 +89,12 @@ _RUN = """INSERT INTO agent_runs (session_id, run_id, version, messages_written,
     committed_at, agent_name, messages_in, messages_out, input_tokens, output_tokens, outcome, messages_rewritten)
 VALUES (:session_id, :run_id, :version, :messages_written, :state_keys_written, :started_at, :committed_at,
     :agent_name, :messages_in, :messages_out, :input_tokens, :output_tokens, :outcome, :messages_rewritten)"""
+_USAGE = """INSERT INTO agent_usage (session_id, run_id, call_no, user_id, agent_name, app_id, called_at, purpose,
+    model, provider, input_tokens, output_tokens, total_tokens, cache_creation_input_tokens, cache_read_input_tokens,
+    reasoning_output_tokens, extra, latency_ms, finish_reason, streamed, trace_id, span_id)
+VALUES (:session_id, :run_id, :call_no, :user_id, :agent_name, :app_id, :called_at, :purpose, :model, :provider,
+    :input_tokens, :output_tokens, :total_tokens, :cache_creation_input_tokens, :cache_read_input_tokens,
+    :reasoning_output_tokens, :extra, :latency_ms, :finish_reason, :streamed, :trace_id, :span_id)"""
 AVAILABLE = DriverPath.sqlite_thread_available(aiosqlite.Connection)  # else every commit takes the checked path
 _time: Any = None  # UTCDateTime's SQLite bind conversion: the text form every stored timestamp has
 
@@ -168,6 +174,10 @@ class _Commit:
         self.log = runlog.run_log_row(
             call.log_ids, 0, delta.messages, len(delta.changed_keys), delta.usage, "committed"
         )
+        self.user_id, self.app_id = call.user_id, call.db.settings.app_id
+        owner = {"session_id": sid, "run_id": delta.run_id, "user_id": call.user_id, "app_id": self.app_id}
+        self.calls = [{**owner, **row} for row in ledger.call_rows(delta.calls, call.agent_id)]
+        self.tokens = sum(c.tokens for c in delta.calls)
 
     def __call__(self, conn: sqlite3.Connection) -> int:
         conn.execute("BEGIN IMMEDIATE")
@@ -216,6 +226,10 @@ class _Commit:
             raise CheckedPathNeeded("a message id is stored already") from exc
         log = {**self.log, "committed_at": now, "version": version, "messages_rewritten": self.rewritten}
         conn.execute(_RUN, {k: _time(v) if isinstance(v, datetime) else v for k, v in log.items()})
+        if self.calls:  # the run's model calls, and their tokens charged to the budgets (db/ledger.py)
+            conn.executemany(_USAGE, [{**row, "called_at": _time(row["called_at"])} for row in self.calls])
+            for params in ledger.charges(self.tokens, self.log["run_id"], self.user_id, self.app_id, now):
+                conn.execute(ledger.CHARGE, {k: _time(v) if isinstance(v, datetime) else v for k, v in params.items()})
         return int(version)
 
 

@@ -14,7 +14,8 @@ from typing import Any
 from agent_framework import Content, Message
 
 import agent_store.run.compaction as compaction
-from agent_store.db import codec, message_rows
+from agent_store.db import codec, ledger, message_rows
+from agent_store.db.ledger import ModelCall
 from agent_store.db.scopes import TEMP_PREFIX, Scope, scope_of
 from agent_store.db.statements import new_stamp
 from agent_store.errors import InvalidValueError
@@ -34,12 +35,20 @@ class Delta:
     stamp: int  # the write stamp every state row of this commit gets
     incarnation: int  # the incarnation this commit creates, if the session does not exist
     run_id: str
-    usage: dict[str, int]  # token usage for the run log
+    calls: tuple[ModelCall, ...]  # the model calls this commit records (the usage ledger)
     rewrites: Rewrites = field(default_factory=Rewrites)  # what a compaction changed in the stored history
 
     @property
     def empty(self) -> bool:
-        return not (self.upserts or self.deletes or self.messages or self.service_session_id_changed or self.rewrites)
+        return not (
+            self.upserts or self.deletes or self.messages or self.service_session_id_changed or self.rewrites
+            or self.calls
+        )  # fmt: skip
+
+    @property
+    def usage(self) -> dict[str, int]:
+        """The run log's token counts: the sums of its calls'."""
+        return ledger.totals(self.calls)
 
     @property
     def compacts(self) -> bool:
@@ -62,7 +71,7 @@ def diff(
     run_id: str,
     history_key: str,
     service_session_id: Any,
-    usage: dict[str, int],
+    calls: Sequence[ModelCall],
 ) -> Delta:
     """Encode and compare in memory; a value that cannot be stored fails here, before any SQL."""
     kept = {k: v for k, v in state.items() if not k.startswith(TEMP_PREFIX) and k != history_key}
@@ -116,7 +125,7 @@ def diff(
         stamp=new_stamp(),
         incarnation=new_stamp(),
         run_id=run_id,
-        usage=usage,
+        calls=tuple(calls),
         rewrites=changed,
     )
 

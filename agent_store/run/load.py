@@ -15,10 +15,10 @@ from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 import agent_store.telemetry as telemetry
-from agent_store.db import codec, message_decode, message_rows
+from agent_store.db import codec, ledger, message_decode, message_rows
 from agent_store.db import statements as sql
 from agent_store.db.database import Database
-from agent_store.db.load_statement import MESSAGE, POSITION_STEP, SESSION, STATE, load_statement
+from agent_store.db.load_statement import BUDGET, MESSAGE, POSITION_STEP, SESSION, STATE, load_statement
 from agent_store.errors import InvalidValueError, SessionClosedError, SessionExpiredError
 from agent_store.run.commit import HISTORY_KEY, KEY_MAX, Run, StoredSession
 from agent_store.run.delta import IdentifiedHistory, close_tool_pairs, pair_safe_tail
@@ -116,6 +116,7 @@ async def _read(
             raise SessionExpiredError(f"session {session_id!r} expired at {row.t2.isoformat()}")  # half-purged one
         if row.t1 is not None:
             raise SessionClosedError(f"session {session_id!r} was closed at {row.t1.isoformat()}")
+    ledger.refuse_if_spent([r for r in rows if r.kind == BUDGET], datetime.now(UTC))
     snap = Snapshot()
     session = StoredSession(session_id=session_id)
     for state in (r for r in rows if r.kind == STATE):
