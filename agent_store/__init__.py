@@ -29,6 +29,7 @@ from agent_store.errors import (
     StorageUnavailableError,
 )
 from agent_store.models import (
+    BudgetInfo,
     CommitResult,
     ErasureReport,
     MessageRecord,
@@ -37,6 +38,7 @@ from agent_store.models import (
     SessionInfo,
     SessionPage,
     TransferReport,
+    UsageLine,
 )
 from agent_store.retry import retry_on_conflict
 from agent_store.run.commit import Run, run_of
@@ -45,6 +47,7 @@ from agent_store.store import Store
 __all__ = [
     "AgentStoreError",
     "BudgetExceededError",
+    "BudgetInfo",
     "CheckpointRefusedError",
     "CommitResult",
     "ConfigurationError",
@@ -66,6 +69,7 @@ __all__ = [
     "StorageUnavailableError",
     "Store",
     "TransferReport",
+    "UsageLine",
     "retry_on_conflict",
     "run_of",
 ]

@@ -110,6 +110,7 @@ class ErasureReport(_Model):
     state_rows: int
     user_state_rows: int
     checkpoints: int = 0  # workflow checkpoints saved with this user_id
+    usage_calls: int = 0  # usage-ledger rows (model calls) of the user's sessions
     batches: int = 0  # transactions it took (the last one deletes the user's own rows and leaves the fence)
 
 
@@ -119,3 +120,35 @@ class TransferReport(_Model):
     imported: int
     skipped: int
     checkpoints: int = 0  # workflow checkpoints written (those whose id existed are skipped)
+
+
+class UsageLine(_Model):
+    """One line of a usage report: the calls of one user, agent, model, day or session over the period."""
+
+    key: str | None  # the user id, agent name, model, UTC date (YYYY-MM-DD) or session id; None: not known
+    calls: int
+    input_tokens: int | None
+    output_tokens: int | None
+    total_tokens: int | None
+    cache_read_input_tokens: int | None
+    reasoning_output_tokens: int | None
+    cost: float | None  # from agent_usage_prices; None unless every call of the line has a price
+
+
+class BudgetInfo(_Model):
+    """A token budget and its use in the current period (``store.usage.budget``)."""
+
+    scope: Literal["user", "app"]
+    subject: str  # the user id, or the app id
+    period: Literal["day", "month", "total"]
+    token_limit: int
+    used: int  # in the current period
+    period_start: datetime
+    crossed_by_run: str | None  # the run whose commit reached the limit in this period
+    crossed_at: datetime | None
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def exceeded(self) -> bool:
+        """Whether the next run is refused at load."""
+        return self.used >= self.token_limit

@@ -19,6 +19,7 @@ from agent_store.db.engine import make_engine
 from agent_store.errors import ConfigurationError, InvalidValueError
 from agent_store.models import ErasureReport, MessageRecord, SearchPage, SessionInfo, SessionPage, TransferReport
 from agent_store.operations import branching, lifecycle, retention, stats, transfer
+from agent_store.operations.usage import UsageLedger
 from agent_store.run.commit import Run
 from agent_store.run.load import load
 from agent_store.run.recording import recording_into
@@ -61,6 +62,7 @@ class Store:
         )
         self.db = Database(engine, settings, check_schema=check_schema)
         self.engine = engine
+        self.usage = UsageLedger(self.db)  # the usage ledger's reports, budgets and prices
 
     @classmethod
     def from_url(cls, url: str | URL | None = None, **options: Any) -> Store:

@@ -27,6 +27,7 @@ from agent_store.cli.support import (
     url_option,
 )
 from agent_store.cli.transfer import erase_user, export, import_, purge
+from agent_store.cli.usage import budget, price, usage
 from agent_store.db.urls import DEFAULT_URL
 from agent_store.errors import redact
 
@@ -131,5 +132,5 @@ async def stats(url: str | None, as_json: bool) -> None:
 
 
 for command in (sessions, show, fork, truncate, clear, close, delete, update, export, import_, purge, erase_user,
-                checkpoints, search, ui):  # fmt: skip
+                checkpoints, search, ui, usage, budget, price):  # fmt: skip
     main.add_command(command)

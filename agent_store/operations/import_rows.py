@@ -33,6 +33,7 @@ from sqlalchemy import BigInteger, Boolean, Integer, String, Table
 from agent_store.db import codec, message_decode, message_rows
 from agent_store.db.codec import _TAGS
 from agent_store.db.database import Settings
+from agent_store.db.ledger import PURPOSES
 from agent_store.db.load_statement import POSITION_STEP
 from agent_store.db.scopes import APP_PREFIX, TEMP_PREFIX, USER_PREFIX
 from agent_store.db.tables import (
@@ -45,6 +46,7 @@ from agent_store.db.tables import (
     sessions_t,
     state_t,
     tool_calls_t,
+    usage_t,
     user_state_t,
 )
 from agent_store.errors import InvalidValueError
@@ -53,21 +55,23 @@ __all__ = ["TABLES", "row_values"]
 
 TABLES: dict[str, Table] = {
     "session": sessions_t, "state": state_t, "run": runs_t, "message": messages_t, "tool_call": tool_calls_t,
-    "user_state": user_state_t, "checkpoint": checkpoints_t,
+    "user_state": user_state_t, "checkpoint": checkpoints_t, "usage": usage_t,
 }  # fmt: skip
 # Columns the import fills in itself (fresh stamps, the session a row belongs to, the checkpoint's new seq).
 _FILLED = {
     "session": {"incarnation"}, "state": {"session_id", "version"}, "run": {"session_id"},
     "message": {"session_id"}, "tool_call": {"session_id"}, "user_state": {"version"}, "checkpoint": {"seq"},
+    "usage": {"session_id"},
 }  # fmt: skip
 _IDS = {
     "session": ("id", "user_id", "agent_id", "forked_from"), "run": ("run_id",), "message": ("message_id", "run_id"),
     "tool_call": ("call_id",), "user_state": ("user_id",), "state": ("key",),  # "user:" is stored as key ""
     "checkpoint": ("checkpoint_id", "workflow_name", "previous_checkpoint_id"),
+    "usage": ("run_id", "user_id", "app_id"),
 }  # fmt: skip
 # Counts and seqs no run writes below 0 (forked_at_seq is not one: a fork of no messages records -1).
 _NON_NEGATIVE = ("seq", "next_seq", "version", "iteration_count", "messages_written", "state_keys_written",
-                 "messages_in", "messages_out")  # fmt: skip
+                 "messages_in", "messages_out", "call_no")  # fmt: skip
 _CONTENT_TYPES = frozenset(get_args(get_type_hints(Content.__init__)["type"]))
 _CONTENT_TEXT = ("text", "protected_data", "uri", "media_type", "message", "error_code", "error_details", "call_id",
                  "name", "exception", "file_id", "vector_store_id", "image_id", "status", "stdout", "stderr",
@@ -94,6 +98,10 @@ def row_values(kind: str, row: dict[str, Any], settings: Settings) -> dict[str, 
             check_message(values, row.get("body"), settings)
         elif kind == "tool_call" and values.get("kind") not in ("call", "result"):
             raise InvalidValueError(f'tool_call.kind must be "call" or "result", not {values.get("kind")!r}')
+        elif kind == "usage" and values.get("purpose") not in PURPOSES:
+            raise InvalidValueError(
+                f"usage.purpose must be one of {', '.join(PURPOSES)}, not {values.get('purpose')!r}"
+            )
         elif kind == "checkpoint" and not isinstance(row.get("payload"), dict):
             raise InvalidValueError("checkpoint.payload must be a JSON object (the framework's encoded checkpoint)")
     except RecursionError as exc:

@@ -20,6 +20,7 @@ from agent_store.db.database import Database
 from agent_store.db.erasures import FENCE_KEPT, user_key
 from agent_store.db.statements import lock_user
 from agent_store.db.tables import (
+    budgets_t,
     checkpoint_workflows_t,
     checkpoints_t,
     erasures_t,
@@ -27,6 +28,7 @@ from agent_store.db.tables import (
     sessions_t,
     state_t,
     ui_snapshots_t,
+    usage_t,
     user_state_t,
 )
 from agent_store.errors import InvalidValueError
@@ -130,7 +132,7 @@ async def erase_user(
     """
     codec.check_id(user_id, "user_id", required=True)
     codec.check_int(batch_messages, "batch_messages", low=1, high=10_000_001)
-    n = dict.fromkeys(("sessions", "messages", "state_rows", "batches"), 0)
+    n = dict.fromkeys(("sessions", "messages", "state_rows", "usage_calls", "batches"), 0)
     with telemetry.operation("erase_user"):
         while True:
             async with db.transaction(write=True, doing="erasing a user") as conn:
@@ -149,7 +151,8 @@ async def erase_user(
                     batch = (S.user_id == user_id) & (S.id <= ids[-1])
                     n["messages"] += await _count(conn, messages_t, batch)
                     n["state_rows"] += await _count(conn, state_t, batch)
-                    await conn.execute(delete(sessions_t).where(batch))  # messages, state, runs cascade
+                    n["usage_calls"] += await _count(conn, usage_t, batch)
+                    await conn.execute(delete(sessions_t).where(batch))  # messages, state, runs, calls cascade
                 elif not trimmed:
                     user_rows, checkpoints = await _erase_user_rows(conn, user_id)
             n["batches"] += 1
@@ -175,6 +178,7 @@ async def _erase_user_rows(conn: AsyncConnection, user_id: str) -> tuple[int, in
     checkpoints = (await conn.execute(delete(checkpoints_t).where(checkpoints_t.c.user_id == user_id))).rowcount
     await conn.execute(delete(checkpoint_workflows_t).where(checkpoint_workflows_t.c.user_id == user_id))
     await conn.execute(delete(ui_snapshots_t).where(ui_snapshots_t.c.scope == user_id))  # AG-UI: scope = user
+    await conn.execute(delete(budgets_t).where(budgets_t.c.scope == "user", budgets_t.c.subject == user_id))
     # A fence for runs still in flight: they loaded before now and may not write for this user after it.
     fence = {"user_key": user_key(user_id), "erased_at": datetime.now(UTC)}
     upsert = (postgresql if conn.dialect.name == "postgresql" else sqlite).insert(erasures_t)

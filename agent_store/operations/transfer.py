@@ -42,6 +42,7 @@ from agent_store.db.tables import (
     sessions_t,
     state_t,
     tool_calls_t,
+    usage_t,
     user_state_t,
 )
 from agent_store.errors import ConflictError, InvalidValueError
@@ -50,7 +51,9 @@ from agent_store.operations.import_rows import TABLES, row_values
 
 FORMAT = "agent_store.jsonl"
 # Insertion order: messages before the tool calls that reference them.
-_SESSION_TABLES: dict[str, Table] = {"state": state_t, "run": runs_t, "message": messages_t, "tool_call": tool_calls_t}
+_SESSION_TABLES: dict[str, Table] = {  # in insert order: a usage row needs its run
+    "state": state_t, "run": runs_t, "usage": usage_t, "message": messages_t, "tool_call": tool_calls_t
+}  # fmt: skip
 PAGE = 1000  # messages per short read transaction
 
 
@@ -124,7 +127,7 @@ async def _export_session(db: Database, sid: str) -> AsyncIterator[str]:
         if row is None:  # deleted since the listing: not part of this export
             return
         lines = [_line("session", _to_json(sessions_t, row))]
-        for kind in ("state", "run"):
+        for kind in ("state", "run", "usage"):
             table = _SESSION_TABLES[kind]
             order = list(table.primary_key.columns)
             for r in await conn.execute(select(table).where(table.c.session_id == sid).order_by(*order)):
@@ -280,6 +283,12 @@ async def _insert_session(conn: AsyncConnection, records: list[tuple[str, dict[s
     import_rows.check_compaction(session, [row for k, row in rest if k == "message"])
     if not {row.get("seq") for k, row in rest if k == "tool_call"} <= set(seqs):
         raise InvalidValueError(f"import: session {session['id']!r}: a tool_call row names a message it lacks")
+    runs = {row.get("run_id") for k, row in rest if k == "run"}
+    if any(
+        row.get("run_id") not in runs or row.get("user_id") != session.get("user_id") for k, row in rest if k == "usage"
+    ):
+        # A model call is its run's and its session's owner's: it is never charged to another user.
+        raise InvalidValueError(f"import: session {session['id']!r}: a usage row names a run it lacks, or another user")
     if any((row.get("version") or 0) > (session.get("version") or 0) for k, row in rest if k == "run"):
         # Its export would be refused for ever (a message of a commit later than its session: rewritten).
         raise InvalidValueError(f"import: session {session['id']!r}: a run is of a version its session never had")

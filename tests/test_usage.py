@@ -1,0 +1,159 @@
+"""The usage ledger (issue 27): a row per model call, on every commit path, equal to the framework's own metric."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agent_framework import Agent, AgentSession, ChatMiddlewareLayer
+from helpers import lose_the_reply, rows
+
+from agent_store import ConflictError, StorageUnavailableError, Store
+from agent_store.agent_framework import StoreHistoryProvider, UsageRecorder
+from agent_store.offline import OfflineChatClient
+
+PROBE = Path(__file__).resolve().parent / "usage_probe.py"
+LEDGER_TOTALS = "SELECT count(*), sum(input_tokens), sum(output_tokens) FROM agent_usage"
+RUN_TOTALS = "SELECT sum(input_tokens), sum(output_tokens) FROM agent_runs"
+OUTCOMES = """SELECT r.outcome, count(*), sum(u.input_tokens) > 0
+FROM agent_runs r JOIN agent_usage u USING (session_id, run_id) GROUP BY r.outcome ORDER BY 1"""
+
+
+def agent_for(store: Store, **provider: Any) -> Agent:
+    return Agent(client=OfflineChatClient(), name="Bot", context_providers=[StoreHistoryProvider(store, **provider)])
+
+
+async def test_the_ledger_equals_the_frameworks_token_metric(url: str) -> None:
+    """Chat and Responses clients, streaming and not, tool loops and a summarizer: every call is a row, and the
+    sums equal the framework's ``gen_ai.client.token.usage`` metric over the same runs."""
+    done = subprocess.run([sys.executable, str(PROBE), url], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout)
+    ledger, metric, runs = seen["ledger"], seen["metric"], seen["runs"]
+    assert metric["input"] > 0 and metric["output"] > 0
+    assert sum(r[4] for r in ledger) == metric["input"] and sum(r[5] for r in ledger) == metric["output"]
+    assert sum(r[2] or 0 for r in runs) == metric["input"] and sum(r[3] or 0 for r in runs) == metric["output"]
+    by_session: dict[str, list[Any]] = {}
+    for row in ledger:
+        by_session.setdefault(row[0], []).append(row)
+    for kind in ("chat", "chat-stream", "responses", "responses-stream", "compaction"):
+        calls = by_session[kind]
+        assert len(calls) == 4 + (kind == "compaction")  # three turns, one of them a tool loop of two calls
+        assert all(bool(r[3]) == kind.endswith("stream") for r in calls if r[2] == "chat")
+    assert [r[2] for r in by_session["compaction"]].count("compaction") == 1  # the summarizer's, marked
+    assert {r[6] for r in ledger} <= set(seen["traces"]) and all(len(r[7]) == 16 for r in ledger)
+
+
+async def test_each_call_is_recorded_once_on_every_commit_path(store: Store) -> None:
+    agent = agent_for(store)
+    async with store.session("fast", user_id="u") as session:  # the one call (SQLite: one hop)
+        await agent.run("你好", session=session)
+    async with store.session("keyed", user_id="u", run_id="request-1") as session:  # the checked path
+        await agent.run("你好", session=session)
+    async with store.session("held", user_id="u", serialized=True) as session:  # a serialized run
+        await agent.run("你好", session=session)
+    await agent_for(store, user_id="u").run("你好", session=AgentSession(session_id="plain"))  # a provider's save
+    run = await store.load("lost", user_id="u")
+    await agent.run("你好", session=run.session)
+    lose_the_reply(store)
+    with pytest.raises(StorageUnavailableError):
+        await run.commit()
+    await run.commit()  # the retry finds the first attempt landed: nothing twice
+    per_run = await rows(store, "SELECT session_id, count(*) FROM agent_usage GROUP BY session_id ORDER BY 1")
+    assert per_run == [(s, 1) for s in ("fast", "held", "keyed", "lost", "plain")]
+    ((_, input_tokens, output_tokens),) = await rows(store, LEDGER_TOTALS)
+    assert await rows(store, RUN_TOTALS) == [(input_tokens, output_tokens)] and input_tokens > 0
+    assert await rows(store, "SELECT DISTINCT user_id, agent_name, app_id, purpose, model FROM agent_usage") == [
+        ("u", "Bot", "default", "chat", None)  # the offline client names no model
+    ]
+
+
+async def test_a_plain_agent_records_through_the_one_line_middleware(store: Store) -> None:
+    plain = Agent(client=OfflineChatClient(), name="Plain", middleware=[UsageRecorder()])
+    async with store.session("s", user_id="u") as session:
+        await plain.run("你好", session=session)
+        await plain.run("再见", session=session)
+    assert await rows(store, "SELECT count(*), min(agent_name) FROM agent_usage") == [(2, None)]
+    assert await rows(store, "SELECT count(*) FROM agent_runs WHERE input_tokens > 0") == [(1,)]
+    await plain.run("no run here", session=AgentSession())  # nothing active: nothing recorded, nothing raised
+    assert await rows(store, "SELECT count(*) FROM agent_usage") == [(2,)]
+
+
+async def test_a_provider_and_an_application_recorder_record_a_call_once(store: Store) -> None:
+    agent = Agent(
+        client=OfflineChatClient(middleware=[UsageRecorder()]), name="Bot", middleware=[UsageRecorder()],
+        context_providers=[StoreHistoryProvider(store)],
+    )  # fmt: skip
+    async with store.session("s", user_id="u") as session:
+        await agent.run("你好", session=session)
+    assert await rows(store, "SELECT count(*), min(agent_name) FROM agent_usage") == [(1, "Bot")]
+
+
+class _NoMiddlewareClient(OfflineChatClient):
+    """A client whose calls no chat middleware sees: only the response's total is known."""
+
+    def get_response(self, *args: Any, **kwargs: Any) -> Any:
+        return super(ChatMiddlewareLayer, self).get_response(*args, **kwargs)
+
+
+async def test_without_per_call_usage_the_responses_total_is_recorded(store: Store) -> None:
+    agent = Agent(client=_NoMiddlewareClient(), name="Bot", context_providers=[StoreHistoryProvider(store)])
+    async with store.session("s", user_id="u") as session:
+        reply = await agent.run("你好", session=session)
+    usage = reply.usage_details or {}
+    assert await rows(store, "SELECT purpose, input_tokens, output_tokens FROM agent_usage") == [
+        ("response", usage["input_token_count"], usage["output_token_count"])
+    ]
+
+
+async def test_failed_and_conflicting_runs_keep_the_calls_they_spent(store: Store) -> None:
+    agent = agent_for(store)
+    async with store.session("s", user_id="u") as session:
+        await agent.run("你好", session=session)
+    with pytest.raises(RuntimeError):
+        async with store.session("s", user_id="u") as session:
+            await agent.run("this turn fails", session=session)
+            raise RuntimeError("the app failed after the model call")
+    first, second = await store.load("s", user_id="u"), await store.load("s", user_id="u")
+    for run in (first, second):
+        await agent.run("both", session=run.session)
+        run.session.state["k"] = id(run)
+    await first.commit()
+    with pytest.raises(ConflictError):
+        await second.commit()
+    outcomes = await rows(store, OUTCOMES)
+    assert outcomes == [("committed", 2, True), ("conflict", 1, True), ("failed", 1, True)]
+    assert (await rows(store, RUN_TOTALS))[0] == tuple((await rows(store, LEDGER_TOTALS))[0][1:])
+
+
+async def test_recorded_calls_commit_with_the_next_commit_of_a_run(store: Store) -> None:
+    run = await store.load("s", user_id="u")
+    await agent_for(store).run("你好", session=run.session)
+    committed = await run.commit()
+    nothing = await run.commit()  # nothing new: nothing written, the calls not again
+    assert (nothing.version, nothing.messages_written) == (committed.version, 0)
+    assert await rows(store, "SELECT count(*) FROM agent_usage") == [(1,)]
+    run.add_usage({"input_token_count": 7, "output_token_count": 3, "provider.extra_count": 2, "note": "x"})
+    again = await run.commit()  # a run with only a call to record still commits it
+    assert again.version == committed.version + 1
+    ((tokens_in, tokens_out, extra),) = await rows(
+        store, "SELECT input_tokens, output_tokens, extra FROM agent_usage WHERE run_id = :r", r=again.run_id
+    )
+    assert (tokens_in, tokens_out) == (7, 3)  # the ints the framework counts; "note" is no count
+    assert (json.loads(extra) if isinstance(extra, str) else extra) == {"provider.extra_count": 2}
+
+
+async def test_concurrent_commits_of_one_user_each_record_their_calls(store: Store) -> None:
+    agent = agent_for(store)
+
+    async def turn(n: int) -> None:
+        async with store.session(f"s{n}", user_id="u") as session:
+            await agent.run(f"turn {n}", session=session)
+
+    await asyncio.gather(*(turn(n) for n in range(8)))
+    assert await rows(store, "SELECT count(DISTINCT session_id), count(*) FROM agent_usage") == [(8, 8)]
