@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import logging
 import traceback
+from datetime import UTC, datetime
 
 import pytest
 from agent_framework import Agent
 
-from agent_store import Store
+from agent_store import Store, run_of
+from agent_store.db.ledger import ModelCall
 
 MARKER = "s3cr3t-标记"
 
@@ -42,6 +44,15 @@ async def test_no_message_text_or_state_value_reaches_any_log(
         async with store.session("s", user_id="u") as session:  # the one-call commit path
             session.state["note"] = f"{MARKER} changed"
             await agent.run(f"{MARKER} again", session=session)
+            ledgered = ModelCall(
+                called_at=datetime.now(UTC),
+                usage={"input_token_count": 1},
+                model=MARKER,
+                agent_name=MARKER,
+                finish_reason=MARKER,
+            )  # the usage ledger's text too
+            run_of(session).calls.append(ledgered)  # type: ignore[union-attr]
+        assert [line.key for line in await store.usage.report("model")] == [MARKER]
         await store.update("s", user_id="u", title=MARKER, metadata={"topic": MARKER})
         assert any(MARKER in m.text for m in await store.messages("s", user_id="u"))
         assert (await store.search(MARKER, user_id="u")).items

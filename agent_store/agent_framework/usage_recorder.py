@@ -14,10 +14,12 @@ the ``ChatMiddlewareLayer`` once per step), streaming or not: the one place ever
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Awaitable, Callable
 from contextvars import Token
 from datetime import UTC, datetime
 from time import perf_counter
+from types import FrameType
 from typing import Any
 from weakref import WeakKeyDictionary
 
@@ -81,10 +83,31 @@ class UsageRecorder(ChatMiddleware):
             ))  # fmt: skip
 
         await call_next()
+        _release_pipeline(sys._getframe(1))
         if isinstance(context.result, ResponseStream):
             context.result.with_result_hook(lambda response: record(response))  # when the stream is finished
         elif isinstance(context.result, ChatResponse):
             record(context.result)
+
+
+def _release_pipeline(caller: FrameType) -> None:
+    """Let the call's objects go by reference counting, not at the collector's next full pass.
+
+    The framework's chat pipeline (``ChatMiddlewarePipeline.execute``) builds each call's handlers with a local
+    ``create_next_handler`` that refers to itself: a reference cycle, which holds the call's ``ChatContext`` and
+    with it the session and its whole history until the garbage collector runs. When this middleware is the
+    pipeline's first (``index`` 0 in the framework's ``current_handler`` that called it), nothing calls into the
+    pipeline after its call returns, so emptying that self-reference ends the cycle. Anything else, or another
+    shape of the framework's code: nothing is touched (the collector frees the cycle, as without the store).
+    tests/test_garbage.py fails if this stops working.
+    """
+    if caller.f_code.co_name != "current_handler" or caller.f_locals.get("index") != 0:
+        return
+    make = caller.f_locals.get("create_next_handler")
+    code, closure = getattr(make, "__code__", None), getattr(make, "__closure__", None)
+    if code is None or closure is None or "create_next_handler" not in code.co_freevars:
+        return
+    closure[code.co_freevars.index("create_next_handler")].cell_contents = None
 
 
 def _text(value: Any) -> str | None:

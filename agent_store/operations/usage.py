@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import case, delete, func, literal, select
+from sqlalchemy import String, case, delete, func, literal, literal_column, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -31,6 +31,10 @@ def _key(by: str, dialect: str) -> Any:
         if dialect == "postgresql":
             return func.to_char(func.timezone("UTC", U.called_at), "YYYY-MM-DD")
         return func.substr(U.called_at, 1, 10)
+    if by == "session" and dialect == "sqlite":
+        # Unary +: not the primary key's column to SQLite, which would rather walk that whole index (grouped, no
+        # sort) than read the period's range of called_at.
+        return literal_column("+agent_usage.session_id", String)
     return {"user": U.user_id, "agent": U.agent_name, "model": U.model, "session": U.session_id}[by]
 
 
