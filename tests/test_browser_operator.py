@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import UTC, datetime
 
 import httpx
+import pytest
+from agent_framework import Message
 from helpers import expire_now
 from test_browser import populate
 
-from agent_store import Store
+from agent_store import InvalidValueError, Store
 from agent_store.browser.app import create_app
+from agent_store.db.ledger import ModelCall
 
 
 def hits(html: str) -> list[tuple[str, str]]:
@@ -59,3 +63,36 @@ async def test_statuses_and_labels_read_as_the_cli_says_them(url: str) -> None:
             assert '<span id="status">active</span>' in page and "agent any" not in page
             assert re.search(r"#\d+ · tool · ", page) and "tool (Bot)" not in page  # a result is the tool's
             assert not re.search(r'class="muted">v\d{6,}<', page)  # no 19-digit state stamps
+
+
+async def test_a_runs_model_calls_show_with_their_usage_and_trace_link(url: str) -> None:
+    async with Store.from_url(url) as store:
+        await store.migrate()
+        run = await store.load("chat", user_id="li")
+        run.session.state["n"] = 1
+        trace_id, span_id = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+        call = ModelCall(
+            called_at=datetime.now(UTC),
+            usage={"input_token_count": 123, "output_token_count": 45},
+            model="gpt-test",
+            latency_ms=812.4,
+            finish_reason="stop",
+            trace_id=trace_id,
+            span_id=span_id,
+        )
+        run.calls.append(call)
+        run.history.append(Message(role="user", contents=["你好"]))
+        await run.commit()
+        jaeger = "http://localhost:16686/trace/{trace_id}?uiFind={span_id}"
+        transport = httpx.ASGITransport(app=create_app(store, trace_url=jaeger))
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
+            page = (await client.get("/session", params={"id": "chat", "user": "li"})).text
+        line = re.search(r'<div class="call-usage muted">(.*?)</div>', page, re.S)
+        assert line is not None and "call 1 · chat · gpt-test · in 123 / out 45 · 812 ms · stop" in line[1]
+        assert f'href="http://localhost:16686/trace/{trace_id}?uiFind={span_id}"' in line[1]
+        plain = httpx.ASGITransport(app=create_app(store))  # no trace viewer: the id as text
+        async with httpx.AsyncClient(transport=plain, base_url="http://localhost") as client:
+            page = (await client.get("/session", params={"id": "chat", "user": "li"})).text
+        assert f'<code class="trace">{trace_id}</code>' in page
+        with pytest.raises(InvalidValueError):
+            create_app(store, trace_url="javascript:alert(1)//{trace_id}")

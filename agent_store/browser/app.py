@@ -120,14 +120,17 @@ class TokenGate(BaseHTTPMiddleware):
 
 def create_app(
     store: Store, *, token: str | None = None, page_size: int = 50, owns_store: bool = False,
-    allowed_hosts: Sequence[str] | None = None,
+    allowed_hosts: Sequence[str] | None = None, trace_url: str | None = None,
 ) -> Starlette:  # fmt: skip
     """The browser's ASGI app over ``store`` (``owns_store``: close it when the app shuts down).
 
     ``allowed_hosts``: the names (``"host"``: any port; ``"host:port"``: that port) a request's ``Host`` header may
     give; None: the loopback names (:data:`LOOPBACK_HOSTS`); ``["*"]``: any (no check, e.g. behind a proxy that
-    checks it). Another name is answered 400.
+    checks it). Another name is answered 400. ``trace_url``: where a model call's trace id links to, with
+    ``{trace_id}`` (and ``{span_id}``) in it, e.g. ``"http://localhost:16686/trace/{trace_id}"`` (Jaeger).
     """
+    if trace_url is not None and (not trace_url.startswith(("http://", "https://")) or "{trace_id}" not in trace_url):
+        raise InvalidValueError("trace_url must be an http(s) URL with {trace_id} in it")
     if isinstance(allowed_hosts, str):
         raise InvalidValueError("allowed_hosts is a list of host names, not one string")
     allowed = list(LOOPBACK_HOSTS if allowed_hosts is None else allowed_hosts)
@@ -204,7 +207,7 @@ def create_app(
         seq_of = {m.message_id: m.seq for m in messages}
         return page("session.html", s=info, messages=messages, after=after, panels=panels, results=results,
                     checkpoints=await browse.user_checkpoints(store.db, info.user_id), page_size=page_size,
-                    user=info.user_id, folded=folded, seq_of=seq_of)  # fmt: skip
+                    user=info.user_id, folded=folded, seq_of=seq_of, trace_url=trace_url)  # fmt: skip
 
     @read_only
     async def session_jsonl(request: Request) -> Response:

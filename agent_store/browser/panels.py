@@ -1,5 +1,5 @@
 """What the transcript browser reads besides the Store's own calls: first user messages for a listing, one
-session's run log, state panel and branches, a user's workflow checkpoints.
+session's run log and model calls, state panel and branches, a user's workflow checkpoints.
 
 Every read is a read-only transaction (on the replica when there is one); nothing here writes.
 """
@@ -19,6 +19,7 @@ from agent_store.db.tables import (
     runs_t,
     sessions_t,
     state_t,
+    usage_t,
     user_state_t,
 )
 
@@ -54,11 +55,27 @@ async def session_panels(db: Database, session_id: str, user_id: str | None, app
         branches = (await conn.execute(select(S.id, S.forked_at_seq).where(S.forked_from == session_id))).all()
     return {
         "runs": {r.run_id: r._mapping for r in runs},
+        "calls": await run_calls(db, session_id),
         "state": [("", r.key, r.value, r.version) for r in own]
         + [("user:", r.key, r.value, r.version) for r in user]
         + [("app:", r.key, r.value, r.version) for r in app],
         "branches": [(b.id, b.forked_at_seq) for b in branches],
     }
+
+
+async def run_calls(db: Database, session_id: str) -> dict[str, list[Any]]:
+    """The session's model calls from the usage ledger, by run id, in call order."""
+    U = usage_t.c
+    async with db.transaction(write=False, replica=True, doing="reading a session's model calls") as conn:
+        found = await conn.execute(
+            select(U.run_id, U.call_no, U.purpose, U.model, U.input_tokens, U.output_tokens, U.latency_ms,
+                   U.finish_reason, U.streamed, U.trace_id, U.span_id)
+            .where(U.session_id == session_id).order_by(U.run_id, U.call_no)
+        )  # fmt: skip
+        calls: dict[str, list[Any]] = {}
+        for row in found:
+            calls.setdefault(row.run_id, []).append(row)
+    return calls
 
 
 async def user_checkpoints(db: Database, user_id: str | None, limit: int = 20) -> list[Any]:

@@ -70,8 +70,15 @@ def loopback(host: str) -> bool:
 @click.option("--allow-host", "allow_hosts", multiple=True, metavar="NAME[:PORT]",
               help="Another name requests may use in their Host header (repeatable; '*': any). Loopback names "
                    "and the --host address are always allowed; others are answered 400 (DNS rebinding).")  # fmt: skip
+@click.option(
+    "--trace-url",
+    default=None,
+    metavar="URL",
+    help="Link each model call's trace id there: an http(s) URL with {trace_id} in it (Jaeger, Tempo).",
+)
 @json_option
-def ui(url: str | None, host: str, port: int, token: str | None, allow_hosts: tuple[str, ...], as_json: bool) -> None:
+def ui(url: str | None, host: str, port: int, token: str | None, allow_hosts: tuple[str, ...], trace_url: str | None,
+       as_json: bool) -> None:  # fmt: skip
     """A read-only web browser of sessions, transcripts, state and search (pip install "agent-store[ui]")."""
     try:
         import uvicorn
@@ -88,7 +95,7 @@ def ui(url: str | None, host: str, port: int, token: str | None, allow_hosts: tu
     listener = _listen(host, port)  # a port in use: one line, before announcing an address
     bound = f"[{host}]" if ":" in host and not host.startswith("[") else host  # an IPv6 address, as Host gives it
     allowed = [*LOOPBACK_HOSTS, bound, *allow_hosts]
-    app = create_app(open_store(url), token=token, owns_store=True, allowed_hosts=allowed)
+    app = create_app(open_store(url), token=token, owns_store=True, allowed_hosts=allowed, trace_url=trace_url)
     port = listener.getsockname()[1]
     address = f"http://{bound}:{port}/"
     if as_json:  # a script learns the address (and the port, with --port 0) from stdout
