@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 
 import asyncpg
+import scenarios
 from floor import TABLES as FLOOR_TABLES
 from floor import Floor
 from peers import fresh_url, peers_for, preload, round_trips_per_run
@@ -30,7 +31,7 @@ from sqlalchemy import text
 
 from agent_store import Store
 
-STORE_TABLES = ["agent_sessions", "agent_messages", "agent_state", "agent_runs", "agent_tool_calls"]
+STORE_TABLES = ["agent_sessions", "agent_messages", "agent_state", "agent_runs", "agent_tool_calls", "agent_usage"]
 
 
 async def table_bytes(store: Store, tables: list[str], sqlite_file: Path | None) -> int:
@@ -187,10 +188,14 @@ def main() -> None:
         "--freeze", action="store_true", help="gc.freeze() after start-up, as docs/performance.md advises"
     )
     parser.add_argument(
+        "--no-ledger", action="store_true", help="agent_store's turns record no model call (the ledger's cost)"
+    )
+    parser.add_argument(
         "--pg-url",
         default=os.environ.get("AGENT_STORE_BENCH_PG_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres"),
     )
     args = parser.parse_args()
+    scenarios.USAGE = None if args.no_ledger else scenarios.USAGE
 
     async def everything() -> tuple[Rows, dict[str, Traces], str]:
         rows, traces = [], {}
@@ -211,7 +216,8 @@ def main() -> None:
     rows, traces, pg_version = asyncio.run(everything())
     print(f"machine: {platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
           f"SQLite {sqlite3.sqlite_version}, PostgreSQL {pg_version}; medians of {args.reps} repetitions"
-          + ("; gc.freeze() after start-up" if args.freeze else ""))  # fmt: skip
+          + ("; gc.freeze() after start-up" if args.freeze else "")
+          + ("; agent_store: no call recorded" if args.no_ledger else "; agent_store: a call a turn"))  # fmt: skip
     print_main(rows)
     print_peers(rows)
     print_traces(traces)

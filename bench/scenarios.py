@@ -39,9 +39,14 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+# A turn's model call, as the store's providers record it (the usage ledger); bench.py --no-ledger: none.
+USAGE: dict[str, int] | None = {"input_token_count": 1200, "output_token_count": 80, "total_token_count": 1280}
+
+
 async def store_run(store: Store, sid: str, n: int, limit: int | None = 20) -> None:
     run = await store.load(sid, user_id=f"user-{sid}", history_limit=limit)  # S2: 200 users, one session each
     run.history.extend(messages(n))
+    run.add_usage(USAGE)
     run.session.state["counter"] = n
     run.session.state["user:last_seen"] = n
     await run.commit()

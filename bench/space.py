@@ -2,8 +2,9 @@
 
 The parts are named by what they buy. The floor keeps message rows, their key and session/state rows; the store
 also keeps the message-id index (a retried save stores nothing twice), the run log (a retried commit lands once),
-and the search indexes (the trigram and short-word indexes on PostgreSQL, the FTS5 table on SQLite). Whatever
-no part names (sessions, state, tool calls, free pages) is the rest of the side's S5 figure.
+the usage ledger (a row per model call: bench.py records one a turn, --no-ledger none) and the search indexes
+(the trigram and short-word indexes on PostgreSQL, the FTS5 table on SQLite). Whatever no part names (sessions,
+state, tool calls, free pages) is the rest of the side's S5 figure.
 """
 
 from __future__ import annotations
@@ -14,14 +15,16 @@ from pathlib import Path
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-PARTS = ("message rows", "message key (session, seq)", "message-id index", "run log", "search indexes",
-         "placed-summaries index")  # fmt: skip
+PARTS = ("message rows", "message key (session, seq)", "message-id index", "run log", "usage ledger",
+         "search indexes", "placed-summaries index")  # fmt: skip
 
 
 def part_of(table: str, relation: str, primary_key: bool) -> str | None:
     """The part a relation (a table, or one of its indexes) belongs to; None: the rest."""
     if table in ("agent_runs", "floor_runs"):
         return "run log"
+    if table == "agent_usage":  # a row per model call, with its indexes (0014)
+        return "usage ledger"
     if table.startswith("agent_messages_fts"):
         return "search indexes"
     if table not in ("agent_messages", "floor_messages"):

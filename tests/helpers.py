@@ -23,6 +23,7 @@ DOC_PAGES = (
     "docs/operations.md",
     "docs/reliability.md",
     "docs/performance.md",
+    "docs/usage.md",
 )
 
 

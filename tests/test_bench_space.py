@@ -14,16 +14,16 @@ from agent_store import Store
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from space import PARTS, postgres_parts, sqlite_parts
 
-TABLES = ["agent_sessions", "agent_messages", "agent_state", "agent_runs", "agent_tool_calls"]
+TABLES = ["agent_sessions", "agent_messages", "agent_state", "agent_runs", "agent_tool_calls", "agent_usage"]
 
 
 async def test_s5_parts_name_where_a_messages_bytes_go(store: Store) -> None:
     for n in range(40):
         run = await store.load(f"s{n % 4}", user_id="u")
-        run.history.extend(
-            [Message(role="user", contents=[f"李明 question {n} " * 8]), Message(role="assistant", contents=["answer"])]
-        )
+        question = f"李明 question {n} " * 30
+        run.history.extend([Message(role="user", contents=[question]), Message(role="assistant", contents=["answer"])])
         run.session.state["n"] = n
+        run.add_usage({"input_token_count": 100 + n, "output_token_count": 20})  # the turn's model call
         await run.commit()
     if store.engine.dialect.name == "postgresql":
         async with store.engine.connect() as conn:
@@ -41,6 +41,6 @@ async def test_s5_parts_name_where_a_messages_bytes_go(store: Store) -> None:
         total = os.path.getsize(path)  # noqa: ASYNC240 - one stat() of a closed test file
     assert list(parts) == list(PARTS)
     assert all(parts[part] > 0 for part in PARTS), parts  # each part is there, on each backend
-    # 80 messages of ~140 characters: the rows are the largest part, and the parts never exceed the whole.
+    # 80 messages of ~500 characters: the rows are the largest part, and the parts never exceed the whole.
     assert parts["message rows"] == max(parts.values())
     assert sum(parts.values()) <= total / 80

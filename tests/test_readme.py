@@ -31,6 +31,8 @@ SQL_BLOCKS = {
     ("docs/schema-and-sql.md", "excluded-why"),
     ("docs/schema-and-sql.md", "excluded-per-session"),
     ("docs/schema-and-sql.md", "tool-calls-per-tool"),
+    ("docs/usage.md", "usage-daily"),
+    ("docs/usage.md", "usage-per-run"),
 }
 
 
@@ -46,8 +48,8 @@ def run_cli(*args: str, cwd: Path, url: str | None = None) -> subprocess.Complet
 def test_the_readme_and_the_docs_have_the_blocks_these_tests_run() -> None:
     pages = {"README.md", "docs/SCALING.md"} | {f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")}
     assert set(DOC_PAGES) | {"docs/SCALING.md"} == pages  # a new page's blocks run too
-    assert len(doc_blocks("python")) == len(EXAMPLES) == 15
-    assert {(b.page, b.name) for b in doc_blocks("sql")} == SQL_BLOCKS and len(doc_blocks("sql")) == 9
+    assert len(doc_blocks("python")) == len(EXAMPLES) == 16
+    assert {(b.page, b.name) for b in doc_blocks("sql")} == SQL_BLOCKS and len(doc_blocks("sql")) == 11
 
 
 def run_example(source: str, url: str, cwd: Path) -> list[str]:

@@ -6,7 +6,7 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from helpers import rows
+from helpers import doc_block, rows
 from sqlalchemy import text
 
 from agent_store import BudgetExceededError, InvalidValueError, Store
@@ -113,8 +113,17 @@ async def test_reports_by_user_agent_model_and_day_with_costs(store: Store) -> N
     assert model.cost == pytest.approx(2.0 + 16.0)
     (day,) = await store.usage.report("day")
     assert day.key == datetime.now(UTC).date().isoformat() and day.calls == 2 and day.cost is None  # v unpriced
-    daily = await rows(store, "SELECT user_id, model, calls, total_tokens, cost FROM agent_usage_daily ORDER BY 1")
-    assert [(u, m, c, t) for u, m, c, t, _ in daily] == [("u", "m1", 1, 3_000_000), ("v", None, 1, 15)]
-    assert float(daily[0][4]) == pytest.approx(18.0) and daily[1][4] is None
+    daily = await rows(store, doc_block("docs/usage.md", "usage-daily").strip().rstrip(";"))
+    today = datetime.now(UTC).date()
+    assert [(str(d), u, m, c, t) for d, u, m, c, t, _ in daily] == [
+        (str(today), "u", "m1", 1, 3_000_000), (str(today), "v", None, 1, 15)
+    ]  # fmt: skip
+    assert float(daily[0][5]) == pytest.approx(18.0) and daily[1][5] is None
+    per_run = (
+        doc_block("docs/usage.md", "usage-per-run").strip().rstrip(";").replace("'chat-1'", "'a'")
+    )  # the doc's session: this test's "a"
+    assert [(outcome, n, model) for _, outcome, n, _, model, *_ in await rows(store, per_run)] == [
+        ("committed", 1, "m1")
+    ]
     assert await store.usage.report("user", since=datetime.now(UTC) + timedelta(hours=1)) == []
     assert [line.key for line in await store.usage.report("user", user_id="v")] == ["v"]

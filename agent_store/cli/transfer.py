@@ -135,5 +135,6 @@ async def erase_user(url: str | None, user_id: str, yes: bool, as_json: bool) ->
     if as_json:
         print_json(report.model_dump())
         return
-    click.echo(f"erased user {user_id}: {report.sessions} sessions, {report.messages} messages, "
-               f"{report.state_rows + report.user_state_rows} state rows")  # fmt: skip
+    state_rows = report.state_rows + report.user_state_rows
+    click.echo(f"erased user {user_id}: {report.sessions} sessions, {report.messages} messages, {state_rows} state "
+               f"rows, {report.usage_calls} model calls")  # fmt: skip
