@@ -6,6 +6,7 @@ import asyncio
 import json
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -157,3 +158,30 @@ async def test_concurrent_commits_of_one_user_each_record_their_calls(store: Sto
 
     await asyncio.gather(*(turn(n) for n in range(8)))
     assert await rows(store, "SELECT count(DISTINCT session_id), count(*) FROM agent_usage") == [(8, 8)]
+
+
+async def test_odd_usage_from_a_provider_never_fails_the_commit(store: Store) -> None:
+    """Counts out of range, text where a count goes, NUL and megabytes in a model id: the run still commits, every
+    figure kept (an out-of-range count in ``extra``), the run log's totals left out where they would overflow."""
+    run = await store.load("s", user_id="u")
+    run.session.state["k"] = 1
+    usage = {"input_token_count": 10**30, "output_token_count": -5, "total_token_count": 2**31 + 7,
+             "cache_read_input_token_count": "12", "reasoning_output_token_count": True, "x.count": 3}  # fmt: skip
+    run.add_usage(usage)
+    run.calls.append(
+        run.calls.pop().__class__(
+            called_at=run.calls[0].called_at if run.calls else datetime.now(UTC),
+            usage=usage,
+            model="m\x00" + "x" * 3_000_000,
+            finish_reason="\x00",
+        )
+    )
+    await run.commit()
+    ((tokens, extra, model, reason),) = await rows(
+        store, "SELECT input_tokens, extra, model, finish_reason FROM agent_usage"
+    )
+    assert tokens is None and len(model) == 255 and model.startswith("m\ufffdx") and reason == "\ufffd"
+    kept = json.loads(extra) if isinstance(extra, str) else extra
+    assert kept == {"input_token_count": 10**30, "output_token_count": -5, "x.count": 3}
+    assert await rows(store, "SELECT input_tokens, output_tokens FROM agent_runs") == [(None, None)]
+    assert await rows(store, "SELECT total_tokens FROM agent_usage") == [(2**31 + 7,)]  # a bigint column

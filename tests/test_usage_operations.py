@@ -47,6 +47,8 @@ async def test_an_import_never_charges_a_call_to_another_user_or_a_missing_run(s
         "a bad purpose": {**record["row"], "purpose": "free"},
         "a negative call number": {**record["row"], "call_no": -1},
         "text for a count": {**record["row"], "input_tokens": "12"},
+        "text for a latency": {**record["row"], "latency_ms": "fast"},
+        "an infinite latency": {**record["row"], "latency_ms": float("inf")},
     }
     async with Store.from_url(f"sqlite+aiosqlite:///{tmp_path}/copy.db") as copy:
         await copy.migrate()

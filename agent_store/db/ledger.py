@@ -33,9 +33,28 @@ PURPOSES = ("chat", "compaction", "response")
 EVER = datetime(1970, 1, 1, tzinfo=UTC)  # the one period of a "total" budget begins here
 
 
-def _count(value: Any) -> int | None:
+COUNT_MAX = 2**53  # a count the ledger's columns keep (a bigint; JSON readers lose precision above 2^53)
+RUN_LOG_MAX = 2**31 - 1  # the run log's token columns are 32-bit
+LABEL_MAX = 255  # a model id, provider, agent name or finish reason: metadata, kept to this many characters
+
+
+def _int(value: Any) -> bool:
     # As the framework's add_usage_details: only ints are counts (a bool is not one).
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _count(value: Any) -> int | None:
+    """A count the columns keep; another int (negative, or absurdly large) is kept in ``extra`` instead, so a
+    provider's odd figure never fails the commit of the run it came with."""
+    return value if _int(value) and 0 <= value < COUNT_MAX else None
+
+
+def _label(value: str | None) -> str | None:
+    """Metadata text as the columns keep it: no NUL (PostgreSQL refuses it), at most LABEL_MAX characters."""
+    if value is None:
+        return None
+    value = value.replace("\x00", "\ufffd")
+    return value if len(value) <= LABEL_MAX else value[: LABEL_MAX - 1] + "\u2026"
 
 
 @dataclass(frozen=True)
@@ -59,7 +78,7 @@ class ModelCall:
 
     def extra(self) -> str | None:
         """The provider's other counts, as the JSON text the ``extra`` column binds (None: there are none)."""
-        kept = {str(k): v for k, v in self.usage.items() if k not in COUNTS and _count(v) is not None}
+        kept = {str(k): v for k, v in self.usage.items() if _int(v) and (k not in COUNTS or _count(v) is None)}
         return json.dumps(kept, sort_keys=True, ensure_ascii=False) if kept else None
 
     @property
@@ -71,22 +90,23 @@ class ModelCall:
 
 
 def totals(calls: Sequence[ModelCall]) -> dict[str, int]:
-    """The run log's input and output counts: the sums of its calls' (absent when no call reported one)."""
+    """The run log's input and output counts: the sums of its calls' (absent when no call reported one, or when
+    the sum is too large for the run log's columns: the ledger has the calls)."""
     summed: dict[str, int] = {}
     for call in calls:
         for key in ("input_token_count", "output_token_count"):
             if (value := _count(call.usage.get(key))) is not None:
                 summed[key] = summed.get(key, 0) + value
-    return summed
+    return {key: value for key, value in summed.items() if value <= RUN_LOG_MAX}
 
 
 def call_rows(calls: Sequence[ModelCall], agent_id: str | None) -> list[dict[str, Any]]:
     """The calls' columns, ``call_no`` from 1 (a run's and user's ids are the commit's to add)."""
     return [
         {
-            "call_no": n, "agent_name": call.agent_name or agent_id, "called_at": call.called_at,
-            "purpose": call.purpose, "model": call.model, "provider": call.provider, **call.counts(),
-            "extra": call.extra(), "latency_ms": call.latency_ms, "finish_reason": call.finish_reason,
+            "call_no": n, "agent_name": _label(call.agent_name or agent_id), "called_at": call.called_at,
+            "purpose": call.purpose, "model": _label(call.model), "provider": _label(call.provider), **call.counts(),
+            "extra": call.extra(), "latency_ms": call.latency_ms, "finish_reason": _label(call.finish_reason),
             "streamed": call.streamed, "trace_id": call.trace_id, "span_id": call.span_id,
         }
         for n, call in enumerate(calls, 1)

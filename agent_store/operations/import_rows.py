@@ -21,6 +21,7 @@ names its line; the import is all or nothing, so a refused row means nothing was
 from __future__ import annotations
 
 import json
+import math
 from datetime import UTC, date, datetime
 from typing import Any, get_args, get_type_hints
 
@@ -28,7 +29,7 @@ from agent_framework import Content, Message
 
 # codec.py's private state-type registry and tags: the same rules, not a copy of them.
 from agent_framework._sessions import _STATE_TYPE_REGISTRY
-from sqlalchemy import BigInteger, Boolean, Integer, String, Table
+from sqlalchemy import BigInteger, Boolean, Float, Integer, String, Table
 
 from agent_store.db import codec, message_decode, message_rows
 from agent_store.db.codec import _TAGS
@@ -133,6 +134,9 @@ def _columns(table: Table, data: dict[str, Any], filled: set[str]) -> dict[str, 
             _check_text(value, where, column.type.length)
         elif isinstance(column.type, Boolean) and not isinstance(value, bool):
             raise InvalidValueError(f"{where} must be true or false, not {type(value).__name__}")
+        elif isinstance(column.type, Float) and (isinstance(value, bool) or not isinstance(value, int | float)
+                                                 or not math.isfinite(value)):  # fmt: skip
+            raise InvalidValueError(f"{where} must be a finite number, not {type(value).__name__}")
     return values
 
 
