@@ -172,9 +172,10 @@ class Store:
         try:
             with recording_into(run.calls):  # an application's UsageRecorder records here
                 yield run.session
-        except BaseException:
+        except BaseException as exc:
             await run.discard()
-            await run.log_unwritten("failed")  # its model calls were spent all the same
+            if isinstance(exc, Exception):  # not a cancellation: its model calls were spent all the same
+                await run.log_unwritten("failed")
             raise
         await run.commit()
 

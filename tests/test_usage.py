@@ -14,7 +14,7 @@ import pytest
 from agent_framework import Agent, AgentSession, ChatMiddlewareLayer
 from helpers import lose_the_reply, rows
 
-from agent_store import ConflictError, StorageUnavailableError, Store
+from agent_store import ConflictError, InvalidValueError, SessionClosedError, StorageUnavailableError, Store
 from agent_store.agent_framework import StoreHistoryProvider, UsageRecorder
 from agent_store.offline import OfflineChatClient
 
@@ -185,3 +185,20 @@ async def test_odd_usage_from_a_provider_never_fails_the_commit(store: Store) ->
     assert kept == {"input_token_count": 10**30, "output_token_count": -5, "x.count": 3}
     assert await rows(store, "SELECT input_tokens, output_tokens FROM agent_runs") == [(None, None)]
     assert await rows(store, "SELECT total_tokens FROM agent_usage") == [(2**31 + 7,)]  # a bigint column
+
+
+async def test_a_commit_refused_for_its_state_or_a_closed_session_keeps_its_calls(store: Store) -> None:
+    agent = agent_for(store)
+    async with store.session("s", user_id="u") as session:
+        await agent.run("你好", session=session)
+    run = await store.load("s", user_id="u")
+    await agent.run("spent", session=run.session)
+    run.session.state["bad"] = object()  # cannot be stored: refused before any SQL
+    with pytest.raises(InvalidValueError):
+        await run.commit()
+    closing = await store.load("s", user_id="u")
+    await agent.run("spent too", session=closing.session)
+    await store.close_session("s", user_id="u")
+    with pytest.raises(SessionClosedError):
+        await closing.commit()
+    assert await rows(store, OUTCOMES) == [("committed", 1, True), ("failed", 2, True)]

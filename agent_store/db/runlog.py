@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -9,12 +10,32 @@ from typing import Any
 from sqlalchemy import insert, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from agent_store.db import ledger
+from agent_store.db.database import Database
 from agent_store.db.message_rows import EncodedMessage
 from agent_store.db.tables import runs_t
+from agent_store.errors import AgentStoreError
+
+logger = logging.getLogger("agent_store")
 
 
 async def record_run(db: AsyncConnection, row: dict[str, Any]) -> None:
     await db.execute(insert(runs_t), row)
+
+
+async def record_unwritten(
+    database: Database, row: dict[str, Any], calls: Sequence[ledger.ModelCall], *, user_id: str | None,
+    agent_id: str | None,
+) -> None:  # fmt: skip
+    """A run that wrote nothing (a conflict, a failure) and its model calls, in a transaction of its own. A
+    failure to log it is logged, never raised: the run's own refusal is what its caller must see."""
+    try:
+        async with database.transaction(write=True, doing=f"logging a {row['outcome']} run") as db:
+            await record_run(db, row)
+            await ledger.record(db, row, calls, user_id=user_id, agent_id=agent_id, app_id=database.settings.app_id,
+                                now=row["committed_at"])  # fmt: skip
+    except AgentStoreError:
+        logger.warning("could not log the %s run %s", row["outcome"], row["run_id"], exc_info=True)
 
 
 async def run_recorded(db: AsyncConnection, session_id: str, run_id: str) -> Any:

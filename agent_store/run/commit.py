@@ -35,7 +35,7 @@ import agent_store.run.commit_postgresql as commit_postgresql
 import agent_store.run.commit_sqlite as commit_sqlite
 import agent_store.run.compaction as compaction
 import agent_store.telemetry as telemetry
-from agent_store.db import codec, ledger, runlog
+from agent_store.db import codec, runlog
 from agent_store.db.database import Database
 from agent_store.db.ledger import ModelCall, totals
 from agent_store.db.scopes import scopes
@@ -89,7 +89,7 @@ class Run:
         # When what this run holds was read from the store: erasures from then on refuse its commit. None: not
         # known (a session the store did not hand out), so any erasure of the user still on record refuses it.
         self._read_at: datetime | None = self._started_at
-        self.calls: list[ModelCall] = []  # model calls not committed yet (the usage ledger; add_call)
+        self.calls: list[ModelCall] = []  # model calls not committed yet (the usage ledger: recorders append)
         self._held: AsyncConnection | None = None  # serialized mode: the transaction that holds the lock
         self.skip_replays = False  # a history provider's save: what replays the stored tail is not stored again
         if isinstance(session, StoredSession):
@@ -171,8 +171,10 @@ class Run:
         self._maybe_landed = retry and self._maybe_landed
         try:
             delta = self._pending or self._delta()
-        except BaseException:
+        except BaseException as exc:
             await self.discard()
+            if isinstance(exc, InvalidValueError):
+                await self.log_unwritten("failed")  # refused before any SQL: its model calls were spent
             raise
         snap = self._snapshot
         if delta.empty and snap.exists and not retry:
@@ -196,6 +198,7 @@ class Run:
                     written, lost = await one_call.attempt(self._one_call(delta))
                 except InvalidValueError:
                     self._pending = None  # refused while building the call: nothing was sent
+                    await self.log_unwritten("failed")
                     raise
                 except (StorageUnavailableError, DatabaseError) as exc:
                     self._unless_refused(exc, landed_before=False)
@@ -224,7 +227,8 @@ class Run:
                     self._pending = None  # refused before COMMIT: certainly not written
                     if isinstance(exc, ConflictError):
                         telemetry.conflicts.add(1)
-                        await self.log_unwritten("conflict")
+                    if not isinstance(exc, SessionNotFoundError):  # (a deleted session has no run log)
+                        await self.log_unwritten("conflict" if isinstance(exc, ConflictError) else "failed")
                     if isinstance(exc, StoredTwice):
                         raise await named(self.db, self.session.session_id, exc) from exc.__cause__
                     raise
@@ -271,13 +275,7 @@ class Run:
         calls = self.calls[:]  # spent, whatever becomes of the run (cleared in place: recorders hold the list)
         self.calls.clear()
         row = runlog.run_log_row(self._log_ids(uuid.uuid4().hex), self._snapshot.version, [], 0, totals(calls), outcome)
-        try:
-            async with self.db.transaction(write=True, doing=f"logging a {outcome} run") as db:
-                await runlog.record_run(db, row)
-                await ledger.record(db, row, calls, user_id=self.user_id, agent_id=self.agent_id,
-                                    app_id=self.db.settings.app_id, now=row["committed_at"])  # fmt: skip
-        except AgentStoreError:  # the conflict (the failure) itself is what the caller must see
-            logger.warning("could not log the %s run %s", outcome, row["run_id"], exc_info=True)
+        await runlog.record_unwritten(self.db, row, calls, user_id=self.user_id, agent_id=self.agent_id)
 
     def _log_ids(self, run_id: str) -> dict[str, Any]:
         return {"session_id": self.session.session_id, "run_id": run_id, "started_at": self._started_at}
