@@ -63,6 +63,10 @@ async def test_a_loaded_and_committed_run_frees_its_messages_by_reference_counti
 
 
 async def test_a_store_session_block_with_an_agent_frees_its_messages(store: Store, collector_off: None) -> None:
+    """The provider's usage recorder is chat middleware: the framework's chat pipeline keeps each call's context
+    in a reference cycle, which the recorder ends (usage_recorder._release_pipeline). (A streaming run is left
+    out: the framework's own streaming path, RawAgent._parse_streaming_response, keeps the session in a cycle,
+    with or without the store.)"""
     await seeded(store, "s")
     agent = Agent(client=OfflineChatClient(), name="Bot", context_providers=[StoreHistoryProvider(store)])
 

@@ -66,26 +66,30 @@ class UsageRecorder(ChatMiddleware):
         began, started = datetime.now(UTC), perf_counter()
         span = trace.get_current_span().get_span_context()
         ids = (format(span.trace_id, "032x"), format(span.span_id, "016x")) if span.is_valid else (None, None)
+        # What the record needs, taken now: a stream's result hook that held the context would make a cycle
+        # (context -> its result, the stream -> the hook -> the context).
+        metadata, streamed = context.metadata, context.stream
+        asked = _text((context.options or {}).get("model"))
+        provider = _text(getattr(context.client, "otel_provider_name", None))
 
         def record(response: ChatResponse[Any]) -> None:
             calls = self.calls if bound else active_calls()
-            if calls is None or (not bound and context.metadata.get(_RECORDED)):
+            if calls is None or (not bound and metadata.get(_RECORDED)):
                 return  # no run to record into, or a recorder inside this one took the call
-            context.metadata[_RECORDED] = True
+            metadata[_RECORDED] = True
             self.recorded += 1
             reason = response.finish_reason
             calls.append(ModelCall(
                 called_at=began, usage=dict(response.usage_details or {}), purpose=self.purpose,
-                model=_text(response.model) or _text((context.options or {}).get("model")),
-                provider=_text(getattr(context.client, "otel_provider_name", None)), agent_name=self.agent_name,
+                model=_text(response.model) or asked, provider=provider, agent_name=self.agent_name,
                 latency_ms=(perf_counter() - started) * 1000, finish_reason=_text(getattr(reason, "value", reason)),
-                streamed=context.stream, trace_id=ids[0], span_id=ids[1],
+                streamed=streamed, trace_id=ids[0], span_id=ids[1],
             ))  # fmt: skip
 
         await call_next()
         _release_pipeline(sys._getframe(1))
         if isinstance(context.result, ResponseStream):
-            context.result.with_result_hook(lambda response: record(response))  # when the stream is finished
+            context.result.with_result_hook(record)  # when the stream is finished
         elif isinstance(context.result, ChatResponse):
             record(context.result)
 
