@@ -15,7 +15,7 @@ from agent_framework import Agent, AgentSession, ChatMiddlewareLayer
 from helpers import lose_the_reply, rows
 
 from agent_store import ConflictError, InvalidValueError, SessionClosedError, StorageUnavailableError, Store
-from agent_store.agent_framework import StoreHistoryProvider, UsageRecorder
+from agent_store.agent_framework import MemoryProvider, StoreHistoryProvider, UsageRecorder
 from agent_store.offline import OfflineChatClient
 
 PROBE = Path(__file__).resolve().parent / "usage_probe.py"
@@ -202,3 +202,16 @@ async def test_a_commit_refused_for_its_state_or_a_closed_session_keeps_its_call
     with pytest.raises(SessionClosedError):
         await closing.commit()
     assert await rows(store, OUTCOMES) == [("committed", 1, True), ("failed", 2, True)]
+
+
+async def test_memory_provider_alone_and_with_the_history_provider_records_each_call_once(store: Store) -> None:
+    alone = Agent(client=OfflineChatClient(), name="Mem", context_providers=[MemoryProvider()])
+    both = Agent(client=OfflineChatClient(), name="Both",
+                 context_providers=[StoreHistoryProvider(store), MemoryProvider()])  # fmt: skip
+    for agent, session_id in ((alone, "alone"), (both, "both")):
+        async with store.session(session_id, user_id="u") as session:
+            await agent.run("我叫李明", session=session)  # the model calls remember(): a tool loop of two calls
+    assert await rows(store, "SELECT session_id, count(*), min(agent_name) FROM agent_usage GROUP BY 1 ORDER BY 1") == [
+        ("alone", 2, "Mem"), ("both", 2, "Both")
+    ]  # fmt: skip
+    assert (await rows(store, RUN_TOTALS))[0] == tuple((await rows(store, LEDGER_TOTALS))[0][1:])

@@ -33,6 +33,7 @@ from agent_store.run.recording import active_calls, start_recording, stop_record
 
 __all__ = ["UsageRecorder", "begin_turn", "pending_calls", "record_usage"]
 _RECORDED = "agent_store.usage_recorded"  # in ChatContext.metadata: a recorder has taken this call
+_TURN_ENDED = "agent_store.usage_turn_ended"  # in SessionContext.metadata: the turn's usage is settled
 # A turn of a store provider, by session: its bound recorder, and (a plain session) the active-calls token.
 _TURNS: WeakKeyDictionary[AgentSession, tuple[UsageRecorder, Token[Any] | None]] = WeakKeyDictionary()
 # A plain session's calls (no store run holds it): the history provider's next save commits them.
@@ -164,6 +165,9 @@ def begin_turn(agent: Any, session: AgentSession, context: SessionContext, sourc
 def record_usage(session: AgentSession, context: SessionContext) -> None:
     """A store provider's ``after_run``: end the turn. If no call was recorded (a client without the chat
     middleware layer), the response's total usage is recorded instead (purpose "response")."""
+    if context.metadata.get(_TURN_ENDED):  # another of the store's providers ended it
+        return
+    context.metadata[_TURN_ENDED] = True
     recorder, token = _TURNS.pop(session, (None, None))
     if token is not None:
         stop_recording(token)
