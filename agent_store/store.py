@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
@@ -174,8 +175,8 @@ class Store:
                 yield run.session
         except BaseException as exc:
             await run.discard()
-            if isinstance(exc, Exception):  # not a cancellation: its model calls were spent all the same
-                await run.log_unwritten("failed")
+            if isinstance(exc, Exception | asyncio.CancelledError):  # its model calls were spent all the same
+                await run.log_unwritten("failed")  # (a client that went away must not spend a budget unseen)
             raise
         await run.commit()
 

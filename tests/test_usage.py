@@ -182,7 +182,7 @@ async def test_odd_usage_from_a_provider_never_fails_the_commit(store: Store) ->
     )
     assert tokens is None and len(model) == 255 and model.startswith("m\ufffdx") and reason == "\ufffd"
     kept = json.loads(extra) if isinstance(extra, str) else extra
-    assert kept == {"input_token_count": 10**30, "output_token_count": -5, "x.count": 3}
+    assert kept == {"input_token_count": str(10**30), "output_token_count": -5, "x.count": 3}  # past 64 bits: text
     assert await rows(store, "SELECT input_tokens, output_tokens FROM agent_runs") == [(None, None)]
     assert await rows(store, "SELECT total_tokens FROM agent_usage") == [(2**31 + 7,)]  # a bigint column
 
@@ -215,3 +215,68 @@ async def test_memory_provider_alone_and_with_the_history_provider_records_each_
         ("alone", 2, "Mem"), ("both", 2, "Both")
     ]  # fmt: skip
     assert (await rows(store, RUN_TOTALS))[0] == tuple((await rows(store, LEDGER_TOTALS))[0][1:])
+
+
+async def test_hostile_usage_is_refused_or_kept_and_the_commit_lands(store: Store) -> None:
+    run = await store.load("s", user_id="u")
+    for bad in ([("input_token_count", 1)], "12", 5):
+        with pytest.raises(InvalidValueError):
+            run.add_usage(bad)  # type: ignore[arg-type]
+    run.add_usage({"input_token_count": True})  # a bool is no count: nothing to record
+    run.add_usage({"input_token_count": 5, "output_token_count": 10**5000})  # past what Python writes as text
+    for _ in range(1025):  # each within a bigint, together past one: the budget's charge is bounded
+        run.add_usage({"total_token_count": 2**53 - 1})
+    await store.usage.set_budget(10, user_id="u")
+    run.session.state["k"] = 1
+    await run.commit()
+    assert await rows(store, "SELECT count(*) FROM agent_usage") == [(1026,)]
+    ((extra,),) = await rows(store, "SELECT extra FROM agent_usage WHERE call_no = 1")
+    kept = json.loads(extra) if isinstance(extra, str) else extra
+    assert kept == {"output_token_count": "an integer of 16610 bits"}
+    assert (await store.usage.budget("u")).used == 5  # type: ignore[union-attr]  # odd figures charge nothing
+
+
+async def test_two_agents_at_once_on_one_session_each_record_their_own_call(store: Store) -> None:
+    class Slow(OfflineChatClient):
+        def __init__(self, delay: float) -> None:
+            super().__init__()
+            self.delay = delay
+
+        async def _inner_get_response(self, *args: Any, **kwargs: Any) -> Any:
+            await asyncio.sleep(self.delay)
+            return await super()._inner_get_response(*args, **kwargs)
+
+    first = Agent(client=Slow(0.3), name="A", context_providers=[StoreHistoryProvider(store)])
+    second = Agent(client=Slow(0.0), name="B", context_providers=[StoreHistoryProvider(store)])
+    async with store.session("shared", user_id="u") as session:
+        await asyncio.gather(first.run("first", session=session), second.run("second", session=session))
+    assert await rows(store, "SELECT agent_name, purpose FROM agent_usage ORDER BY agent_name") == [
+        ("A", "chat"), ("B", "chat")
+    ]  # fmt: skip
+    assert (await rows(store, RUN_TOTALS))[0] == tuple((await rows(store, LEDGER_TOTALS))[0][1:])
+
+
+async def test_a_conflict_creating_a_session_and_a_cancelled_run_keep_their_calls(store: Store) -> None:
+    first, second = await store.load("new", user_id="u"), await store.load("new", user_id="u")
+    for run in (first, second):
+        run.session.state["k"] = id(run)
+        run.add_usage({"input_token_count": 100, "output_token_count": 50})
+    await first.commit()
+    with pytest.raises(ConflictError):
+        await second.commit()
+    agent = agent_for(store)
+
+    spent = asyncio.Event()
+
+    async def abandoned() -> None:
+        async with store.session("new", user_id="u") as session:
+            await agent.run("spent", session=session)
+            spent.set()
+            await asyncio.sleep(30)  # a client gone away: the request's task is cancelled here
+
+    task = asyncio.create_task(abandoned())
+    await spent.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await rows(store, OUTCOMES) == [("committed", 1, True), ("conflict", 1, True), ("failed", 1, True)]

@@ -93,8 +93,10 @@ async def test_budgets_refuse_bad_settings_with_a_clear_error(store: Store) -> N
         with pytest.raises(InvalidValueError):
             await store.usage.set_budget(tokens, period=period, user_id="u")  # type: ignore[arg-type]
     assert await store.usage.budget("u") is None
-    with pytest.raises(InvalidValueError):
-        await store.usage.set_price("m", input_per_million=-1, output_per_million=1)
+    for price in (-1, float("nan"), float("inf"), 1e308, True):
+        with pytest.raises(InvalidValueError):
+            await store.usage.set_price("m", input_per_million=price, output_per_million=1)
+    assert await rows(store, "SELECT count(*) FROM agent_usage_prices") == [(0,)]
     with pytest.raises(InvalidValueError):
         await store.usage.report("week")
 

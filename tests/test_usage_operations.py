@@ -48,6 +48,9 @@ async def test_an_import_never_charges_a_call_to_another_user_or_a_missing_run(s
         "a negative call number": {**record["row"], "call_no": -1},
         "text for a count": {**record["row"], "input_tokens": "12"},
         "text for a latency": {**record["row"], "latency_ms": "fast"},
+        "a negative count": {**record["row"], "input_tokens": -(10**15)},
+        "a count no call reports": {**record["row"], "total_tokens": 2**62},
+        "a count the run log does not sum": {**record["row"], "input_tokens": record["row"]["input_tokens"] + 1},
         "an infinite latency": {**record["row"], "latency_ms": float("inf")},
     }
     async with Store.from_url(f"sqlite+aiosqlite:///{tmp_path}/copy.db") as copy:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Awaitable, Callable
-from contextvars import Token
 from datetime import UTC, datetime
 from time import perf_counter
 from types import FrameType
@@ -34,8 +33,8 @@ from agent_store.run.recording import active_calls, start_recording, stop_record
 __all__ = ["UsageRecorder", "begin_turn", "pending_calls", "record_usage"]
 _RECORDED = "agent_store.usage_recorded"  # in ChatContext.metadata: a recorder has taken this call
 _TURN_ENDED = "agent_store.usage_turn_ended"  # in SessionContext.metadata: the turn's usage is settled
-# A turn of a store provider, by session: its bound recorder, and (a plain session) the active-calls token.
-_TURNS: WeakKeyDictionary[AgentSession, tuple[UsageRecorder, Token[Any] | None]] = WeakKeyDictionary()
+# In a turn's SessionContext.metadata: its bound recorder, and (a plain session) the active-calls token.
+_TURN = "agent_store.usage_turn"
 # A plain session's calls (no store run holds it): the history provider's next save commits them.
 _PENDING: WeakKeyDictionary[AgentSession, list[ModelCall]] = WeakKeyDictionary()
 
@@ -151,32 +150,38 @@ def _summarizer_clients(agent: Any) -> list[Any]:
 
 def begin_turn(agent: Any, session: AgentSession, context: SessionContext, source_id: str) -> None:
     """A store provider's ``before_run``: record this turn's calls (once, whichever of the store's providers
-    comes first), into the session's run, or for a plain session into the calls its next save commits."""
-    if session in _TURNS:
+    comes first), into the session's run, or for a plain session into the calls its next save commits. The
+    turn's recorder is kept in its own SessionContext: two agents' turns on one session do not mix."""
+    if _TURN in context.metadata:
         return
     run = run_of(session)
     calls = run.calls if run is not None else _PENDING.setdefault(session, [])
     recorder = UsageRecorder(agent_name=_text(getattr(agent, "name", None)), calls=calls)
     context.extend_middleware(source_id, [recorder])
-    _TURNS[session] = (recorder, start_recording(calls) if run is None else None)
+    context.metadata[_TURN] = (recorder, start_recording(calls) if run is None else None)
     record_summarizers(agent)
 
 
 def record_usage(session: AgentSession, context: SessionContext) -> None:
-    """A store provider's ``after_run``: end the turn. If no call was recorded (a client without the chat
-    middleware layer), the response's total usage is recorded instead (purpose "response")."""
+    """A store provider's ``after_run``: end the turn (once). If no call was recorded (a client without the chat
+    middleware layer, or a turn whose providers' before_run the framework skipped), the response's total usage
+    is recorded instead (purpose "response")."""
     if context.metadata.get(_TURN_ENDED):  # another of the store's providers ended it
         return
     context.metadata[_TURN_ENDED] = True
-    recorder, token = _TURNS.pop(session, (None, None))
+    recorder, token = context.metadata.pop(_TURN, (None, None))
     if token is not None:
         stop_recording(token)
     usage = context.response.usage_details if context.response is not None else None
-    if (recorder is not None and recorder.recorded) or not usage or not any(isinstance(v, int) for v in usage.values()):
+    if (recorder is not None and recorder.recorded) or not usage or not any(_count_like(v) for v in usage.values()):
         return
     total = ModelCall(called_at=datetime.now(UTC), usage=dict(usage), purpose="response")
     run = run_of(session)
     (run.calls if run is not None else _PENDING.setdefault(session, [])).append(total)
+
+
+def _count_like(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def pending_calls(session: AgentSession | None) -> list[ModelCall]:

@@ -112,9 +112,11 @@ async def remove_budget(user_id: str | None, url: str | None, as_json: bool) -> 
 
 @click.command()
 @click.argument("model")
-@click.option("--input", "input_price", type=click.FloatRange(0), required=True, help="Per million input tokens.")
-@click.option("--output", "output_price", type=click.FloatRange(0), required=True, help="Per million output tokens.")
-@click.option("--cached", "cached_price", type=click.FloatRange(0), default=None, help="Per million cached input.")
+@click.option("--input", "input_price", type=click.FloatRange(0, 1e9), required=True, help="Per million input tokens.")
+@click.option(
+    "--output", "output_price", type=click.FloatRange(0, 1e9), required=True, help="Per million output tokens."
+)
+@click.option("--cached", "cached_price", type=click.FloatRange(0, 1e9), default=None, help="Per million cached input.")
 @url_option
 @json_option
 @runs_async

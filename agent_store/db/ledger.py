@@ -33,7 +33,8 @@ PURPOSES = ("chat", "compaction", "response")
 EVER = datetime(1970, 1, 1, tzinfo=UTC)  # the one period of a "total" budget begins here
 
 
-COUNT_MAX = 2**53  # a count the ledger's columns keep (a bigint; JSON readers lose precision above 2^53)
+COUNT_MAX = 2**40  # a count the columns keep: a trillion tokens; beyond it (or below 0) a provider's figure is odd
+CHARGE_MAX = 2**50  # one commit's charge to a budget at most (a budget's use stays far inside a bigint)
 RUN_LOG_MAX = 2**31 - 1  # the run log's token columns are 32-bit
 LABEL_MAX = 255  # a model id, provider, agent name or finish reason: metadata, kept to this many characters
 
@@ -47,6 +48,14 @@ def _count(value: Any) -> int | None:
     """A count the columns keep; another int (negative, or absurdly large) is kept in ``extra`` instead, so a
     provider's odd figure never fails the commit of the run it came with."""
     return value if _int(value) and 0 <= value < COUNT_MAX else None
+
+
+def _json_int(value: int) -> int | str:
+    if -(2**63) <= value < 2**63:
+        return value
+    if value.bit_length() > 330:  # more than 100 digits: not written out (Python refuses past 4,300 digits)
+        return f"{'-' if value < 0 else ''}an integer of {value.bit_length()} bits"
+    return str(value)
 
 
 def _label(value: str | None) -> str | None:
@@ -77,8 +86,11 @@ class ModelCall:
         return {column: _count(self.usage.get(key)) for key, column in COUNTS.items()}
 
     def extra(self) -> str | None:
-        """The provider's other counts, as the JSON text the ``extra`` column binds (None: there are none)."""
-        kept = {str(k): v for k, v in self.usage.items() if _int(v) and (k not in COUNTS or _count(v) is None)}
+        """The provider's other counts, as the JSON text the ``extra`` column binds (None: there are none). An int
+        outside the 64-bit range is kept as its decimal text (JSON readers would not hold it as a number)."""
+        kept = {
+            str(k): _json_int(v) for k, v in self.usage.items() if _int(v) and (k not in COUNTS or _count(v) is None)
+        }
         return json.dumps(kept, sort_keys=True, ensure_ascii=False) if kept else None
 
     @property
@@ -137,10 +149,12 @@ def refuse_if_spent(budgets: Sequence[Any], now: datetime) -> None:
 
 # The charge of one commit to one budget row (the checked path and SQLite; PostgreSQL's one call has the same
 # statement in agent_store_commit_usage, migration 0014). A new period starts from zero; the first commit to
-# reach the limit in a period is kept, and later ones do not replace it.
+# reach the limit in a period is kept, and later ones do not replace it. ``used`` stops growing at 2^62 and a
+# charge is at most CHARGE_MAX: no sum here leaves a bigint.
 CHARGE = """UPDATE agent_usage_budgets SET
-    used = CASE WHEN period_start = CASE period WHEN 'day' THEN :day WHEN 'month' THEN :month ELSE :ever END
-        THEN used ELSE 0 END + :tokens,
+    used = CASE WHEN used >= 4611686018427387904 THEN used
+        ELSE CASE WHEN period_start = CASE period WHEN 'day' THEN :day WHEN 'month' THEN :month ELSE :ever END
+        THEN used ELSE 0 END + :tokens END,
     crossed_by_run = CASE
         WHEN period_start = CASE period WHEN 'day' THEN :day WHEN 'month' THEN :month ELSE :ever END
             AND used >= token_limit THEN crossed_by_run
@@ -160,7 +174,7 @@ def charges(tokens: int, run_id: str, user_id: str | None, app_id: str, now: dat
     """The CHARGE parameters for one commit: the user's budget, then the app's (the one lock order)."""
     if not tokens:
         return []
-    base = {"tokens": tokens, "run_id": run_id, "now": now, **period_starts(now)}
+    base = {"tokens": min(tokens, CHARGE_MAX), "run_id": run_id, "now": now, **period_starts(now)}
     owners = ([("user", user_id)] if user_id is not None else []) + [("app", app_id)]
     return [{**base, "scope": scope, "subject": subject} for scope, subject in owners]
 

@@ -34,7 +34,7 @@ from sqlalchemy import BigInteger, Boolean, Float, Integer, String, Table
 from agent_store.db import codec, message_decode, message_rows
 from agent_store.db.codec import _TAGS
 from agent_store.db.database import Settings
-from agent_store.db.ledger import PURPOSES
+from agent_store.db.ledger import COUNT_MAX, COUNTS, PURPOSES, RUN_LOG_MAX
 from agent_store.db.load_statement import POSITION_STEP
 from agent_store.db.scopes import APP_PREFIX, TEMP_PREFIX, USER_PREFIX
 from agent_store.db.tables import (
@@ -52,7 +52,7 @@ from agent_store.db.tables import (
 )
 from agent_store.errors import InvalidValueError
 
-__all__ = ["TABLES", "row_values"]
+__all__ = ["TABLES", "check_usage", "row_values"]
 
 TABLES: dict[str, Table] = {
     "session": sessions_t, "state": state_t, "run": runs_t, "message": messages_t, "tool_call": tool_calls_t,
@@ -99,15 +99,22 @@ def row_values(kind: str, row: dict[str, Any], settings: Settings) -> dict[str, 
             check_message(values, row.get("body"), settings)
         elif kind == "tool_call" and values.get("kind") not in ("call", "result"):
             raise InvalidValueError(f'tool_call.kind must be "call" or "result", not {values.get("kind")!r}')
-        elif kind == "usage" and values.get("purpose") not in PURPOSES:
-            raise InvalidValueError(
-                f"usage.purpose must be one of {', '.join(PURPOSES)}, not {values.get('purpose')!r}"
-            )
+        elif kind == "usage":
+            _check_usage(values)
         elif kind == "checkpoint" and not isinstance(row.get("payload"), dict):
             raise InvalidValueError("checkpoint.payload must be a JSON object (the framework's encoded checkpoint)")
     except RecursionError as exc:
         raise InvalidValueError(f"a {kind} row is nested too deeply") from exc
     return values
+
+
+def _check_usage(values: dict[str, Any]) -> None:
+    """A usage row as a commit writes it: a known purpose, and counts from 0 to COUNT_MAX (others go to extra)."""
+    if values.get("purpose") not in PURPOSES:
+        raise InvalidValueError(f"usage.purpose must be one of {', '.join(PURPOSES)}, not {values.get('purpose')!r}")
+    for column in COUNTS.values():
+        if values.get(column) is not None and not 0 <= values[column] < COUNT_MAX:
+            raise InvalidValueError(f"usage.{column} must be from 0 to {COUNT_MAX - 1}, as a commit stores it")
 
 
 def _columns(table: Table, data: dict[str, Any], filled: set[str]) -> dict[str, Any]:
@@ -286,3 +293,21 @@ def check_compaction(session: dict[str, Any], messages: list[dict[str, Any]]) ->
         marks = json.loads(row["marks"]) if row.get("marks") is not None else {}
         if not isinstance(marks.get("_group", {}), dict) or (row.get("summary_of") and "_group" not in marks):
             raise InvalidValueError(f"{where}: message {row['message_id']!r}: its _group mark is not a summary's")
+
+
+def check_usage(session: dict[str, Any], runs: list[dict[str, Any]], calls: list[dict[str, Any]]) -> None:
+    """A session's model calls are its runs' and its owner's (never charged to another user), and a run with
+    calls logs their sums, as a commit writes them."""
+    by_run = {run.get("run_id"): run for run in runs}
+    for call in calls:
+        if call.get("run_id") not in by_run or call.get("user_id") != session.get("user_id"):
+            raise InvalidValueError(f"import: session {session['id']!r}: a usage row names a run it lacks, or "
+                                    "another user")  # fmt: skip
+    for run_id, run in by_run.items():
+        own = [call for call in calls if call.get("run_id") == run_id]
+        for column in ("input_tokens", "output_tokens"):
+            figures = [call[column] for call in own if call.get(column) is not None]
+            logged = sum(figures) if figures and sum(figures) <= RUN_LOG_MAX else None
+            if own and run.get(column) != logged:
+                raise InvalidValueError(f"import: session {session['id']!r}: run {run_id!r} logs {column} "
+                                        f"{run.get(column)!r}, its calls sum to {logged!r}")  # fmt: skip

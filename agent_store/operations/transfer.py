@@ -283,12 +283,7 @@ async def _insert_session(conn: AsyncConnection, records: list[tuple[str, dict[s
     import_rows.check_compaction(session, [row for k, row in rest if k == "message"])
     if not {row.get("seq") for k, row in rest if k == "tool_call"} <= set(seqs):
         raise InvalidValueError(f"import: session {session['id']!r}: a tool_call row names a message it lacks")
-    runs = {row.get("run_id") for k, row in rest if k == "run"}
-    if any(
-        row.get("run_id") not in runs or row.get("user_id") != session.get("user_id") for k, row in rest if k == "usage"
-    ):
-        # A model call is its run's and its session's owner's: it is never charged to another user.
-        raise InvalidValueError(f"import: session {session['id']!r}: a usage row names a run it lacks, or another user")
+    import_rows.check_usage(session, [row for k, row in rest if k == "run"], [row for k, row in rest if k == "usage"])
     if any((row.get("version") or 0) > (session.get("version") or 0) for k, row in rest if k == "run"):
         # Its export would be refused for ever (a message of a commit later than its session: rewritten).
         raise InvalidValueError(f"import: session {session['id']!r}: a run is of a version its session never had")

@@ -22,6 +22,7 @@ from agent_store.models import BudgetInfo, UsageLine
 BY = ("user", "agent", "model", "day", "session")
 PERIODS = ("day", "month", "total")
 DEFAULT_SPAN = timedelta(days=30)
+PRICE_MAX = 1e9  # per million tokens: any real price is far below; inf and NaN are refused
 U, P, B = usage_t.c, prices_t.c, budgets_t.c
 __all__ = ["BY", "PERIODS", "UsageLedger", "report_statement"]
 
@@ -136,8 +137,9 @@ class UsageLedger:
         prices = {"input_per_million": input_per_million, "output_per_million": output_per_million,
                   "cached_input_per_million": cached_input_per_million}  # fmt: skip
         for name, value in prices.items():
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value < 0):
-                raise InvalidValueError(f"{name} must be a non-negative number, not {value!r}")
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
+                                      or not 0 <= value <= PRICE_MAX):  # NaN fails this too  # fmt: skip
+                raise InvalidValueError(f"{name} must be a number from 0 to {PRICE_MAX:g}, not {value!r}")
         async with self.db.transaction(write=True, doing="setting a price") as conn:
             insert = (postgresql if conn.dialect.name == "postgresql" else sqlite).insert(prices_t)
             insert = insert.values(model=model, **prices)

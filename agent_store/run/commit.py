@@ -145,7 +145,9 @@ class Run:
 
     def add_usage(self, usage: Mapping[str, Any] | None) -> None:
         """Record a response's total usage, for a client whose calls no recorder saw (purpose "response")."""
-        if usage and any(isinstance(v, int) for v in usage.values()):
+        if usage is not None and not isinstance(usage, Mapping):
+            raise InvalidValueError(f"usage must be a mapping (a UsageDetails), not {type(usage).__name__}")
+        if usage and any(isinstance(v, int) and not isinstance(v, bool) for v in usage.values()):
             self.calls.append(ModelCall(called_at=datetime.now(UTC), usage=dict(usage), purpose="response"))
 
     def _next_run_id(self) -> str:
@@ -270,7 +272,8 @@ class Run:
     async def log_unwritten(self, outcome: str) -> None:
         """Log a run that wrote nothing ("conflict", "failed") and its model calls, in a transaction of its own:
         operators see conflicts, and tokens spent are accounted. Not for a session not in the database yet."""
-        if not self._snapshot.exists or (outcome != "conflict" and not self.calls):
+        # A session not in the database when loaded has no run log, unless another run created it (a conflict).
+        if (not self._snapshot.exists and outcome != "conflict") or (outcome != "conflict" and not self.calls):
             return
         calls = self.calls[:]  # spent, whatever becomes of the run (cleared in place: recorders hold the list)
         self.calls.clear()

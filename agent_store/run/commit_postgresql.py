@@ -113,7 +113,7 @@ def payload(call: OneCall) -> str:
         head["tools"] = tools
     if delta.calls:  # agent_store_commit_usage's part: the ledger rows, and the tokens to charge (db/ledger.py)
         head["calls"] = [_call(row) for row in ledger.call_rows(delta.calls, call.agent_id)]
-        if tokens := sum(c.tokens for c in delta.calls):
+        if tokens := min(sum(c.tokens for c in delta.calls), ledger.CHARGE_MAX):
             head["charge"] = {"tokens": tokens, **{k: v.isoformat() for k, v in ledger.period_starts(now).items()}}
     if not delta.deletes:  # the function (0012) then skips its delete statements; an older one ignores this
         head["no_deletes"] = True

@@ -87,7 +87,8 @@ BEGIN
                                     WHEN 'month' THEN (c->>'month')::timestamptz
                                     ELSE (c->>'ever')::timestamptz END;
             UPDATE agent_usage_budgets SET
-                used = CASE WHEN period_start = start_ THEN used ELSE 0 END + tokens_,
+                used = CASE WHEN used >= 4611686018427387904 THEN used
+                    ELSE CASE WHEN period_start = start_ THEN used ELSE 0 END + tokens_ END,
                 crossed_by_run = CASE WHEN period_start = start_ AND used >= token_limit THEN crossed_by_run
                     WHEN CASE WHEN period_start = start_ THEN used ELSE 0 END + tokens_ >= token_limit
                     THEN p->>'run_id' END,
