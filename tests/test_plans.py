@@ -68,10 +68,11 @@ def test_the_bench_reads_the_documented_sql() -> None:
 async def test_the_documented_sql_uses_indexes(big: Store) -> None:
     """Every SQL block of the README and the docs pages (tests/helpers.py: DOC_PAGES), by its name."""
     queries = {block.name: block.source for block in doc_blocks("sql")}
-    assert len(queries) == 9
+    assert len(queries) == 11
     # The compaction queries: the model's view and the exclusions are one session's range; the per-session
-    # counts, and the tool calls per tool, read the table whole (operators' reports, not hot paths).
-    del queries["excluded-per-session"], queries["tool-calls-per-tool"]
+    # counts, the tool calls per tool and the usage ledger's daily view read their table whole (operators'
+    # reports, not hot paths; the ledger's reports by period are checked in test_usage_plans.py).
+    del queries["excluded-per-session"], queries["tool-calls-per-tool"], queries["usage-daily"]
     for sql in queries.values():
         sql = sql.strip().rstrip(";").replace("'chat-42'", "'session-7'").replace("'u1'", "'user-7'")
         assert await full_scans(big, sql, None) == [], sql

@@ -58,8 +58,9 @@ class UsageBudgetRow(Base):
 
     __tablename__ = "agent_usage_budgets"
 
-    scope: Mapped[str] = mapped_column(String(8), primary_key=True)  # "user" or "app"
+    # The subject first: a distributed database shards budgets by it (docs/SCALING.md).
     subject: Mapped[str] = mapped_column(String(ID_MAX), primary_key=True)  # the user id, or the app id
+    scope: Mapped[str] = mapped_column(String(8), primary_key=True)  # "user" or "app"
     period: Mapped[str] = mapped_column(String(8))  # "day", "month" (UTC) or "total"
     token_limit: Mapped[int] = mapped_column(BigInteger)
     used: Mapped[int] = mapped_column(BigInteger, server_default="0")  # in the period that began at period_start

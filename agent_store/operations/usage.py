@@ -109,7 +109,7 @@ class UsageLedger:
             insert = (postgresql if conn.dialect.name == "postgresql" else sqlite).insert(budgets_t).values(values)
             same = B.period == insert.excluded.period
             await conn.execute(insert.on_conflict_do_update(
-                index_elements=[B.scope, B.subject],
+                index_elements=[B.subject, B.scope],
                 set_={"token_limit": insert.excluded.token_limit, "period": insert.excluded.period,
                       "used": case((same, B.used), else_=literal(0)), "period_start": case((same, B.period_start)),
                       "crossed_by_run": None, "crossed_at": None},

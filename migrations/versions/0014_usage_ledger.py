@@ -146,15 +146,15 @@ def upgrade() -> None:
     op.create_index("ix_agent_usage_user_id_called_at", "agent_usage", ["user_id", "called_at"])
     op.create_table(
         "agent_usage_budgets",
-        sa.Column("scope", sa.String(8), nullable=False),
         sa.Column("subject", ID, nullable=False),
+        sa.Column("scope", sa.String(8), nullable=False),
         sa.Column("period", sa.String(8), nullable=False),
         sa.Column("token_limit", sa.BigInteger(), nullable=False),
         sa.Column("used", sa.BigInteger(), nullable=False, server_default="0"),
         sa.Column("period_start", TIMESTAMP, nullable=True),
         sa.Column("crossed_by_run", ID, nullable=True),
         sa.Column("crossed_at", TIMESTAMP, nullable=True),
-        sa.PrimaryKeyConstraint("scope", "subject", name="pk_agent_usage_budgets"),
+        sa.PrimaryKeyConstraint("subject", "scope", name="pk_agent_usage_budgets"),
     )
     op.create_table(
         "agent_usage_prices",
