@@ -3,7 +3,8 @@
 A run is a short read transaction (session row, state, last 20 messages rebuilt as ``Message`` objects with the
 framework's ``from_dict``: the floor of rows plus framework objects) and a
 short write transaction (version-checked session update, 2 message inserts in one executemany, a session key
-and a user-level key upserted): the plain loop a developer would write first. Its tables hold only what that work needs.
+and a user-level key upserted, and, when agent_store's turn records a model call, the turn's token counts in one
+row): the plain loop a developer would write first. Its tables hold only what that work needs.
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ DDL = [
     "PRIMARY KEY (session_id, key))",
     "CREATE TABLE IF NOT EXISTS floor_user_state (user_id TEXT NOT NULL, key TEXT NOT NULL, value {json} NOT NULL, "
     "PRIMARY KEY (user_id, key))",
+    "CREATE TABLE IF NOT EXISTS floor_usage (session_id TEXT NOT NULL, version INTEGER NOT NULL, "
+    "input_tokens BIGINT, output_tokens BIGINT, total_tokens BIGINT, PRIMARY KEY (session_id, version))",
 ]
-TABLES = ["floor_sessions", "floor_messages", "floor_state", "floor_user_state"]
+TABLES = ["floor_sessions", "floor_messages", "floor_state", "floor_user_state", "floor_usage"]
 STATE = (
     "SELECT key, value FROM floor_state WHERE session_id = ? "
     "UNION ALL SELECT 'user:' || key, value FROM floor_user_state WHERE user_id = ?"
@@ -119,7 +122,10 @@ class Floor:
             messages = [Message.from_dict(json.loads(b)) for (b,) in bodies] if objects else bodies
             return (row[0], row[1], loaded, messages) if row else (0, 0, {}, [])
 
-    async def commit(self, sid: str, version: int, messages: list[Message], key: str, value: Any) -> None:
+    async def commit(
+        self, sid: str, version: int, messages: list[Message], key: str, value: Any, usage: tuple[int, ...] | None
+    ) -> None:
+        """``usage``: the turn's (input, output, total) tokens, stored as one row keyed by the turn's version."""
         bodies = [(m.role, json.dumps(m.to_dict(), ensure_ascii=False)) for m in messages]
         async with self.connection() as c:
             if self.postgres:
@@ -145,6 +151,8 @@ class Floor:
                         "INSERT INTO floor_user_state VALUES ($1, 'last_seen', $2) ON CONFLICT (user_id, key) "
                         "DO UPDATE SET value = excluded.value", f"user-{sid}", json.dumps(value),
                     )  # fmt: skip
+                    if usage is not None:
+                        await c.execute("INSERT INTO floor_usage VALUES ($1, $2, $3, $4, $5)", sid, version + 1, *usage)
                 return
             await c.execute("BEGIN IMMEDIATE")
             try:
@@ -172,6 +180,8 @@ class Floor:
                     "ON CONFLICT (user_id, key) DO UPDATE SET value = excluded.value",
                     (f"user-{sid}", json.dumps(value)),
                 )
+                if usage is not None:
+                    await c.execute("INSERT INTO floor_usage VALUES (?, ?, ?, ?, ?)", (sid, version + 1, *usage))
             except BaseException:
                 await c.execute("ROLLBACK")
                 raise

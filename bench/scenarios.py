@@ -39,7 +39,8 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-# A turn's model call, as the store's providers record it (the usage ledger); bench.py --no-ledger: none.
+# A turn's model call, as the store's providers record it (the usage ledger), and the floor keeps its counts (the
+# same work); bench.py --no-ledger: neither.
 USAGE: dict[str, int] | None = {"input_token_count": 1200, "output_token_count": 80, "total_token_count": 1280}
 
 
@@ -54,7 +55,10 @@ async def store_run(store: Store, sid: str, n: int, limit: int | None = 20) -> N
 
 async def floor_run(floor: Floor, sid: str, n: int, limit: int | None = 20, objects: bool = True) -> None:
     version, _next, _state, _history = await floor.load(sid, limit, objects=objects)
-    await floor.commit(sid, version, messages(n), "counter", n)
+    usage = (
+        None if USAGE is None else (USAGE["input_token_count"], USAGE["output_token_count"], USAGE["total_token_count"])
+    )
+    await floor.commit(sid, version, messages(n), "counter", n, usage)
 
 
 class Sides:
@@ -167,7 +171,7 @@ async def s3(sides: Sides, prefix: str) -> dict[str, float]:
             run.history.extend(messages(n))
         await run.commit()
         version, *_ = await sides.floor.load(sid)
-        await sides.floor.commit(sid, version, [m for n in range(count // 2) for m in messages(n)], "k", 1)
+        await sides.floor.commit(sid, version, [m for n in range(count // 2) for m in messages(n)], "k", 1, None)
 
     loads: dict[str, Callable[[], Awaitable[Any]]] = {
         "store whole 5000": lambda: sides.store.load(big, user_id="bench"),
@@ -225,7 +229,7 @@ async def s4_floor(floor: Floor, sid: str) -> dict[str, float]:
                 attempts += 1
                 version, _next, state, _h = await floor.load(sid)
                 try:
-                    await floor.commit(sid, version, messages(attempts), "counter", state.get("counter", 0) + 1)
+                    await floor.commit(sid, version, messages(attempts), "counter", state.get("counter", 0) + 1, None)
                     break
                 except (Conflict, asyncpg.UniqueViolationError):
                     await asyncio.sleep(0.001)

@@ -23,7 +23,7 @@ def part_of(table: str, relation: str, primary_key: bool) -> str | None:
     """The part a relation (a table, or one of its indexes) belongs to; None: the rest."""
     if table in ("agent_runs", "floor_runs"):
         return "run log"
-    if table == "agent_usage":  # a row per model call, with its indexes (0014)
+    if table in ("agent_usage", "floor_usage"):  # a row per model call, with its indexes (0014)
         return "usage ledger"
     if table.startswith("agent_messages_fts"):
         return "search indexes"

@@ -49,7 +49,7 @@ class UsageRow(Base):
             ["session_id", "run_id"], ["agent_runs.session_id", "agent_runs.run_id"], ondelete="CASCADE"
         ),
         Index(None, "called_at"),  # reports over a period
-        Index(None, "user_id", "called_at"),  # one user's spend; erasing a user
+        # One user's calls: through the sessions' user index, then the primary key's prefix (0015).
     )
 
 

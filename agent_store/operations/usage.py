@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agent_store.db import codec, ledger
 from agent_store.db.database import Database
+from agent_store.db.tables import sessions_t
 from agent_store.db.usage_tables import budgets_t, prices_t, usage_t
 from agent_store.errors import InvalidValueError
 from agent_store.models import BudgetInfo, UsageLine
@@ -70,7 +71,10 @@ def report_statement(by: str, dialect: str, *, since: datetime, until: datetime 
     if until is not None:
         query = query.where(U.called_at < until)
     if user_id is not None:
-        query = query.where(U.user_id == user_id)
+        # The user's sessions (their user index), then their calls (the ledger key's prefix): a call's user is
+        # its session's, and the ledger keeps no user index of its own (0015).
+        sessions = select(sessions_t.c.id).where(sessions_t.c.user_id == user_id)
+        query = query.where(U.session_id.in_(sessions), U.user_id == user_id)
     return query
 
 
