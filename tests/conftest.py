@@ -17,6 +17,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 from agent_framework import Agent
+from auto_failover import Formation
 from sqlalchemy.engine import make_url
 from standby_pair import StandbyPair
 from throwaway_pg import ThrowawayCluster
@@ -108,6 +109,21 @@ def own_postgres() -> Iterator[ThrowawayCluster]:
 
 
 @pytest.fixture
+def formation() -> Iterator[Formation]:
+    """A private pg_auto_failover formation: monitor, primary, secondary (tests/auto_failover.py)."""
+    try:
+        started = Formation().start()
+    except (FileNotFoundError, RuntimeError) as exc:
+        if IN_CI:
+            pytest.fail(f"cannot start a pg_auto_failover formation: {exc}")
+        pytest.skip(f"cannot start a pg_auto_failover formation: {exc}")
+    try:
+        yield started
+    finally:
+        started.destroy()
+
+
+@pytest.fixture
 def standby_pair() -> Iterator[StandbyPair]:
     """A private primary with a synchronous hot standby (tests/standby_pair.py), torn down afterwards."""
     try:
@@ -153,9 +169,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Give backend-specific tests their backend's name as a keyword, so `-k postgresql` selects them too."""
     for item in items:
         fixtures = getattr(item, "fixturenames", ())
-        if {"pg_url", "own_postgres", "standby_pair"} & set(fixtures):
+        if {"pg_url", "own_postgres", "standby_pair", "formation"} & set(fixtures):
             item.add_marker(pytest.mark.postgresql)
-        if {"own_postgres", "standby_pair"} & set(fixtures):  # servers of their own: the URL under test is unused
+        # Servers of their own: the URL under test is unused.
+        if {"own_postgres", "standby_pair", "formation"} & set(fixtures):
             item.add_marker(pytest.mark.own_server)
         if "sqlite_url" in fixtures:
             item.add_marker(pytest.mark.sqlite)

@@ -25,7 +25,7 @@ from weakref import WeakKeyDictionary
 from agent_framework import AgentSession, ChatContext, ChatMiddleware, ChatResponse, ResponseStream, SessionContext
 from opentelemetry import trace
 
-from agent_store.db.ledger import PURPOSES, ModelCall
+from agent_store.db.ledger import PURPOSES, ModelCall, is_count
 from agent_store.errors import InvalidValueError
 from agent_store.run.commit import run_of
 from agent_store.run.recording import active_calls, start_recording, stop_recording
@@ -173,15 +173,11 @@ def record_usage(session: AgentSession, context: SessionContext) -> None:
     if token is not None:
         stop_recording(token)
     usage = context.response.usage_details if context.response is not None else None
-    if (recorder is not None and recorder.recorded) or not usage or not any(_count_like(v) for v in usage.values()):
+    if (recorder is not None and recorder.recorded) or not usage or not any(is_count(v) for v in usage.values()):
         return
     total = ModelCall(called_at=datetime.now(UTC), usage=dict(usage), purpose="response")
     run = run_of(session)
     (run.calls if run is not None else _PENDING.setdefault(session, [])).append(total)
-
-
-def _count_like(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def pending_calls(session: AgentSession | None) -> list[ModelCall]:

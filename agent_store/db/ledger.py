@@ -39,7 +39,7 @@ RUN_LOG_MAX = 2**31 - 1  # the run log's token columns are 32-bit
 LABEL_MAX = 255  # a model id, provider, agent name or finish reason: metadata, kept to this many characters
 
 
-def _int(value: Any) -> bool:
+def is_count(value: Any) -> bool:
     # As the framework's add_usage_details: only ints are counts (a bool is not one).
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -47,7 +47,7 @@ def _int(value: Any) -> bool:
 def _count(value: Any) -> int | None:
     """A count the columns keep; another int (negative, or absurdly large) is kept in ``extra`` instead, so a
     provider's odd figure never fails the commit of the run it came with."""
-    return value if _int(value) and 0 <= value < COUNT_MAX else None
+    return value if is_count(value) and 0 <= value < COUNT_MAX else None
 
 
 def _json_int(value: int) -> int | str:
@@ -89,7 +89,9 @@ class ModelCall:
         """The provider's other counts, as the JSON text the ``extra`` column binds (None: there are none). An int
         outside the 64-bit range is kept as its decimal text (JSON readers would not hold it as a number)."""
         kept = {
-            str(k): _json_int(v) for k, v in self.usage.items() if _int(v) and (k not in COUNTS or _count(v) is None)
+            str(k): _json_int(v)
+            for k, v in self.usage.items()
+            if is_count(v) and (k not in COUNTS or _count(v) is None)
         }
         return json.dumps(kept, sort_keys=True, ensure_ascii=False) if kept else None
 
