@@ -188,3 +188,80 @@ class Formation:
 
     def __exit__(self, *exc: object) -> None:
         self.destroy()
+
+
+class Bouncer:
+    """A PgBouncer of the test's own (transaction pooling) in front of one node; ``repoint`` moves it, as an
+    operator's failover hook does: PgBouncer does not follow a failover by itself."""
+
+    def __init__(self, target_port: int, pool_size: int = 40) -> None:
+        self.tmpdir = Path(tempfile.mkdtemp(prefix="throwaway_pgbouncer_"))
+        self.port, self.pool_size = _free_port(), pool_size
+        atexit.register(self.destroy)
+        (self.tmpdir / "userlist.txt").write_text('"postgres" ""\n')
+        self._write(target_port)
+        if os.geteuid() == 0:
+            shutil.chown(self.tmpdir, "postgres", "postgres")
+            for name in ("pgbouncer.ini", "userlist.txt"):
+                shutil.chown(self.tmpdir / name, "postgres", "postgres")
+        argv = ["pgbouncer", "-d", str(self.tmpdir / "pgbouncer.ini")]
+        subprocess.run(["runuser", "-u", "postgres", "--", *argv] if os.geteuid() == 0 else argv, env=_env(),
+                       check=True, capture_output=True, timeout=30)  # fmt: skip
+        deadline = time.monotonic() + 20
+        while not (self.tmpdir / "pgbouncer.pid").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+    def _write(self, target_port: int) -> None:
+        self.target_port = target_port
+        (self.tmpdir / "pgbouncer.ini").write_text(f"""[databases]
+postgres = host=127.0.0.1 port={target_port} dbname=postgres
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = {self.port}
+unix_socket_dir =
+auth_type = trust
+auth_file = {self.tmpdir}/userlist.txt
+admin_users = postgres
+pool_mode = transaction
+max_client_conn = 500
+default_pool_size = {self.pool_size}
+server_login_retry = 1
+server_connect_timeout = 3
+ignore_startup_parameters = extra_float_digits,application_name
+logfile = {self.tmpdir}/pgbouncer.log
+pidfile = {self.tmpdir}/pgbouncer.pid
+""")
+
+    def url(self) -> str:
+        return f"postgresql+asyncpg://postgres@127.0.0.1:{self.port}/postgres?pgbouncer=true"
+
+    def _admin(self, command: str) -> list[list[str]]:
+        """A command on PgBouncer's admin console: its header row, then its rows (RELOAD: none)."""
+        argv = [pg_bin("psql"), "-X", "-A", "-P", "footer=off", "-F", "\t", "-h", "127.0.0.1", "-p", str(self.port),
+                "-U", "postgres", "-d", "pgbouncer", "-c", command]  # fmt: skip
+        out = subprocess.run(argv, env=_env(), capture_output=True, text=True, timeout=15, check=True).stdout
+        return [line.split("\t") for line in out.splitlines() if line]
+
+    def repoint(self, target_port: int) -> None:
+        """Send new connections to ``target_port``: rewrite the ``[databases]`` line, then RELOAD (PgBouncer drops
+        its connections to the old host)."""
+        self._write(target_port)
+        self._admin("RELOAD")
+
+    def server_connections(self) -> int:
+        """Server connections PgBouncer holds for the ``postgres`` database (SHOW POOLS: active, idle, used,
+        tested, logging in)."""
+        head, *pools = self._admin("SHOW POOLS")
+        counted = [head.index(name) for name in ("sv_active", "sv_idle", "sv_used", "sv_tested", "sv_login")]
+        return sum(int(pool[i]) for pool in pools if pool[0] == "postgres" for i in counted)
+
+    def destroy(self) -> None:
+        atexit.unregister(self.destroy)
+        pid_file = self.tmpdir / "pgbouncer.pid"
+        if pid_file.exists():
+            try:
+                os.kill(int(pid_file.read_text().strip()), signal.SIGKILL)
+            except (ProcessLookupError, ValueError):
+                pass
+        shutil.rmtree(self.tmpdir, ignore_errors=True)
