@@ -59,10 +59,11 @@ def _json_int(value: int) -> int | str:
 
 
 def _label(value: str | None) -> str | None:
-    """Metadata text as the columns keep it: no NUL (PostgreSQL refuses it), at most LABEL_MAX characters."""
+    """Metadata text as the columns keep it: no NUL (PostgreSQL refuses it) and no lone surrogate (UTF-8 cannot
+    hold one), at most LABEL_MAX characters."""
     if value is None:
         return None
-    value = value.replace("\x00", "\ufffd")
+    value = value.replace("\x00", "\ufffd").encode("utf-8", "replace").decode("utf-8")
     return value if len(value) <= LABEL_MAX else value[: LABEL_MAX - 1] + "\u2026"
 
 
@@ -89,7 +90,7 @@ class ModelCall:
         """The provider's other counts, as the JSON text the ``extra`` column binds (None: there are none). An int
         outside the 64-bit range is kept as its decimal text (JSON readers would not hold it as a number)."""
         kept = {
-            str(k): _json_int(v)
+            _label(str(k)): _json_int(v)
             for k, v in self.usage.items()
             if is_count(v) and (k not in COUNTS or _count(v) is None)
         }
@@ -142,11 +143,12 @@ def refuse_if_spent(budgets: Sequence[Any], now: datetime) -> None:
     starts = period_starts(now)
     for row in budgets:
         start = starts[row.other if row.other in ("day", "month") else "ever"]
-        if row.t1 == start and row.n2 >= row.n1:
+        used = row.n2 if row.t1 == start else 0  # nothing charged yet in this period: none used (a limit of 0 refuses)
+        if used >= row.n1:
             resets = start + timedelta(days=1) if row.other == "day" else None
             if row.other == "month":
                 resets = (start + timedelta(days=32)).replace(day=1)
-            raise BudgetExceededError(row.key, row.author, int(row.n2), int(row.n1), resets)
+            raise BudgetExceededError(row.key, row.author, int(used), int(row.n1), resets)
 
 
 # The charge of one commit to one budget row (the checked path and SQLite; PostgreSQL's one call has the same
@@ -190,5 +192,12 @@ async def record(
         return
     owner = {"session_id": ids["session_id"], "run_id": ids["run_id"], "user_id": user_id, "app_id": app_id}
     await db.execute(insert(usage_t), [{**owner, **row} for row in call_rows(calls, agent_id)])
-    for params in charges(sum(c.tokens for c in calls), ids["run_id"], user_id, app_id, now):
+    await charge(db, calls, ids["run_id"], user_id=user_id, app_id=app_id, now=now)
+
+
+async def charge(
+    db: AsyncConnection, calls: Sequence[ModelCall], run_id: str, *, user_id: str | None, app_id: str, now: datetime
+) -> None:
+    """Charge the calls' tokens to the user's and the app's budgets, in the caller's transaction."""
+    for params in charges(sum(c.tokens for c in calls), run_id, user_id, app_id, now):
         await db.execute(_CHARGE, params)

@@ -10,10 +10,10 @@ from typing import Any
 from sqlalchemy import insert, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from agent_store.db import ledger
+from agent_store.db import erasures, ledger
 from agent_store.db.database import Database
 from agent_store.db.message_rows import EncodedMessage
-from agent_store.db.tables import runs_t
+from agent_store.db.tables import runs_t, sessions_t
 from agent_store.errors import AgentStoreError
 
 logger = logging.getLogger("agent_store")
@@ -25,15 +25,34 @@ async def record_run(db: AsyncConnection, row: dict[str, Any]) -> None:
 
 async def record_unwritten(
     database: Database, row: dict[str, Any], calls: Sequence[ledger.ModelCall], *, user_id: str | None,
-    agent_id: str | None,
+    agent_id: str | None, incarnation: int | None, since: datetime,
 ) -> None:  # fmt: skip
     """A run that wrote nothing (a conflict, a failure) and its model calls, in a transaction of its own. A
-    failure to log it is logged, never raised: the run's own refusal is what its caller must see."""
+    failure to log it is logged, never raised: the run's own refusal is what its caller must see.
+
+    Only into the session the run loaded: the same life of its id (``incarnation``; None: the run found none, so
+    whoever created it since), of the run's user, who was not erased after ``since`` (the run's load). A session
+    deleted, re-created or taken by another user since gets no row of this run; the budgets are charged all the
+    same (the tokens were spent)."""
+    app_id, now = database.settings.app_id, row["committed_at"]
     try:
         async with database.transaction(write=True, doing=f"logging a {row['outcome']} run") as db:
-            await record_run(db, row)
-            await ledger.record(db, row, calls, user_id=user_id, agent_id=agent_id, app_id=database.settings.app_id,
-                                now=row["committed_at"])  # fmt: skip
+            s = sessions_t.c
+            found = await db.execute(
+                select(s.user_id, s.incarnation).where(s.id == row["session_id"]).with_for_update()
+            )
+            owner = found.first()
+            ours = (
+                owner is not None
+                and owner.user_id == user_id
+                and incarnation in (None, owner.incarnation)
+                and not (user_id is not None and await erasures.erased_since(db, user_id, since))
+            )
+            if ours:
+                await record_run(db, row)
+                await ledger.record(db, row, calls, user_id=user_id, agent_id=agent_id, app_id=app_id, now=now)
+            else:
+                await ledger.charge(db, calls, row["run_id"], user_id=user_id, app_id=app_id, now=now)
     except AgentStoreError:
         logger.warning("could not log the %s run %s", row["outcome"], row["run_id"], exc_info=True)
 

@@ -271,14 +271,15 @@ class Run:
 
     async def log_unwritten(self, outcome: str) -> None:
         """Log a run that wrote nothing ("conflict", "failed") and its model calls, in a transaction of its own:
-        operators see conflicts, and tokens spent are accounted. Not for a session not in the database yet."""
-        # A session not in the database when loaded has no run log, unless another run created it (a conflict).
-        if (not self._snapshot.exists and outcome != "conflict") or (outcome != "conflict" and not self.calls):
+        operators see conflicts, and spent tokens are charged (also where no log row may go: record_unwritten)."""
+        if outcome != "conflict" and not self.calls:
             return
         calls = self.calls[:]  # spent, whatever becomes of the run (cleared in place: recorders hold the list)
         self.calls.clear()
         row = runlog.run_log_row(self._log_ids(uuid.uuid4().hex), self._snapshot.version, [], 0, totals(calls), outcome)
-        await runlog.record_unwritten(self.db, row, calls, user_id=self.user_id, agent_id=self.agent_id)
+        incarnation = self._snapshot.incarnation if self._snapshot.exists else None  # None: whoever made it since
+        await runlog.record_unwritten(self.db, row, calls, user_id=self.user_id, agent_id=self.agent_id,
+                                      incarnation=incarnation, since=self._fence_since())  # fmt: skip
 
     def _log_ids(self, run_id: str) -> dict[str, Any]:
         return {"session_id": self.session.session_id, "run_id": run_id, "started_at": self._started_at}
