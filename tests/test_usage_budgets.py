@@ -93,7 +93,7 @@ async def test_budgets_refuse_bad_settings_with_a_clear_error(store: Store) -> N
         with pytest.raises(InvalidValueError):
             await store.usage.set_budget(tokens, period=period, user_id="u")  # type: ignore[arg-type]
     assert await store.usage.budget("u") is None
-    for price in (-1, float("nan"), float("inf"), 1e308, True):
+    for price in (-1, float("nan"), float("inf"), 1e308, True, None):
         with pytest.raises(InvalidValueError):
             await store.usage.set_price("m", input_per_million=price, output_per_million=1)
     assert await rows(store, "SELECT count(*) FROM agent_usage_prices") == [(0,)]

@@ -141,8 +141,9 @@ class UsageLedger:
         prices = {"input_per_million": input_per_million, "output_per_million": output_per_million,
                   "cached_input_per_million": cached_input_per_million}  # fmt: skip
         for name, value in prices.items():
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
-                                      or not 0 <= value <= PRICE_MAX):  # NaN fails this too  # fmt: skip
+            if value is None and name == "cached_input_per_million":  # None: the input price
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= PRICE_MAX:  # NaN too
                 raise InvalidValueError(f"{name} must be a number from 0 to {PRICE_MAX:g}, not {value!r}")
         async with self.db.transaction(write=True, doing="setting a price") as conn:
             insert = (postgresql if conn.dialect.name == "postgresql" else sqlite).insert(prices_t)
