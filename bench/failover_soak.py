@@ -43,6 +43,7 @@ class Interval:
     runs: int
     p50_ms: float
     p99_ms: float
+    max_ms: float
     failed_attempts: int
     rss_mib: float
     server_connections: int
@@ -109,8 +110,10 @@ async def failover_soak(formation: Formation, bouncer: Bouncer, *, seconds: floa
                         interval: float) -> SoakReport:  # fmt: skip
     agent = Agent(client=OfflineChatClient(), name="Soak")
     report = SoakReport(seconds=seconds)
-    latencies: list[tuple[float, float]] = []  # (when acknowledged, seconds the turn took)
-    attempts_failed: list[float] = []
+    # This interval's turn times and failed attempts, emptied by each sample: the harness keeps no growing record
+    # of its own, so the RSS it prints is the store's.
+    latencies: list[float] = []
+    attempts_failed = [0]
     stop, killed_at = asyncio.Event(), [0.0]
     begin = time.monotonic()
     end = begin + seconds
@@ -128,12 +131,12 @@ async def failover_soak(formation: Formation, bouncer: Bouncer, *, seconds: floa
                         break
                     except StorageUnavailableError as exc:
                         report.failures.append((type(exc).__name__, exc.retryable, str(exc)))
-                        attempts_failed.append(time.monotonic())
+                        attempts_failed[0] += 1
                         if time.monotonic() > end + 120:
                             raise
                         await asyncio.sleep(0.1)
                 now = time.monotonic()
-                latencies.append((now, now - started))
+                latencies.append(now - started)
                 report.acked[sid] += 1
                 if killed_at[0] and report.kill_to_first_commit is None and started > killed_at[0]:
                     report.kill_to_first_commit = now - killed_at[0]
@@ -144,12 +147,14 @@ async def failover_soak(formation: Formation, bouncer: Bouncer, *, seconds: floa
             while not stop.is_set():
                 await asyncio.sleep(interval)
                 now = time.monotonic()
-                done = [took for at, took in latencies if mark <= at < now]
-                failed = sum(mark <= at < now for at in attempts_failed)
+                done, failed = latencies[:], attempts_failed[0]
+                latencies.clear()
+                attempts_failed[0] = 0
                 gc.collect()
                 connections = await asyncio.to_thread(bouncer.server_connections)
-                report.intervals.append(Interval(round(mark - begin), len(done), _pct(done, 0.5), _pct(done, 0.99),
-                                                 failed, round(rss_mib(), 1), connections))  # fmt: skip
+                times = (_pct(done, 0.5), _pct(done, 0.99), _pct(done, 1.0))
+                report.intervals.append(Interval(round(mark - begin), len(done), *times, failed, round(rss_mib(), 1),
+                                                 connections))  # fmt: skip
                 mark = now
 
         async def kill_halfway() -> None:
@@ -182,11 +187,11 @@ def print_report(report: SoakReport, workers: int) -> None:
     print(f"{workers} workers through PgBouncer for {report.seconds:.0f} s; the primary killed at "
           f"{report.seconds / 2:.0f} s; kill to the first commit on the new primary: "
           f"{report.kill_to_first_commit or float('nan'):.1f} s")  # fmt: skip
-    print("\n| from s | runs | p50 ms | p99 ms | failed attempts | RSS MiB | PgBouncer server connections |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| from s | runs | p50 ms | p99 ms | max ms | failed attempts | RSS MiB | PgBouncer server connections |")
+    print("|---|---|---|---|---|---|---|---|")
     for i in report.intervals:
-        print(f"| {i.start} | {i.runs} | {i.p50_ms:.1f} | {i.p99_ms:.1f} | {i.failed_attempts} | {i.rss_mib} "
-              f"| {i.server_connections} |")  # fmt: skip
+        print(f"| {i.start} | {i.runs} | {i.p50_ms:.1f} | {i.p99_ms:.1f} | {i.max_ms:.0f} | {i.failed_attempts} "
+              f"| {i.rss_mib} | {i.server_connections} |")  # fmt: skip
     acked = sum(report.acked.values())
     print(f"\nacknowledged runs: {acked}; stored: {sum(report.stored_runs.values())}; sessions lost or doubled: "
           f"{report.lost_or_doubled() or 'none'}; failed attempts (all retryable, all retried): "
