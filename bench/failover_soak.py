@@ -159,8 +159,8 @@ async def failover_soak(formation: Formation, bouncer: Bouncer, *, seconds: floa
 
         async def kill_halfway() -> None:
             await asyncio.sleep(seconds / 2)
-            killed_at[0] = time.monotonic()
             await asyncio.to_thread(formation.kill, "node_1")
+            killed_at[0] = time.monotonic()  # the node is dead: a turn started from now on lands on the new primary
 
         background = [asyncio.create_task(c) for c in (watch(formation, bouncer, stop), sampler(), kill_halfway())]
         try:

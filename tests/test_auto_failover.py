@@ -65,9 +65,10 @@ async def test_the_orchestrator_fails_over_by_itself_and_no_acknowledged_run_is_
         sids = [f"s{i}" for i in range(WORKERS)]
         tasks = [asyncio.create_task(worker(sid)) for sid in sids]
         await asyncio.wait_for(warmed.wait(), timeout=60)
-        acked_at_kill.update({sid: len(acked[sid]) for sid in sids})
-        killed_at = time.monotonic()
         await asyncio.to_thread(formation.kill, "node_1")  # runs are in flight
+        # Counted once the node is dead (kill waits for it): a run acknowledged later is on the new primary.
+        killed_at = time.monotonic()
+        acked_at_kill.update({sid: len(acked[sid]) for sid in sids})
         killed.set()
         await asyncio.wait_for(asyncio.gather(*tasks), timeout=180)
         after_kill = [at for sid in sids for _, at in acked[sid][acked_at_kill[sid] :]]
