@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import os
 import sys
 import time
 from collections import defaultdict
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from agent_framework import Agent
+from soak import rss_mib
 from sqlalchemy import text
 
 from agent_store import StorageUnavailableError, Store
@@ -73,14 +73,6 @@ class SoakReport:
             )
 
         return sorted(s for s in set(self.acked) | set(self.stored_runs) if not kept(s))
-
-
-def rss_mib() -> float:
-    with open(f"/proc/{os.getpid()}/status", encoding="ascii") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def _pct(values: list[float], q: float) -> float:
