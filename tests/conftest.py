@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 import asyncpg
 import pytest
@@ -90,52 +91,44 @@ async def pg_url(tmp_path: Path) -> AsyncIterator[str]:
         yield database_url
 
 
+class _Server(Protocol):
+    def destroy(self) -> None: ...
+
+
+T = TypeVar("T", bound=_Server)
+
+
+def _own_server(start: Callable[[], T], what: str) -> Iterator[T]:
+    """Start a server of the test's own, fail (in CI) or skip if this machine cannot, and always tear it down."""
+    try:
+        server = start()
+    except (FileNotFoundError, RuntimeError) as exc:
+        (pytest.fail if IN_CI else pytest.skip)(f"cannot start {what}: {exc}")
+    try:
+        yield server
+    finally:
+        server.destroy()
+
+
 @pytest.fixture
 def own_postgres() -> Iterator[ThrowawayCluster]:
     """A private PostgreSQL server (initdb in a temp dir, a free port) for tests that stop or break a server.
 
     The machine's server is shared with others: no test stops it. Fails (never skips) without initdb in CI.
     """
-    try:
-        cluster = ThrowawayCluster().start()
-    except (FileNotFoundError, RuntimeError) as exc:
-        if IN_CI:
-            pytest.fail(f"cannot start a throwaway PostgreSQL: {exc}")
-        pytest.skip(f"cannot start a throwaway PostgreSQL: {exc}")
-    try:
-        yield cluster
-    finally:
-        cluster.destroy()
+    yield from _own_server(lambda: ThrowawayCluster().start(), "a throwaway PostgreSQL")
 
 
 @pytest.fixture
 def formation() -> Iterator[Formation]:
     """A private pg_auto_failover formation: monitor, primary, secondary (tests/auto_failover.py)."""
-    try:
-        started = Formation().start()
-    except (FileNotFoundError, RuntimeError) as exc:
-        if IN_CI:
-            pytest.fail(f"cannot start a pg_auto_failover formation: {exc}")
-        pytest.skip(f"cannot start a pg_auto_failover formation: {exc}")
-    try:
-        yield started
-    finally:
-        started.destroy()
+    yield from _own_server(lambda: Formation().start(), "a pg_auto_failover formation")
 
 
 @pytest.fixture
 def standby_pair() -> Iterator[StandbyPair]:
     """A private primary with a synchronous hot standby (tests/standby_pair.py), torn down afterwards."""
-    try:
-        pair = StandbyPair().start()
-    except (FileNotFoundError, RuntimeError) as exc:
-        if IN_CI:
-            pytest.fail(f"cannot start a throwaway primary and standby: {exc}")
-        pytest.skip(f"cannot start a throwaway primary and standby: {exc}")
-    try:
-        yield pair
-    finally:
-        pair.destroy()
+    yield from _own_server(lambda: StandbyPair().start(), "a throwaway primary and standby")
 
 
 @pytest.fixture
