@@ -21,6 +21,7 @@ from agent_store.errors import ConfigurationError, InvalidValueError
 from agent_store.models import ErasureReport, MessageRecord, SearchPage, SessionInfo, SessionPage, TransferReport
 from agent_store.operations import branching, lifecycle, retention, stats, transfer
 from agent_store.operations.usage import UsageLedger
+from agent_store.run import priming
 from agent_store.run.commit import Run
 from agent_store.run.load import load
 from agent_store.run.recording import recording_into
@@ -105,7 +106,7 @@ class Store:
         Call it at start-up: the first runs then find connections ready, and a wrong URL, a down server or an
         old schema fails here. Returns how many connections were opened.
         """
-        return await self.db.warm_up(connections)
+        return await self.db.warm_up(connections, lambda conn: priming.prime_commits(self.db, conn))
 
     async def migrate(self, revision: str = "head") -> None:
         """Upgrade the schema to ``revision`` with the shipped migrations (same as ``alembic upgrade``).

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -220,8 +220,11 @@ class Database:
                     await check_schema(conn, self.url)
             self._schema_ok = True
 
-    async def warm_up(self, connections: int | None) -> int:
-        """Check the schema, then open ``connections`` pooled connections at once (default: all the pool keeps).
+    async def warm_up(
+        self, connections: int | None, prime: Callable[[AsyncConnection], Awaitable[None]] | None = None
+    ) -> int:
+        """Check the schema, then open ``connections`` pooled connections at once (default: all the pool keeps),
+        and run a load's statements on each, then ``prime`` (the run layer's commits, rolled back: run/priming.py).
 
         A pool opens connections as they are first needed; a service calls this at start-up so its first burst
         of runs does not wait on connection set-up, and so a wrong URL or a down server fails there, not later.
@@ -235,7 +238,7 @@ class Database:
         with translated(self.url, "opening the pool's connections"):
             opened = await asyncio.gather(*(checkout(self.engine) for _ in range(wanted)), return_exceptions=True)
             ready = [c for c in opened if isinstance(c, AsyncConnection)]
-            primed = await asyncio.gather(*(self._prime(c) for c in ready), return_exceptions=True)
+            primed = await asyncio.gather(*(self._prime(c, prime) for c in ready), return_exceptions=True)
             for conn in opened:  # all back to the pool before any failure is raised
                 if isinstance(conn, AsyncConnection):
                     await quietly(conn.close, "returning a connection")
@@ -244,7 +247,7 @@ class Database:
                     raise failure
         return wanted
 
-    async def _prime(self, conn: AsyncConnection) -> None:
+    async def _prime(self, conn: AsyncConnection, commits: Callable[[AsyncConnection], Awaitable[None]] | None) -> None:
         """Run a load's statements once on a connection just opened, for an id no run is likely to use (they only
         read): PostgreSQL parses and plans them per connection, and the first load on a cold connection took 26-47
         ms against 2-9 ms after. Without this, a burst of runs on a pool of new connections pays that all at once
@@ -253,6 +256,8 @@ class Database:
             statement, params = load_statement(WARM_UP_ID, WARM_UP_ID if with_user else None, self.settings.app_id,
                                                limit)  # fmt: skip
             await self.driver.fetch(conn, statement, params, lost="warming up a connection")
+        if commits is not None:
+            await commits(conn)
 
     async def alembic(self, verb: str, revision: str) -> None:
         """``upgrade`` / ``downgrade`` with the shipped migrations; never a silent no-op in the wrong direction."""
