@@ -95,13 +95,19 @@ def direct_url(cluster: ThrowawayCluster) -> str:
     return cluster.url("t")
 
 
-async def test_read_only_server_refuses_the_commit_and_writes_nothing(own_postgres: ThrowawayCluster) -> None:
-    """A read-only server: the commit raises StorageUnavailableError, not retryable, and nothing is written."""
+async def test_read_only_server_refuses_the_commit_and_writes_nothing(
+    own_postgres: ThrowawayCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A read-only server: the commit raises StorageUnavailableError, not retryable, and nothing is written. Its
+    warm-up (a standby's, or `agent-store ui` on one) readies reads only: the commits it would make are refused."""
     pg_url = direct_url(own_postgres)
     async with Store.from_url(pg_url) as store:
         await store.migrate()
     ro = {"server_settings": {"default_transaction_read_only": "on"}}
-    async with Store.from_url(pg_url, connect_args=ro) as store:
+    async with Store.from_url(pg_url, connect_args=ro, pool_size=2) as store:
+        with caplog.at_level("INFO", logger="agent_store"):  # its warm-up only reads, and says so
+            assert await store.warm_up() == 2
+        assert sum("may not write" in r.getMessage() for r in caplog.records) == 2
         run = await store.load("s", user_id="u")
         change(run, "hello")
         with pytest.raises(StorageUnavailableError) as raised:

@@ -197,27 +197,31 @@ async def test_warm_up_runs_a_loads_statements_on_every_connection_and_writes_no
 async def test_warm_up_makes_each_connections_first_commits_and_keeps_nothing(pg_url: str) -> None:
     """PostgreSQL compiles the commit function and plans its statements on a connection's first call (19-21 ms
     against 4-5 after: bench/first_commit.py): the warm-up makes a new session's commit and a second run's on each
-    connection, in a transaction it rolls back. The server counts the calls (track_functions); nothing is kept."""
-    if "pgbouncer" in pg_url:
-        pytest.skip("PgBouncer refuses track_functions as a start-up parameter")  # the CI's PgBouncer pass skips it
-    tracked = {"server_settings": {"track_functions": "pl"}}
-    async with Store.from_url(pg_url, pool_size=2, max_overflow=0, connect_args=tracked) as store:
+    connection, in a transaction it rolls back. The server counts the calls (track_functions, on a direct
+    connection: PgBouncer refuses it as a start-up parameter); through either, nothing is kept."""
+    direct = "pgbouncer" not in pg_url
+    tracked = {"connect_args": {"server_settings": {"track_functions": "pl"}}} if direct else {}
+    async with Store.from_url(pg_url, pool_size=2, max_overflow=0, **tracked) as store:
         await store.migrate()
-        async with store.session("s", user_id="u") as session:  # a user with a budget: the warm-up locks no row
+        async with store.session("s", user_id="u") as session:
             session.state["k"] = 1
         await store.usage.set_budget(10, period="day")  # an app budget: the warm-up charges it nothing
         assert await store.warm_up() == 2
-        async with store.engine.connect() as one, store.engine.connect() as two:  # the pool's two connections
-            for conn in (one, two):  # each backend reports its own counts once idle
-                await conn.execute(text("SELECT pg_stat_force_next_flush()"))
-                await conn.commit()
-            calls = text("SELECT calls FROM pg_stat_user_functions WHERE funcname = 'agent_store_commit_usage'")
-            assert (await one.execute(calls)).scalar_one() == 4  # two connections, two commits each
+        if direct:
+            async with store.engine.connect() as one, store.engine.connect() as two:  # the pool's two connections
+                for conn in (one, two):  # each backend reports its own counts once idle
+                    await conn.execute(text("SELECT pg_stat_force_next_flush()"))
+                    await conn.commit()
+                calls = text("SELECT calls FROM pg_stat_user_functions WHERE funcname = 'agent_store_commit_usage'")
+                assert (await one.execute(calls)).scalar_one() == 4  # two connections, two commits each
         assert await rows(store, "SELECT id FROM agent_sessions") == [("s",)]
         assert await rows(store, "SELECT count(*) FROM agent_runs") == [(1,)]
         for table in ("agent_messages", "agent_usage", "agent_user_state", "agent_tool_calls"):
             assert await rows(store, f"SELECT count(*) FROM {table}") == [(0,)], table  # noqa: S608
         assert await rows(store, "SELECT used FROM agent_usage_budgets") == [(0,)]
+        async with store.session("s", user_id="u") as session:  # and runs go on as before
+            session.state["k"] = 2
+        assert (await store.get("s", user_id="u")).version == 2
 
 
 async def test_runs_one_after_another_reuse_the_connection_that_came_back_last(url: str) -> None:
@@ -261,21 +265,3 @@ async def test_warm_up_on_an_unreachable_server_is_storage_unavailable_without_t
         with pytest.raises(StorageUnavailableError, match=r"127\.0\.0\.1:1") as raised:
             await store.warm_up(1)
     assert "s3cret" not in str(raised.value)
-
-
-async def test_warm_up_on_a_server_that_may_not_write_only_reads(pg_url: str, caplog: pytest.LogCaptureFixture) -> None:
-    """A standby, or a role that may only read (an operator's `agent-store ui`), still warms up: its commits are
-    not primed (the server refuses the write, inside the rolled-back transaction), and it says so in the log."""
-    if "pgbouncer" in pg_url:
-        pytest.skip("PgBouncer refuses default_transaction_read_only as a start-up parameter")
-    async with Store.from_url(pg_url) as store:
-        await store.migrate()
-    read_only = {"server_settings": {"default_transaction_read_only": "on"}}
-    async with Store.from_url(pg_url, pool_size=2, max_overflow=0, connect_args=read_only) as store:
-        with caplog.at_level("INFO", logger="agent_store"):
-            assert await store.warm_up() == 2
-        assert sum("may not write" in r.getMessage() for r in caplog.records) == 2
-        assert (await store.list_sessions(user_id="u")).items == []  # reads work
-        with pytest.raises(StorageUnavailableError, match="read-only"):
-            async with store.session("s", user_id="u") as session:
-                session.state["k"] = 1
