@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from agent_store.db import codec, message_rows
 from agent_store.db.database import Database, Settings
 from agent_store.db.engine import make_engine
+from agent_store.db.warm_up import open_and_ready
 from agent_store.errors import ConfigurationError, InvalidValueError
 from agent_store.models import ErasureReport, MessageRecord, SearchPage, SessionInfo, SessionPage, TransferReport
 from agent_store.operations import branching, lifecycle, retention, stats, transfer
@@ -100,13 +101,18 @@ class Store:
     def app_id(self) -> str:
         return self.db.settings.app_id
 
-    async def warm_up(self, connections: int | None = None) -> int:
+    async def warm_up(self, connections: int | None = None, *, for_runs: bool = True) -> int:
         """Open the pool's connections now (default: as many as it keeps, ``pool_size``) and check the schema.
 
         Call it at start-up: the first runs then find connections ready, and a wrong URL, a down server or an
-        old schema fails here. Returns how many connections were opened.
+        old schema fails here. Returns how many connections were opened. On PostgreSQL each connection also runs
+        a load's statements and, ``for_runs``, makes a run's two common commits in a transaction it rolls back
+        (nothing is kept); ``for_runs=False`` sends nothing that writes (a browser or a report only reads).
         """
-        return await self.db.warm_up(connections, lambda conn: priming.prime_commits(self.db, conn))
+        if not isinstance(for_runs, bool):
+            raise InvalidValueError(f"for_runs must be True or False, not {for_runs!r}")
+        commits = (lambda conn: priming.prime_commits(self.db, conn)) if for_runs else None
+        return await open_and_ready(self.db, connections, commits)
 
     async def migrate(self, revision: str = "head") -> None:
         """Upgrade the schema to ``revision`` with the shipped migrations (same as ``alembic upgrade``).

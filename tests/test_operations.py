@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import gc
 import json
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -222,6 +226,17 @@ async def test_warm_up_makes_each_connections_first_commits_and_keeps_nothing(pg
         async with store.session("s", user_id="u") as session:  # and runs go on as before
             session.state["k"] = 2
         assert (await store.get("s", user_id="u")).version == 2
+        with pytest.raises(InvalidValueError, match="for_runs"):
+            await store.warm_up(for_runs="no")  # type: ignore[arg-type]
+    async with Store.from_url(pg_url, pool_size=2, max_overflow=0, **tracked) as reader:  # a browser's: reads only
+        assert await reader.warm_up(for_runs=False) == 2
+        if direct:
+            async with reader.engine.connect() as one, reader.engine.connect() as two:
+                for conn in (one, two):
+                    await conn.execute(text("SELECT pg_stat_force_next_flush()"))
+                    await conn.commit()
+                calls = text("SELECT calls FROM pg_stat_user_functions WHERE funcname = 'agent_store_commit_usage'")
+                assert (await one.execute(calls)).scalar_one() == 4  # as before: no call of its own
 
 
 async def test_runs_one_after_another_reuse_the_connection_that_came_back_last(url: str) -> None:
@@ -260,8 +275,56 @@ async def test_a_pool_object_of_the_callers_is_used_as_given(url: str) -> None:
     await probe.dispose()
 
 
-async def test_warm_up_on_an_unreachable_server_is_storage_unavailable_without_the_password() -> None:
+async def test_warm_up_on_an_unreachable_server_is_storage_unavailable_without_the_password(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     async with Store.from_url("postgresql+asyncpg://app:s3cret@127.0.0.1:1/chat", connect_args={"timeout": 2}) as store:
         with pytest.raises(StorageUnavailableError, match=r"127\.0\.0\.1:1") as raised:
             await store.warm_up(1)
     assert "s3cret" not in str(raised.value)
+    url = "postgresql+asyncpg://app:s3cret@127.0.0.1:1/chat"
+    async with Store.from_url(url, connect_args={"timeout": 2}, pool_size=3, check_schema=False) as store:
+        with caplog.at_level("WARNING", logger="agent_store"), pytest.raises(StorageUnavailableError):
+            await store.warm_up()  # three connections fail: one is raised, the other two are said
+    others = [r.getMessage() for r in caplog.records if "another connection failed" in r.getMessage()]
+    assert len(others) == 2 and not any("s3cret" in m for m in others), others
+
+
+async def test_an_engine_in_autocommit_mode_is_refused(url: str) -> None:
+    """agent_store's write transactions would not be atomic: each statement would commit by itself (a failed run
+    half-written, a warm-up's rolled-back commits kept). It sends single statements without a transaction itself."""
+    with pytest.raises(ConfigurationError, match="AUTOCOMMIT"):
+        Store.from_url(url, isolation_level="AUTOCOMMIT")
+    engine = make_engine(url)
+    with pytest.raises(ConfigurationError, match="AUTOCOMMIT"):
+        Store(engine.execution_options(isolation_level="AUTOCOMMIT"))
+    async with Store(engine) as store:  # the same engine as it is
+        await store.migrate()
+        assert await store.warm_up(1) == 1
+
+
+async def test_a_warm_up_cancelled_at_any_point_leaves_no_connection_out(url: str) -> None:
+    """Cancelled while some connections are open and others still opening or priming, the warm-up gives every
+    one back to the pool (a service's start-up cut short by a timeout)."""
+    async with Store.from_url(url, pool_size=4, max_overflow=0) as store:
+        await store.migrate()
+        with warnings.catch_warnings(record=True) as warned:
+            warnings.simplefilter("always")
+            for steps in range(80):
+                warm = asyncio.create_task(store.warm_up())
+                for _ in range(steps):
+                    await asyncio.sleep(0)
+                warm.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await warm
+                for _ in range(50):  # a checkout cut short gives its connection back from a callback
+                    if store.engine.pool.checkedout() == 0:  # type: ignore[attr-defined]
+                        break
+                    await asyncio.sleep(0.01)
+                assert store.engine.pool.checkedout() == 0, steps  # type: ignore[attr-defined]
+                gc.collect()  # a connection nobody gave back is found here, with SQLAlchemy's warning
+        stranded = [str(w.message) for w in warned if "garbage collector" in str(w.message)]
+        assert stranded == []
+        async with store.session("s", user_id="u") as session:
+            session.state["k"] = 1
+        assert await rows(store, "SELECT count(*) FROM agent_sessions") == [(1,)]

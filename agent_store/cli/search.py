@@ -106,7 +106,7 @@ def ui(url: str | None, host: str, port: int, token: str | None, allow_hosts: tu
 
 async def _usable(url: str | None) -> None:
     async with open_store(url) as store:
-        await store.warm_up(1)
+        await store.warm_up(1, for_runs=False)  # the browser only reads: no rolled-back commit either
 
 
 def _listen(host: str, port: int) -> socket.socket:

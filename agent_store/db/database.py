@@ -7,9 +7,8 @@ cleanup after a failure never replaces the caller's exception with its own.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -22,7 +21,6 @@ from agent_store.db import codec, message_rows
 from agent_store.db.connections import checkout, once_more_if_dropped, quietly
 from agent_store.db.driver_path import DriverPath
 from agent_store.db.engine import NO_TRANSACTION, check_schema, configure_engine, migration_connection, migrations_dir
-from agent_store.db.load_statement import load_statement
 from agent_store.errors import (
     ConfigurationError,
     InvalidValueError,
@@ -33,7 +31,7 @@ from agent_store.errors import (
 
 logger = logging.getLogger("agent_store")
 T = TypeVar("T")
-WARM_UP_ID = "agent_store warm-up"  # the session and user id a warm-up's loads read (and never write)
+AUTOCOMMIT = "AUTOCOMMIT"
 # pg_advisory_xact_lock(class, key) namespaces: 1 serialized sessions, 2 users, 3 apps.
 SESSION_LOCK, USER_LOCK, APP_LOCK = 1, 2, 3
 
@@ -54,6 +52,12 @@ class Database:
     def __init__(self, engine: AsyncEngine, settings: Settings, *, check_schema: bool = True) -> None:
         if engine.dialect.name not in ("sqlite", "postgresql") or not engine.dialect.is_async:
             raise ConfigurationError(f"unsupported engine dialect {engine.dialect.name!r}: use aiosqlite or asyncpg")
+        if AUTOCOMMIT in (engine.get_execution_options().get("isolation_level"),
+                          getattr(engine.sync_engine.dialect, "_on_connect_isolation_level", None)):  # fmt: skip
+            raise ConfigurationError(
+                'an engine with isolation_level="AUTOCOMMIT": agent_store\'s writes need transactions (it sends '
+                "single statements without one by itself); leave the isolation level at its default"
+            )
         configure_engine(engine)
         engine.sync_engine.hide_parameters = True  # a failed statement's parameters are message text
         self.engine, self.settings = engine, settings
@@ -85,6 +89,10 @@ class Database:
     @property
     def url(self) -> URL:
         return self.engine.url
+
+    def lost(self, doing: str) -> str:
+        """The message of a connection found dead while ``doing``: it names the server (never its password)."""
+        return f"{doing} failed on {self._where}"
 
     @asynccontextmanager
     async def transaction(
@@ -151,7 +159,7 @@ class Database:
         with translated(self.url, doing):
             await self.check_schema()
             conn = await checkout(self._single)
-            lost = f"{doing} failed on {self._where}"
+            lost = self.lost(doing)
             try:
                 if committing is not None:
                     await self.driver.check_open(conn, lost=lost)  # closed in the pool: certainly not sent
@@ -219,45 +227,6 @@ class Database:
                 async with self.engine.connect() as conn:
                     await check_schema(conn, self.url)
             self._schema_ok = True
-
-    async def warm_up(
-        self, connections: int | None, prime: Callable[[AsyncConnection], Awaitable[None]] | None = None
-    ) -> int:
-        """Check the schema, then open ``connections`` pooled connections at once (default: all the pool keeps),
-        and run a load's statements on each, then ``prime`` (the run layer's commits, rolled back: run/priming.py).
-
-        A pool opens connections as they are first needed; a service calls this at start-up so its first burst
-        of runs does not wait on connection set-up, and so a wrong URL or a down server fails there, not later.
-        """
-        size = getattr(self.engine.pool, "size", None)
-        keeps = size() if callable(size) else 1  # a pool without a size (NullPool) keeps nothing: open one
-        wanted = (keeps or 1) if connections is None else connections
-        if type(wanted) is not int or wanted < 1 or (keeps and wanted > keeps):  # pool_size=0: no limit
-            raise InvalidValueError(f"connections must be an int from 1 to the pool's size ({keeps}), not {wanted!r}")
-        await self.check_schema()
-        with translated(self.url, "opening the pool's connections"):
-            opened = await asyncio.gather(*(checkout(self.engine) for _ in range(wanted)), return_exceptions=True)
-            ready = [c for c in opened if isinstance(c, AsyncConnection)]
-            primed = await asyncio.gather(*(self._prime(c, prime) for c in ready), return_exceptions=True)
-            for conn in opened:  # all back to the pool before any failure is raised
-                if isinstance(conn, AsyncConnection):
-                    await quietly(conn.close, "returning a connection")
-            for failure in [*opened, *primed]:
-                if isinstance(failure, BaseException):
-                    raise failure
-        return wanted
-
-    async def _prime(self, conn: AsyncConnection, commits: Callable[[AsyncConnection], Awaitable[None]] | None) -> None:
-        """Run a load's statements once on a connection just opened, for an id no run is likely to use (they only
-        read): PostgreSQL parses and plans them per connection, and the first load on a cold connection took 26-47
-        ms against 2-9 ms after. Without this, a burst of runs on a pool of new connections pays that all at once
-        (S2's first second, bench/README.md)."""
-        for with_user, limit in ((False, None), (True, None), (False, 20), (True, 20)):
-            statement, params = load_statement(WARM_UP_ID, WARM_UP_ID if with_user else None, self.settings.app_id,
-                                               limit)  # fmt: skip
-            await self.driver.fetch(conn, statement, params, lost="warming up a connection")
-        if commits is not None:
-            await commits(conn)
 
     async def alembic(self, verb: str, revision: str) -> None:
         """``upgrade`` / ``downgrade`` with the shipped migrations; never a silent no-op in the wrong direction."""

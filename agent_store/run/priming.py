@@ -21,7 +21,8 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 import agent_store.run.commit_postgresql as commit_postgresql
-from agent_store.db.database import WARM_UP_ID, Database
+from agent_store.db.database import Database
+from agent_store.db.warm_up import WARM_UP_ID
 from agent_store.errors import (
     CheckedPathNeeded,
     ConfigurationError,
@@ -34,7 +35,7 @@ from agent_store.run.snapshot import Snapshot
 from agent_store.run.stored_session import StoredSession
 
 logger = logging.getLogger("agent_store")
-CANNOT_WRITE = {"25006", "42501"}  # a read-only transaction (a standby, default_transaction_read_only); no privilege
+READ_ONLY, NO_PRIVILEGE = "25006", "42501"  # a read-only transaction (a standby, default_transaction_read_only)
 NO_TOKENS = {"input_token_count": 0, "output_token_count": 0, "total_token_count": 0}
 
 
@@ -42,32 +43,42 @@ async def prime_commits(db: Database, conn: AsyncConnection) -> None:
     """The commit function's two common calls on ``conn``, rolled back (nothing on SQLite: no function to plan)."""
     if db.dialect != "postgresql":
         return
-    who = f"{WARM_UP_ID} {uuid.uuid4().hex}"
-    snapshot = Snapshot()
+    payloads = _payloads(db)  # before BEGIN: a slow cipher never holds the transaction open
     await conn.execute(text("SELECT 1"))  # BEGIN: the driver's calls below are inside it
     try:
-        for turn in (1, 2):  # a new session, then a second run on it
-            run = Run(db, StoredSession(session_id=who), snapshot, user_id=who, agent_id=None)
-            run.history.extend([Message(role="user", contents=["warm-up"]), Message(role="assistant", contents=["ok"])])
-            run.add_usage(NO_TOKENS)
-            run.session.state[f"turn {turn}"] = turn
-            run.session.state[f"user:turn {turn}"] = turn
-            delta = run._delta()
-            call = run._one_call(delta)
-            statement, params = commit_postgresql.CALL_WITH_USAGE, {"p": commit_postgresql.payload(call)}
+        for turn, payload in enumerate(payloads, start=1):
             try:
                 with translated(db.url, "warming up a connection's commits"):
-                    rows = await db.driver.fetch(conn, statement, params, lost="warming up a connection")  # as sent
+                    rows = await db.driver.fetch(conn, commit_postgresql.CALL_WITH_USAGE, {"p": payload},
+                                                 lost=db.lost("warming up a connection's commits"))  # fmt: skip
             except CheckedPathNeeded as exc:  # a run would take the checked path; a warm-up's call must not
                 raise DatabaseError(f"the commit function refused the warm-up's commit {turn}: {exc}") from exc
             except (ConfigurationError, StorageUnavailableError) as exc:
-                if getattr(exc.__cause__, "sqlstate", None) not in CANNOT_WRITE:
+                state = getattr(exc.__cause__, "sqlstate", None)
+                if state not in (READ_ONLY, NO_PRIVILEGE):
                     raise
-                # A standby or a role that may only read (`agent-store ui` on one, say): its warm-up only reads.
-                logger.info("warm-up: the connection may not write (%s); its commits are not primed", exc)
+                # A standby or a read-only session (`agent-store ui` on one, say) only reads: that is said at
+                # INFO. A role without a privilege the commit needs will fail its runs' commits: a warning.
+                level = logging.INFO if state == READ_ONLY else logging.WARNING
+                logger.log(level, "warm-up: the connection may not write (%s); its commits are not primed", exc)
                 return
             if int(rows[0][0]) != turn:  # the new version: the call went all the way through
                 raise DatabaseError(f"the warm-up's commit {turn} returned version {rows[0][0]}")
-            snapshot = Snapshot(exists=True, incarnation=delta.incarnation, version=turn)
     finally:
         await conn.rollback()
+
+
+def _payloads(db: Database) -> list[str]:
+    """The calls of a new session's first run and of its second run, as commit_postgresql sends them."""
+    who = f"{WARM_UP_ID} {uuid.uuid4().hex}"
+    snapshot, payloads = Snapshot(), []
+    for turn in (1, 2):
+        run = Run(db, StoredSession(session_id=who), snapshot, user_id=who, agent_id=None)
+        run.history.extend([Message(role="user", contents=["warm-up"]), Message(role="assistant", contents=["ok"])])
+        run.add_usage(NO_TOKENS)
+        run.session.state[f"turn {turn}"] = turn
+        run.session.state[f"user:turn {turn}"] = turn
+        delta = run._delta()
+        payloads.append(commit_postgresql.payload(run._one_call(delta)))
+        snapshot = Snapshot(exists=True, incarnation=delta.incarnation, version=turn)
+    return payloads
