@@ -52,6 +52,7 @@ class Database:
     def __init__(self, engine: AsyncEngine, settings: Settings, *, check_schema: bool = True) -> None:
         if engine.dialect.name not in ("sqlite", "postgresql") or not engine.dialect.is_async:
             raise ConfigurationError(f"unsupported engine dialect {engine.dialect.name!r}: use aiosqlite or asyncpg")
+        # An engine's execution option, or create_engine(isolation_level=...) (set on each new connection):
         if AUTOCOMMIT in (engine.get_execution_options().get("isolation_level"),
                           getattr(engine.sync_engine.dialect, "_on_connect_isolation_level", None)):  # fmt: skip
             raise ConfigurationError(
