@@ -29,9 +29,12 @@ import itertools
 import random
 import statistics
 import time
+from collections.abc import Awaitable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import asyncpg
+from scenarios import pct
 
 from agent_store import Store
 
@@ -66,6 +69,8 @@ BY_ID = "SELECT payload FROM {} WHERE user_id = $1 AND checkpoint_id = $2"
 SAVE = """INSERT INTO {} (user_id, checkpoint_id, workflow_name, seq, timestamp, iteration_count, saved_at, payload)
           VALUES ($1, $2, $3, $4, 'probe', 0, now(), '{{}}')"""
 TABLES = ("agent_checkpoints", "agent_checkpoints_by_day")
+VACUUM = "VACUUM agent_checkpoints"
+Step = tuple[float, float, Any, str]  # seconds, WAL bytes, what the work returned, the client's figures
 SAVES = itertools.count(1000)  # every save its own id and seq, across clients
 
 
@@ -97,10 +102,7 @@ class Client:
             await conn.close()
 
     def figures(self) -> str:
-        def p(ts: list[float], q: float) -> float:
-            return sorted(ts)[min(len(ts) - 1, int(q * len(ts)))]
-
-        return " · ".join(f"{n} {statistics.median(t):.1f} / {p(t, 0.99):.1f}" for n, t in self.times.items() if t)
+        return " · ".join(f"{n} {statistics.median(t):.1f} / {pct(t, 0.99):.1f}" for n, t in self.times.items() if t)
 
 
 async def beside(url: str, table: str, workflows: int, work: asyncio.Future[object] | None = None) -> Client:
@@ -113,7 +115,16 @@ async def beside(url: str, table: str, workflows: int, work: asyncio.Future[obje
     return client
 
 
-async def build(admin: asyncpg.Connection, url: str, checkpoints: int, start: datetime) -> float:
+async def measured(conn: asyncpg.Connection, raw: str, table: str, workflows: int, work: Awaitable[Any]) -> Step:
+    """``work`` after a CHECKPOINT (each step starts with the same full-page-write state), a client beside it."""
+    await conn.execute("CHECKPOINT")
+    wal, started = await conn.fetchval(WAL), time.perf_counter()
+    running = asyncio.ensure_future(work)
+    client = await beside(raw, table, workflows, running)
+    return time.perf_counter() - started, await conn.fetchval(WAL_SINCE, wal), running.result(), client.figures()
+
+
+async def build(url: str, checkpoints: int, start: datetime) -> float:
     started = time.perf_counter()
     conn = await asyncpg.connect(url)
     try:
@@ -140,7 +151,7 @@ async def one_scale(pg_url: str, checkpoints: int) -> dict[str, object]:
     try:
         await store.migrate()
         start = (datetime.now(UTC) - timedelta(days=DAYS)).replace(hour=0, minute=0, second=0, microsecond=0)
-        found["built in s"] = await build(admin, raw, checkpoints, start)
+        found["built in s"] = await build(raw, checkpoints, start)
         workflows = checkpoints // 100
         for table in TABLES:
             found[f"quiet: {table}"] = (await beside(raw, table, workflows)).figures()
@@ -148,30 +159,17 @@ async def one_scale(pg_url: str, checkpoints: int) -> dict[str, object]:
         try:
             size = "SELECT pg_total_relation_size('agent_checkpoints')"
             found["table + indexes, MB"] = await conn.fetchval(size) / 2**20
-            await conn.execute("CHECKPOINT")  # each step starts with the same full-page-write state
-            before, wal = await conn.fetchval(BULK_ROWS), await conn.fetchval(WAL)
+            before = await conn.fetchval(BULK_ROWS)
             await conn.execute(RETAIN)
-            started = time.perf_counter()
-            drop = asyncio.ensure_future(conn.execute(MAINTAIN))
-            client = await beside(raw, TABLES[1], workflows, drop)
-            dropped = before - await conn.fetchval(BULK_ROWS)
-            found["drop partitions"] = (time.perf_counter() - started, await conn.fetchval(WAL_SINCE, wal), dropped,
-                                        client.figures())  # fmt: skip
+            seconds, wal, _, client = await measured(conn, raw, TABLES[1], workflows, conn.execute(MAINTAIN))
+            found["drop partitions"] = (seconds, wal, before - await conn.fetchval(BULK_ROWS), client)
             # The same rows from the store's table: everything before the first day kept (no row is saved at
             # midnight exactly: the purge's cutoff, a few ms past it, takes no row of that day).
             kept_from = await conn.fetchval("SELECT date_trunc('day', min(saved_at)) FROM agent_checkpoints_by_day")
-            await conn.execute("CHECKPOINT")
-            wal, started = await conn.fetchval(WAL), time.perf_counter()
-            purge = asyncio.ensure_future(store.purge_checkpoints(datetime.now(UTC) - kept_from))
-            client = await beside(raw, TABLES[0], workflows, purge)
-            found["batched deletes"] = (time.perf_counter() - started, await conn.fetchval(WAL_SINCE, wal),
-                                        purge.result(), client.figures())  # fmt: skip
-            await conn.execute("CHECKPOINT")
-            wal, started = await conn.fetchval(WAL), time.perf_counter()
-            vacuum = asyncio.ensure_future(conn.execute("VACUUM agent_checkpoints"))
-            client = await beside(raw, TABLES[0], workflows, vacuum)
-            found["their VACUUM"] = (time.perf_counter() - started, await conn.fetchval(WAL_SINCE, wal), 0,
-                                     client.figures())  # fmt: skip
+            purge = store.purge_checkpoints(datetime.now(UTC) - kept_from)
+            found["batched deletes"] = await measured(conn, raw, TABLES[0], workflows, purge)
+            seconds, wal, _, client = await measured(conn, raw, TABLES[0], workflows, conn.execute(VACUUM))
+            found["their VACUUM"] = (seconds, wal, 0, client)
         finally:
             await conn.close()
     finally:
