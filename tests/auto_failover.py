@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from programs import require
 from throwaway_pg import _env, _free_port, pg_bin
 
 MONITOR_SETTINGS = {
@@ -98,6 +99,7 @@ class Formation:
                     "--monitor", self.monitor_uri(), "--run")  # fmt: skip
 
     def start(self) -> Formation:
+        require("pg_autoctl")
         try:
             self._spawn("monitor", "create", "monitor", "--pgdata", str(self.tmpdir / "monitor"), "--pgport",
                         str(self.ports["monitor"]), "--hostname", "127.0.0.1", "--auth", "trust", "--no-ssl",
@@ -195,6 +197,7 @@ class Bouncer:
     operator's failover hook does: PgBouncer does not follow a failover by itself."""
 
     def __init__(self, target_port: int, pool_size: int = 40) -> None:
+        require("pgbouncer")
         self.tmpdir = Path(tempfile.mkdtemp(prefix="throwaway_pgbouncer_"))
         self.port, self.pool_size = _free_port(), pool_size
         atexit.register(self.destroy)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import re
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -120,3 +123,13 @@ async def expire_now(store: Store, session_id: str) -> None:
 def plain_dsn(sa_url: str) -> str:
     """The libpq URL of a ``postgresql+asyncpg://`` one, for a raw asyncpg connection (the query dropped)."""
     return make_url(sa_url).set(drivername="postgresql", query={}).render_as_string(hide_password=False)
+
+
+@contextmanager
+def black_hole() -> Iterator[int]:
+    """A port on 127.0.0.1 that takes connections and never answers: the kernel completes the handshake into the
+    listen queue, nobody accepts or replies. An "unreachable host" that keeps the test's traffic on this machine."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(64)
+        yield listener.getsockname()[1]

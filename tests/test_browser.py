@@ -24,6 +24,7 @@ import pytest
 from agent_framework import Agent, Message, WorkflowCheckpoint, tool
 from conftest import IN_CI
 from helpers import expire_now, rows
+from programs import missing
 
 from agent_store import Store
 from agent_store.agent_framework import StoreCheckpointStorage
@@ -105,10 +106,10 @@ def chromium() -> Iterator[Any]:
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
-    binary, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
-    if not (binary and driver_path):
-        reason = "Debian's chromium and chromium-driver are not installed (apt-get install chromium chromium-driver)"
+    reason = missing("chromium", "chromedriver")
+    if reason:
         pytest.fail(reason) if IN_CI else pytest.skip(reason)
+    binary, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
     options = webdriver.ChromeOptions()
     options.binary_location = binary
     for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,1000"):

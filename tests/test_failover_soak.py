@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 from auto_failover import Bouncer, Formation
+from conftest import IN_CI
+from programs import missing
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from failover_soak import failover_soak, print_report
@@ -19,6 +21,9 @@ WORKERS = 32
 async def test_a_minute_through_pgbouncer_with_a_failover_loses_and_doubles_nothing(
     formation: Formation, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    problem = missing("pgbouncer")
+    if problem:
+        (pytest.fail if IN_CI else pytest.skip)(problem)
     bouncer = Bouncer(formation.ports["node_1"], pool_size=WORKERS + 8)
     try:
         report = await failover_soak(formation, bouncer, seconds=60, workers=WORKERS, interval=10)
