@@ -56,6 +56,7 @@ class LostReplyProxy:
         self.target_host, self.target_port = target_host, target_port
         self.port = 0
         self.armed = False
+        self.cut_at_once = False  # with armed: cut the client as soon as the COMMIT is forwarded
         self.drops = 0  # how many COMMIT replies were swallowed so far
         self._spotters: list[_CommitSpotter] = []
         self._server: asyncio.Server | None = None
@@ -64,6 +65,12 @@ class LostReplyProxy:
     def drop_reply_after_commit(self) -> None:
         """Arm: the next COMMIT a client sends goes through, its reply does not. One shot."""
         self.armed = True
+
+    def cut_client_at_commit(self) -> None:
+        """Arm: the next COMMIT a client sends goes through and the client is cut at once, while the server still
+        works on it (it finishes, and its reply is swallowed). One shot. The client's retry can then reach the
+        server before the first attempt has ended there."""
+        self.armed, self.cut_at_once = True, True
 
     @property
     def round_trips(self) -> int:
@@ -106,6 +113,10 @@ class LostReplyProxy:
                         doomed.set()  # before the write, so no reply byte can slip past
                     s_writer.write(chunk)
                     await s_writer.drain()
+                    if doomed.is_set() and self.cut_at_once:
+                        self.cut_at_once = False
+                        c_writer.transport.abort()  # the client hears nothing more; the server goes on
+                        await asyncio.Event().wait()  # read no more from the client; server_to_client ends it
 
             async def server_to_client() -> None:
                 swallowed = b""

@@ -9,7 +9,7 @@ import functools
 import hashlib
 import uuid
 from collections.abc import Iterable, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Table, bindparam, case, cast, delete, func, insert, literal, select, update
@@ -60,6 +60,21 @@ async def lock_session(db: AsyncConnection, session_id: str) -> int | None:
 
 async def create_session(db: AsyncConnection, row: dict[str, Any]) -> None:
     await db.execute(_insert(db, sessions_t).on_conflict_do_nothing(), row)
+
+
+async def wait_for_creation(db: AsyncConnection, session_id: str, incarnation: int) -> None:
+    """Wait until no other transaction is creating ``session_id`` (PostgreSQL): an insert of the same key waits
+    for an uncommitted one to end. The probe's row is never kept (rolled back to its savepoint)."""
+    if db.dialect.name != "postgresql":
+        return  # SQLite's write lock: no other transaction is in flight
+    now = datetime.now(UTC)
+    probe = {"id": session_id, "user_id": None, "agent_id": None, "incarnation": incarnation, "version": 0,
+             "next_seq": 0, "created_at": now, "updated_at": now}  # fmt: skip
+    savepoint = await db.begin_nested()
+    try:
+        await create_session(db, probe)
+    finally:
+        await savepoint.rollback()
 
 
 def _expires(dialect: str) -> Any:

@@ -36,17 +36,24 @@ def _check_seq(value: Any, what: str, last: int) -> None:
 
 
 async def _paired_cut(conn: AsyncConnection, session_id: str, cut: int) -> int:
-    """Lower ``cut`` until no function call at or before it has its result after it."""
-    call, result = tool_calls_t.alias("c"), tool_calls_t.alias("r")
+    """Lower ``cut`` until no function call at or before it has its result after it.
+
+    A result answers the latest call of its id before it, not any call of that id: some OpenAI-compatible
+    servers send ``call_0`` for every call, and a result at seq 50 does not answer a ``call_0`` at seq 1 that
+    was answered at seq 2 (issue 37)."""
+    call, result, between = tool_calls_t.alias("c"), tool_calls_t.alias("r"), tool_calls_t.alias("b")
+    same_id = (call.c.session_id == result.c.session_id) & (call.c.call_id == result.c.call_id)
+    later_call = exists().where(
+        between.c.session_id == result.c.session_id, between.c.call_id == result.c.call_id,
+        between.c.kind == "call", between.c.seq > call.c.seq, between.c.seq < result.c.seq,
+    )  # fmt: skip
     while True:
         split = (
             await conn.execute(
                 select(func.min(call.c.seq))
-                .select_from(
-                    call.join(result, (result.c.session_id == call.c.session_id) & (result.c.call_id == call.c.call_id))
-                )
-                .where(call.c.session_id == session_id, call.c.kind == "call", call.c.seq <= cut)
-                .where(result.c.kind == "result", result.c.seq > cut)
+                .select_from(result.join(call, same_id))
+                .where(result.c.session_id == session_id, result.c.kind == "result", result.c.seq > cut)
+                .where(call.c.kind == "call", call.c.seq <= cut, ~later_call)
             )
         ).scalar()
         if split is None:

@@ -47,14 +47,21 @@ async def write(
     """
     delta, sid, now, snap, settings = call.delta, call.session_id, datetime.now(UTC), call.snapshot, call.db.settings
     writes_user_keys = any(k.startswith(USER_PREFIX) for k in delta.changed_keys)
+    # A first commit whose outcome is unknown (its connection was lost) may still be running on the server: the
+    # client was cut, the server was not. Its creation holds the user's lock (shared) from before its insert to
+    # its COMMIT, so this retry takes that lock exclusively, and waits it out: what it reads next is that
+    # attempt's final outcome, not a moment in its middle (issue 37). Without a user, an insert probe waits.
+    settling = not snap.exists and maybe_landed
     if call.user_id is not None and (writes_user_keys or not snap.exists):
-        await sql.lock_user(db, call.user_id, exclusive=writes_user_keys)  # before the row lock, always
+        await sql.lock_user(db, call.user_id, exclusive=writes_user_keys or settling)  # before the row lock, always
         if await erasures.erased_since(db, call.user_id, call.since):
             raise sql.not_found(sid, call.user_id)  # the user was erased after this run loaded
-    if not snap.exists and maybe_landed:
-        # A first commit whose outcome is unknown created the session or joined one another run created
-        # first: its run id is in the log of the session there now, looked up under the row's lock. Not
-        # there: that attempt did not land in this session, and the run commits as a first run does.
+    elif settling:
+        await sql.wait_for_creation(db, sid, delta.incarnation)
+    if settling:
+        # That attempt created the session or joined one another run created first: its run id is in the log
+        # of the session there now, looked up under the row's lock. Not there: that attempt did not land in
+        # this session, and the run commits as a first run does.
         if (there := await sql.lock_session(db, sid)) is not None:
             if (landed := await runlog.run_recorded(db, sid, delta.run_id)) is not None:
                 raise Landed(landed, there)

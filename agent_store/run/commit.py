@@ -226,6 +226,11 @@ class Run:
                 except checked_commit.Landed as landed:
                     return self._committed(delta, landed.incarnation, landed.row)
                 except (ConflictError, SessionNotFoundError, SessionClosedError, InvalidValueError) as exc:
+                    if isinstance(exc, SessionNotFoundError) and landed_before and not snap.exists:
+                        # This attempt wrote nothing, but the first one, whose session is not there, may still
+                        # land (only the server's answer proves it did not): the next commit() retries exactly
+                        # that delta and finds it, never a new one that would conflict with it.
+                        raise
                     self._pending = None  # refused before COMMIT: certainly not written
                     if isinstance(exc, ConflictError):
                         telemetry.conflicts.add(1)

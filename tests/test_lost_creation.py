@@ -1,0 +1,78 @@
+"""A new session's first commit whose reply is lost on the wire, while the server still holds it (issue 37, item 3).
+
+The proxy forwards the one-round-trip call that creates the session and cuts the client at once; the server is
+held (another connection holds the user's lock) and finishes the call only after the client's retry has reached
+it. Only an answer from the server proves that nothing landed: the run must come out committed exactly once, never
+as a ConflictError against its own first attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import asyncpg
+import pytest
+from agent_framework import Message
+from helpers import plain_dsn, rows
+from lost_reply_proxy import LostReplyProxy
+from sqlalchemy.engine import make_url
+
+from agent_store import StorageUnavailableError, Store
+from agent_store.db.database import USER_LOCK
+from agent_store.errors import AgentStoreError
+
+HOLDS = {
+    # before the creation: the user's lock, taken exclusively, as erase_user takes it
+    "before": ("SELECT pg_advisory_lock($1, hashtext('u'))", "SELECT pg_advisory_unlock($1, hashtext('u'))"),
+    # after it, before COMMIT: the run log's insert waits (a plain read of the table does not)
+    "after": ("BEGIN; LOCK TABLE agent_runs IN SHARE MODE", "COMMIT"),
+}
+
+
+@pytest.mark.parametrize(("hold", "user"), [("before", "u"), ("after", "u"), ("after", None)])
+@pytest.mark.parametrize("hold_seconds", [0.3, 1.5])
+async def test_a_new_sessions_commit_cut_while_the_server_holds_it_lands_once(
+    pg_url: str, hold: str, user: str | None, hold_seconds: float
+) -> None:
+    proxy = LostReplyProxy("127.0.0.1", make_url(pg_url).port or 5432)
+    port = await proxy.start()
+    admin = await asyncpg.connect(plain_dsn(pg_url))
+    try:
+        async with Store.from_url(pg_url.replace(f":{make_url(pg_url).port}/", f":{port}/")) as store:
+            await store.migrate()
+            run = await store.load("new", user_id=user)
+            run.history.extend(Message(role="user", contents=[f"m{i}"]) for i in range(2))
+            run.session.state["n"] = 1
+            # The server holds the creation (HOLDS) while the client's retry reaches it.
+            take, release = HOLDS[hold]
+            await (admin.execute(take, USER_LOCK) if "$1" in take else admin.execute(take))
+            proxy.cut_client_at_commit()
+            attempt = asyncio.ensure_future(run.commit())
+            await asyncio.sleep(hold_seconds)
+            await (admin.execute(release, USER_LOCK) if "$1" in release else admin.execute(release))
+            errors: list[AgentStoreError] = []
+            try:
+                result = await attempt
+            except AgentStoreError as exc:  # the outcome may still be unknown: then it must say retry
+                errors.append(exc)
+                result = None
+            for _ in range(20):  # an app's retry loop on what the store calls retryable
+                if result is not None:
+                    break
+                assert isinstance(errors[-1], StorageUnavailableError) and errors[-1].retryable, repr(errors[-1])
+                await asyncio.sleep(0.2)
+                try:
+                    result = await run.commit()
+                except AgentStoreError as exc:
+                    errors.append(exc)
+            assert result is not None, [repr(e) for e in errors]
+            assert proxy.drops == 1  # the first attempt was cut, its reply swallowed
+            assert (result.version, result.messages_written, result.state_keys_written) == (1, 2, 1)
+            assert await rows(store, "SELECT version, next_seq FROM agent_sessions") == [(1, 2)]
+            assert await rows(store, "SELECT count(*) FROM agent_runs WHERE outcome = 'committed'") == [(1,)]
+            assert await rows(store, "SELECT count(*) FROM agent_runs WHERE outcome <> 'committed'") == [(0,)]
+            run.session.state["n"] = 2  # the run goes on in the session it created
+            assert (await run.commit()).version == 2
+    finally:
+        await admin.close()
+        await proxy.stop()
