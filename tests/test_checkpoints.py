@@ -181,8 +181,10 @@ def test_the_cli_lists_shows_and_deletes_checkpoints(url: str) -> None:
     assert cli("checkpoints", "delete", chain[0]["checkpoint_id"], "--user", "ann").returncode == 0
     gone = cli("checkpoints", "show", chain[0]["checkpoint_id"], "--user", "ann")
     assert gone.returncode == 1 and "no checkpoint" in gone.stderr
+    deleted = cli("checkpoints", "delete", chain[1]["checkpoint_id"], "--user", "ann", "--yes")  # scripts use --yes
+    assert deleted.returncode == 0, deleted.stderr
     purged = cli("purge", "--checkpoints-older-than", "0", "--json")  # all but each workflow's latest
-    assert json.loads(purged.stdout) == {"purged": 0, "checkpoints": 1}
+    assert json.loads(purged.stdout) == {"purged": 0, "checkpoints": 0}
 
 
 async def test_a_user_s_export_carries_their_checkpoints_and_import_skips_existing_ones(url: str) -> None:

@@ -12,12 +12,14 @@ import click
 
 from agent_store.cli.support import (
     CommandFailed,
+    confirm,
     json_option,
     open_store,
     print_json,
     print_table,
     runs_async,
     url_option,
+    yes_option,
 )
 from agent_store.store import Store
 
@@ -71,10 +73,12 @@ async def show(checkpoint_id: str, url: str | None, user_id: str | None, as_json
 @click.argument("checkpoint_id")
 @url_option
 @user_option
+@yes_option
 @json_option
 @runs_async
-async def delete(checkpoint_id: str, url: str | None, user_id: str | None, as_json: bool) -> None:
+async def delete(checkpoint_id: str, url: str | None, user_id: str | None, yes: bool, as_json: bool) -> None:
     """Delete one checkpoint."""
+    confirm(yes, f"Delete checkpoint {checkpoint_id!r}?", unattended=True)
     async with open_store(url) as store:
         if not await _storage(store, user_id).delete(checkpoint_id):
             raise _not_found(checkpoint_id, user_id)

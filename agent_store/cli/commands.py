@@ -25,6 +25,7 @@ from agent_store.cli.support import (
     print_table,
     runs_async,
     url_option,
+    yes_option,
 )
 from agent_store.cli.transfer import erase_user, export, import_, purge
 from agent_store.cli.usage import budget, price, usage
@@ -82,7 +83,7 @@ async def upgrade(url: str | None, revision: str, as_json: bool) -> None:
 @main.command()
 @url_option
 @click.argument("revision")
-@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@yes_option
 @json_option
 @runs_async
 async def downgrade(url: str | None, revision: str, yes: bool, as_json: bool) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from agent_store.cli.support import (
+    confirm,
     json_option,
     open_store,
     print_json,
@@ -17,6 +18,7 @@ from agent_store.cli.support import (
     runs_async,
     url_option,
     user_option,
+    yes_option,
 )
 from agent_store.db.statements import not_found
 
@@ -130,18 +132,23 @@ async def fork(url: str | None, user_id: str | None, session_id: str, at_seq: in
 
 
 @session_command(
-    click.option("--after-seq", type=int, required=True, help="Keep messages up to this seq; drop the rest.")
+    click.option("--after-seq", type=int, required=True, help="Keep messages up to this seq; drop the rest."),
+    yes_option,
 )
-async def truncate(url: str | None, user_id: str | None, session_id: str, after_seq: int, as_json: bool) -> None:
+async def truncate(
+    url: str | None, user_id: str | None, session_id: str, after_seq: int, yes: bool, as_json: bool
+) -> None:
     """Rewind a session: drop its messages after --after-seq (a tool call keeps its result)."""
+    confirm(yes, f"Drop the messages of {session_id!r} after seq {after_seq}?", unattended=True)
     async with open_store(url) as store:
         dropped = await store.truncate(session_id, after_seq, user_id=user_id)
     _done(as_json, session_id, "truncated", dropped=dropped, text=f"dropped {dropped} messages of {session_id}")
 
 
-@session_command()
-async def clear(url: str | None, user_id: str | None, session_id: str, as_json: bool) -> None:
+@session_command(yes_option)
+async def clear(url: str | None, user_id: str | None, session_id: str, yes: bool, as_json: bool) -> None:
     """Delete a session's messages, keeping the session and its state."""
+    confirm(yes, f"Delete every message of {session_id!r}?", unattended=True)
     async with open_store(url) as store:
         dropped = await store.clear(session_id, user_id=user_id)
     _done(as_json, session_id, "cleared", dropped=dropped, text=f"cleared {dropped} messages of {session_id}")
@@ -155,9 +162,10 @@ async def close(url: str | None, user_id: str | None, session_id: str, as_json: 
     _done(as_json, session_id, "closed", text=f"closed {session_id}")
 
 
-@session_command()
-async def delete(url: str | None, user_id: str | None, session_id: str, as_json: bool) -> None:
+@session_command(yes_option)
+async def delete(url: str | None, user_id: str | None, session_id: str, yes: bool, as_json: bool) -> None:
     """Delete a session with its messages, state and run log."""
+    confirm(yes, f"Delete session {session_id!r} with its messages, state and run log?", unattended=True)
     async with open_store(url) as store:
         if not await store.delete(session_id, user_id=user_id):
             raise not_found(session_id, user_id)  # the library's own refusal, with its hint

@@ -113,12 +113,19 @@ def given_url(url: str | None) -> str | None:
     return url if ParameterSource.COMMANDLINE in typed else None
 
 
-def confirm(yes: bool, question: str) -> None:
-    """Ask before destroying anything, unless ``--yes``; refused when no one is at a terminal to answer. The
-    prompt goes to stderr: stdout stays the command's output (its JSON with ``--json``)."""
+yes_option = click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+
+
+def confirm(yes: bool, question: str, *, unattended: bool = False) -> None:
+    """Every destructive command asks on a terminal, unless ``--yes``; none ever waits for an answer when no one
+    is at a terminal. There, ``unattended`` commands (one session's or one checkpoint's delete, clear, truncate:
+    what scripts have always run) go ahead; the others (a whole user's erasure, a schema downgrade) refuse
+    without ``--yes``. The prompt goes to stderr: stdout stays the command's output (its JSON with ``--json``)."""
     if yes:
         return
     if not sys.stdin.isatty():
+        if unattended:
+            return
         raise click.UsageError("refusing without --yes when not on a terminal")
     click.confirm(question, abort=True, err=True)
 

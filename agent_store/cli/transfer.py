@@ -21,6 +21,7 @@ from agent_store.cli.support import (
     runs_async,
     url_option,
     user_option,
+    yes_option,
 )
 
 
@@ -124,7 +125,7 @@ async def purge(url: str | None, batch_size: int, checkpoint_days: int | None, a
 @click.command(name="erase-user")
 @url_option
 @click.argument("user_id")
-@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@yes_option
 @json_option
 @runs_async
 async def erase_user(url: str | None, user_id: str, yes: bool, as_json: bool) -> None:
