@@ -260,8 +260,12 @@ async def test_a_window_over_a_compacted_history_cuts_no_group(store: Store, lim
     [
         (lambda row, rows: row.update(pos=10**18), "pos is not a place"),
         (lambda row, rows: row.update(pos=rows[1]["seq"] * 4294967296), "pos is not a place"),
-        (lambda row, rows: row.update(summarized_by="nobody"), "names a summary the session lacks"),
+        (lambda row, rows: row.update(summarized_by="nobody"), "marks name no summary"),
         (lambda row, rows: row.update(excluded_at=1) if not row["excluded"] else None, "excluded_at"),
+        # issue 37: columns that contradict the marks, and an excluded_at past the next seq (not a position)
+        (lambda row, rows: row.update(excluded=True, marks=None), "must say what its marks say"),
+        (lambda row, rows: row.update(exclude_reason="forged", marks=None), "must say what its marks say"),
+        (lambda row, rows: _excluded(rows).update(excluded_at=rows[-1]["seq"] * 4), "excluded_at"),
         (lambda row, rows: row.update(summary_of={"_summary_of_message_ids": []}, marks=None), "not a summary's"),
     ],
 )
@@ -277,6 +281,10 @@ async def test_an_import_no_run_could_have_written_is_refused(store: Store, forg
     with pytest.raises(InvalidValueError, match=why):
         await store.import_lines(json.dumps(line, ensure_ascii=False) for line in lines)
     assert await rows(store, "SELECT count(*) FROM agent_messages") == [(0,)]
+
+
+def _excluded(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    return next(r for r in rows if r["excluded"])
 
 
 def test_places_keep_every_list_order_whatever_the_insertions() -> None:

@@ -189,14 +189,19 @@ def check_message(values: dict[str, Any], parsed: Any, settings: Settings) -> No
         raise InvalidValueError(why[:300]) from exc
     if encoded.columns["role"] != values["role"]:
         raise InvalidValueError(f"{where}: its role column {values['role']!r} is not its body's role")
+    # A compaction's marks (0013) are what load puts back; the columns must say the same, and no marks say "not
+    # excluded, not summarized": a row whose columns contradict its marks would be one thing to the whole load
+    # and another to load(skip_excluded=True) and the model view (issue 37).
     marks = values.get("marks")
-    if marks is not None:  # a compaction's marks (0013): what load puts back, and the columns that say the same
+    if marks is not None:
         marks = json.loads(marks)
         if not isinstance(marks, dict) or not set(marks) <= {*message_rows.MARK_KEYS, message_rows.MESSAGE_ID_MARK}:
             raise InvalidValueError(f"{where}: marks must be a JSON object of the compaction's keys")
-        same = message_rows.mark_columns(marks, where=where, max_bytes=settings.max_value_bytes)
-        if (same["excluded"], same["exclude_reason"]) != (values.get("excluded", False), values.get("exclude_reason")):
-            raise InvalidValueError(f"{where}: excluded and exclude_reason must say what its marks say")
+    same = message_rows.mark_columns(marks, where=where, max_bytes=settings.max_value_bytes)
+    if (same["excluded"], same["exclude_reason"]) != (bool(values.get("excluded")), values.get("exclude_reason")):
+        raise InvalidValueError(f"{where}: excluded and exclude_reason must say what its marks say")
+    if values.get("summarized_by") is not None and message_rows.summary_link(marks) is None:
+        raise InvalidValueError(f"{where}: summarized_by is set, but its marks name no summary")
     links = json.loads(values["summary_of"]) if values.get("summary_of") is not None else None
     if links is not None and (not isinstance(links, dict) or not set(links) <= set(message_rows.SUMMARY_LINKS)):
         raise InvalidValueError(f"{where}: summary_of must be a JSON object of a summary's links")
@@ -288,7 +293,9 @@ def check_compaction(session: dict[str, Any], messages: list[dict[str, Any]]) ->
     for row in messages:
         if row.get("summarized_by") is not None and row["summarized_by"] not in ids - {row["message_id"]}:
             raise InvalidValueError(f"{where}: message {row['message_id']!r} names a summary the session lacks")
-        if row.get("excluded_at") is not None and not (row.get("excluded") and 0 <= row["excluded_at"] <= end):
+        # excluded_at is a seq (the first of the commit that excluded it), never past the session's next seq
+        at = row.get("excluded_at")
+        if at is not None and not (row.get("excluded") and type(at) is int and 0 <= at <= session.get("next_seq", 0)):
             raise InvalidValueError(f"{where}: message {row['message_id']!r} has an excluded_at but is not excluded")
         marks = json.loads(row["marks"]) if row.get("marks") is not None else {}
         if not isinstance(marks.get("_group", {}), dict) or (row.get("summary_of") and "_group" not in marks):
