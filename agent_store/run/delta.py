@@ -222,6 +222,11 @@ def close_tool_pairs(messages: list[Message], answered: Iterable[str] = ()) -> t
                 message_id=f"interrupted-{message_rows.store_id(m)}-{len(out)}",
             )
             filler.additional_properties[message_rows.STORE_ID] = filler.message_id
+            # It follows its call under compaction: in the call's group, excluded with it (issue 37). Rebuilt on
+            # every load from the call's marks, as the filler itself is never stored.
+            for key in message_rows.MARK_KEYS:
+                if key in m.additional_properties:
+                    filler.additional_properties[key] = copy.deepcopy(m.additional_properties[key])
             synthetic.add(filler.message_id)  # type: ignore[arg-type]
             out.append(filler)
     return out, synthetic
