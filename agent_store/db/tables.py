@@ -36,7 +36,7 @@ from agent_store.db.usage_tables import prices_t as prices_t
 from agent_store.db.usage_tables import usage_t as usage_t
 
 # The Alembic revision this code expects; tests/test_migrations.py pins it to the scripts' head.
-SCHEMA_REVISION = "0015"
+SCHEMA_REVISION = "0016"
 
 
 class SessionRow(Base):
@@ -174,6 +174,25 @@ class ToolCallRow(Base):
     )
 
 
+class MessageMarksRow(Base):
+    """A message's compaction columns before a commit rewrote them (migration 0016, written by a trigger): what a
+    fork or a truncation at an earlier seq puts back. ``horizon``: the first seq of the commit that rewrote it."""
+
+    __tablename__ = "agent_message_marks"
+
+    session_id: Mapped[str] = mapped_column(
+        String(ID_MAX), ForeignKey("agent_sessions.id", ondelete="CASCADE"), primary_key=True
+    )
+    horizon: Mapped[int] = mapped_column(Integer, primary_key=True)
+    message_id: Mapped[str] = mapped_column(String(ID_MAX), primary_key=True)
+    marks: Mapped[Any | None] = mapped_column(JsonText())
+    excluded: Mapped[bool] = mapped_column(Boolean)
+    exclude_reason: Mapped[str | None] = mapped_column(String(ID_MAX))
+    summarized_by: Mapped[str | None] = mapped_column(String(ID_MAX))
+    excluded_at: Mapped[int | None] = mapped_column(Integer)
+    pos: Mapped[int | None] = mapped_column(BigInteger)
+
+
 class UserStateRow(Base):
     """A ``user:``-prefixed state key: shared by every session of one user (long-term memory)."""
 
@@ -260,6 +279,7 @@ messages_t = cast(Table, MessageRow.__table__)
 state_t = cast(Table, StateRow.__table__)
 runs_t = cast(Table, RunRow.__table__)
 tool_calls_t = cast(Table, ToolCallRow.__table__)
+message_marks_t = cast(Table, MessageMarksRow.__table__)
 user_state_t = cast(Table, UserStateRow.__table__)
 app_state_t = cast(Table, AppStateRow.__table__)
 erasures_t = cast(Table, ErasureRow.__table__)

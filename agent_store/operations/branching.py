@@ -3,9 +3,11 @@
 Both cut only where no function call is separated from its result, refuse a seq outside the session, and
 give every copied state row a fresh stamp and the fork a fresh incarnation (a copy never looks unchanged).
 
-Both cut in commit order (seq). What a compaction excluded after the cut is included again, as it was at the
-cut (``excluded_at``, migration 0013), and a summary committed after it is not kept: a summary is never cut from
-what it summarizes, and no message is left excluded in favour of a summary that is not there.
+Both cut in commit order (seq). Every message kept gets back the compaction columns it had at the cut (marks,
+exclusion, reason, summary link, place): a commit after the cut that rewrote them left the earlier values in
+``agent_message_marks`` (migration 0016). For rows rewritten before that table existed, what was excluded after
+the cut is included again (``excluded_at``, migration 0013). A summary committed after the cut is not kept: no
+message is left excluded in favour of a summary that is not there.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from agent_store.db import codec, message_rows, rewrites
 from agent_store.db.database import Database
 from agent_store.db.statements import lock_user, new_stamp, not_found
-from agent_store.db.tables import messages_t, sessions_t, state_t, tool_calls_t
+from agent_store.db.tables import message_marks_t, messages_t, sessions_t, state_t, tool_calls_t
 from agent_store.errors import InvalidValueError
 from agent_store.operations.lifecycle import owned
 
@@ -73,6 +75,7 @@ async def truncate(db: Database, session_id: str, user_id: str | None, after_seq
         removed = (await conn.execute(delete(messages_t).where(M.session_id == session_id, M.seq > cut))).rowcount
         await conn.execute(update(sessions_t).where(S.id == session_id).values(next_seq=cut + 1, version=S.version + 1))
         await rewrites.lower_included_from(conn, session_id, cut + 1)  # never above next_seq
+        await _as_at_the_cut(conn, session_id, session_id, cut)
         await _include_again(conn, session_id, cut, db.settings.max_value_bytes)
     return int(removed)
 
@@ -103,8 +106,41 @@ async def fork(db: Database, session_id: str, user_id: str | None, at_seq: int |
         await _copy(conn, messages_t, session_id, new_id, messages_t.c.seq <= cut)
         await _copy(conn, tool_calls_t, session_id, new_id, tool_calls_t.c.seq <= cut)
         await _copy(conn, state_t, session_id, new_id, None, version=new_stamp())
+        await _copy(conn, message_marks_t, session_id, new_id, message_marks_t.c.horizon <= cut)
+        await _as_at_the_cut(conn, session_id, new_id, cut)
         await _include_again(conn, new_id, cut, db.settings.max_value_bytes)
     return new_id
+
+
+KEPT = ("marks", "excluded", "exclude_reason", "summarized_by", "excluded_at", "pos")
+
+
+async def _as_at_the_cut(conn: AsyncConnection, source_id: str, session_id: str, cut: int) -> None:
+    """Give each message of ``session_id`` (at or before ``cut``) the compaction columns it had at the cut in
+    ``source_id``: those kept by the first rewrite after the cut (0016). Then forget every later rewrite,
+    including the ones these updates just recorded."""
+    K = message_marks_t.c
+    first = (
+        select(K.message_id, func.min(K.horizon).label("horizon"))
+        .where(K.session_id == source_id, K.horizon > cut)
+        .group_by(K.message_id)
+        .subquery()
+    )
+    found = (
+        select(*[K[name] for name in ("message_id", *KEPT)])
+        .join(first, and_(K.message_id == first.c.message_id, K.horizon == first.c.horizon))
+        .where(K.session_id == source_id)
+    )
+    M = messages_t.c
+    for row in (await conn.execute(found)).all():
+        values = {name: getattr(row, name) for name in KEPT}
+        if values["marks"] is not None:  # read back as a value; the column binds JSON text
+            values["marks"] = codec.dumps(values["marks"], where="marks")
+        await conn.execute(
+            update(messages_t).where(M.session_id == session_id, M.message_id == row.message_id, M.seq <= cut)
+            .values(values)
+        )  # fmt: skip
+    await conn.execute(delete(message_marks_t).where(K.session_id == session_id, K.horizon > cut))
 
 
 async def _include_again(conn: AsyncConnection, session_id: str, cut: int, max_bytes: int) -> None:

@@ -18,7 +18,7 @@ from agent_store.db import codec, message_rows
 from agent_store.db.database import Database
 from agent_store.db.scopes import owner_is
 from agent_store.db.statements import not_found
-from agent_store.db.tables import JsonText, messages_t, sessions_t
+from agent_store.db.tables import JsonText, message_marks_t, messages_t, sessions_t
 from agent_store.errors import InvalidValueError, SessionExpiredError
 from agent_store.models import MessageRecord, SessionInfo, SessionPage
 
@@ -222,6 +222,8 @@ async def clear(db: Database, session_id: str, user_id: str | None) -> int:
             )
         ).rowcount == 0:
             raise not_found(session_id, user_id)
+        # seq starts again at 0: earlier rewrites' values (0016) must never be put back on new messages
+        await conn.execute(delete(message_marks_t).where(message_marks_t.c.session_id == session_id))
         return int((await conn.execute(delete(messages_t).where(messages_t.c.session_id == session_id))).rowcount)
 
 
