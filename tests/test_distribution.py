@@ -18,6 +18,7 @@ from helpers import ROOT, rows
 from agent_store import Store
 
 SCALING = Path(__file__).parent.parent / "docs" / "SCALING.md"
+KINDS = ("changes", "inserts")  # agent_state_keep_*: migration 0017
 DISTRIBUTE = re.compile(r"create_distributed_table\('(\w+)', '(\w+)'(?:, colocate_with => '(\w+)')?\)")
 REFERENCE = re.compile(r"create_reference_table\('(\w+)'\)")
 
@@ -110,7 +111,8 @@ async def test_the_migrated_schema_can_be_distributed_by_session_as_documented(p
 
     # One trigger (0016) and no other: it reads and writes only its own session's rows of colocated tables, which
     # Citus 11+ runs with citus.enable_unsafe_triggers (docs/SCALING.md says so).
-    assert found["triggers"] == [("agent_messages", "agent_messages_keep_marks")], "a trigger Citus would refuse"
+    keep_state = [("agent_state", f"agent_state_keep_{kind}") for kind in KINDS]
+    assert sorted(found["triggers"]) == [("agent_messages", "agent_messages_keep_marks"), *keep_state], "a trigger"
     assert "citus.enable_unsafe_triggers" in (ROOT / "docs" / "SCALING.md").read_text()
 
     # Foreign keys: distributed -> reference, or between colocated tables on their distribution columns.

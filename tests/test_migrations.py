@@ -34,7 +34,7 @@ TABLES = set(Base.metadata.tables)
 # PostgreSQL's trigram and full-text indexes.
 SEARCH_OBJECTS = ("agent_messages_fts", "ix_agent_messages_text_")
 MESSAGE_ID_INDEX = "ix_agent_messages_session_id_message_id"
-SCHEMA_REVISION_BEFORE_HEAD = "0013"  # the code needs 0014's budgets table: on 0013 a load fails
+SCHEMA_REVISION_BEFORE_HEAD = "0016"  # the code needs 0017's base_id: on 0016 a load fails
 
 
 async def table_names(store: Store) -> set[str]:
@@ -129,12 +129,12 @@ async def test_a_database_behind_head_says_how_to_upgrade(url: str, revision: st
 async def test_a_store_opened_without_the_check_stays_so_after_migrating(url: str) -> None:
     """``check_schema=False`` (the CLI's): a migration to an older revision does not turn the check back on.
 
-    The code reads 0014's budgets: on an older schema a load fails on the database's own error, not on the
+    The code reads 0017's branch column: on an older schema a load fails on the database's own error, not on the
     schema check, and a migration back to head brings it back."""
     async with Store.from_url(url, check_schema=False) as store:
         await store.migrate()
         await store.downgrade(SCHEMA_REVISION_BEFORE_HEAD)
-        with pytest.raises((DatabaseError, StorageUnavailableError), match="agent_usage_budgets"):
+        with pytest.raises((DatabaseError, StorageUnavailableError), match="base_id"):
             await store.load("s", user_id="u")
         await store.migrate()
         async with store.session("s", user_id="u") as session:

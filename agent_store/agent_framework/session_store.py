@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 import warnings
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
@@ -9,8 +10,11 @@ from typing import TYPE_CHECKING
 from agent_framework import AgentSession, SessionStore
 from agent_framework._feature_stage import ExperimentalWarning
 
-from agent_store.errors import InvalidValueError, SessionNotFoundError
-from agent_store.run.commit import Run, run_of
+import agent_store.run.points as points
+from agent_store.db.load_statement import POSITION_STEP
+from agent_store.errors import SessionNotFoundError
+from agent_store.run.checked_commit import HeadMoved, ResponseToRecord
+from agent_store.run.commit import KEY_MAX, Run, run_of
 from agent_store.run.read_times import ReadTimes
 
 if TYPE_CHECKING:
@@ -29,13 +33,18 @@ with warnings.catch_warnings():
 
 
 class StoreSessionStore(_SessionStoreBase):
-    """The framework's ``SessionStore`` (get / set / delete of whole sessions; experimental in Agent Framework
-    1.23) on the store's tables.
+    """The framework's ``SessionStore`` (get / set / delete by key; experimental in Agent Framework 1.23) on the
+    store's tables, for the hosting packages' two ways of naming a conversation (agent-framework-hosting):
 
-    ``get`` loads a session (its state rows and messages); ``set`` commits what changed since that ``get``,
-    with the usual rules: new messages appended, changed keys written, a key changed meanwhile by someone
-    else raises ``ConflictError``. ``set`` of a session this store did not hand out writes its messages
-    (skipping ids already stored) and its keys (a key that already exists is a conflict, not an overwrite).
+    - a session's own id names its **head**: ``set(id, session)`` commits what changed since ``get(id)``, with
+      the usual rules (new messages appended, changed keys written, a key changed meanwhile by someone else is
+      a ``ConflictError``); a session this store did not hand out writes its messages (skipping ids stored
+      already) and its keys (a key that exists already is a conflict, not an overwrite). A conversation id.
+    - any other key names a **point**, which never changes (a response id): ``set(response_id, session)``
+      commits the turn and records the key at the point it makes, in one transaction. If the session moved on
+      since the point the turn continued from (another request continued from it first), the turn goes to a
+      branch that points at that history instead of copying it (run/points.py). ``get(response_id)`` reads the
+      conversation as it was at that point. A key is set once; another user's key is not found.
     """
 
     def __init__(self, store: Store, *, user_id: str | None = None, history_limit: int | None = None) -> None:
@@ -46,6 +55,11 @@ class StoreSessionStore(_SessionStoreBase):
     async def get(self, session_id: str) -> AgentSession | None:
         SessionStore.validate_session_id(session_id)
         read_at = datetime.now(UTC)
+        point = await points.resolve(self.store.db, session_id, self.user_id)
+        if point is not None:
+            run = await self._at(point)
+            if run is not None:
+                return run.session
         try:
             run = await self.store.load(session_id, user_id=self.user_id, history_limit=self.history_limit)
         except SessionNotFoundError:  # another user's id: the same answer as an unused one
@@ -55,20 +69,51 @@ class StoreSessionStore(_SessionStoreBase):
         self._absent.read(session_id, read_at)
         return None
 
+    async def _at(self, point: points.Point) -> Run | None:
+        """A run at ``point``: the session's ordinary load when it is still its head, else the point's view."""
+        try:
+            run = await self.store.load(point.session_id, user_id=self.user_id, history_limit=self.history_limit)
+        except SessionNotFoundError:
+            return None
+        if run._snapshot.version != point.version or point.session_id != run.storage_id:
+            run = await points.load_point(self.store.db, point, run, user_id=self.user_id,
+                                          history_limit=self.history_limit)  # fmt: skip
+        run.point = point
+        return run
+
     async def set(self, session_id: str, session: AgentSession) -> None:
         SessionStore.validate_session_id(session_id)
-        if session.session_id != session_id:
-            raise InvalidValueError(
-                f"StoreSessionStore keeps a session under its own id: {session.session_id!r} != {session_id!r}"
-            )
         run = run_of(session)
         if run is None or run.db is not self.store.db:
             # Its contents date from the get() that found nothing; not known otherwise (then an erasure of the
             # user still on record refuses it: it may hold what was read before).
             # The earliest get of the id on record: never later than this caller's own (read_times.py).
-            run = Run.unloaded(self.store.db, session, user_id=self.user_id, read_at=self._absent.earliest(session_id))
-        await run.commit()
+            run = Run.unloaded(self.store.db, session, user_id=self.user_id,
+                               read_at=self._absent.earliest(session.session_id))  # fmt: skip
+        if session_id == run.storage_id and run.point is None:  # its own id: the head moves
+            await run.commit()
+            return
+        parent = run.point.key if run.point is not None else run.storage_id
+        run.response = ResponseToRecord(session_id, parent)
+        if run._key is None:  # a retry of this set() (this run) finds its first attempt by this run id
+            run._key = f"response:{uuid.uuid4().hex}:{session_id}"[:KEY_MAX]
+        snap = run._snapshot
+        try:
+            await run.commit()
+        except HeadMoved:
+            at = run.point or points.Point(parent, run.storage_id, snap.end // POSITION_STEP, snap.version, False)
+            async with self.store.db.transaction(write=True, doing="branching a conversation") as conn:
+                await points.branch(conn, run, at)
+            run.base_id = at.session_id
+            await run.commit()
+        # The session goes on from the point just made (a later set() continues from it).
+        run.point = points.Point(session_id, run.storage_id, snap.end // POSITION_STEP, snap.version, True)
+        run.response, run._key = None, None
 
     async def delete(self, session_id: str) -> None:
         SessionStore.validate_session_id(session_id)
+        point = await points.resolve(self.store.db, session_id, self.user_id)
+        if point is not None and point.session_id != session_id:
+            await points.forget(self.store.db, point)  # a response: its point goes, the history stays
+            return
         await self.store.delete(session_id, user_id=self.user_id)

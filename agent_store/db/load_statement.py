@@ -13,6 +13,7 @@ BUDGET     scope       period                        token_limit  used          
 =========  ==========  ========  ==================  ===========  =======  ========  =========  ==========
 
 and a message's ``author`` (author_name) and ``text``, which its stored body leaves out (message_rows.full_body),
+a session's ``author`` its ``base_id`` (a branch, migration 0017: run/points.py reads its history),
 and its compaction ``marks``; a budget's ``author`` is its subject. Messages come in the framework's list order
 (``position``: coalesce(pos, seq<<32), migration 0013), which is commit order unless a compaction inserted a
 summary in the middle. With ``included_only``, excluded messages are left out (what ``skip_excluded`` would hand
@@ -102,7 +103,7 @@ def _statement(with_user: bool, window: str, included_only: bool) -> Any:
     owned = _S.user_id == bindparam("uid") if with_user else _S.user_id.is_(None)
     session = select(*_branch(
         SESSION, key=_S.user_id, other=_S.agent_id, doc=_S.service_session_id, n1=_S.incarnation, n2=_S.version,
-        n3=_S.next_seq, t1=_S.closed_at, t2=_S.expires_at,
+        n3=_S.next_seq, t1=_S.closed_at, t2=_S.expires_at, author=_S.base_id,
     )).where(_S.id == bindparam("sid"))  # fmt: skip
     branches = [session]
     for prefix, table, owner, param in (

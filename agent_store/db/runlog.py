@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agent_store.db import erasures, ledger
 from agent_store.db.database import Database
+from agent_store.db.ledger import ModelCall, totals
 from agent_store.db.message_rows import EncodedMessage
 from agent_store.db.tables import runs_t, sessions_t
 from agent_store.errors import AgentStoreError
@@ -89,3 +90,18 @@ def run_log_row(
         "output_tokens": usage.get("output_token_count"),
         "outcome": outcome,
     }
+
+
+async def log_unwritten(
+    db: Database, outcome: str, calls: list[ModelCall], ids: dict[str, Any], version: int, incarnation: int | None,
+    *, user_id: str | None, agent_id: str | None, since: datetime,
+) -> None:  # fmt: skip
+    """A run that wrote nothing ("conflict", "failed"), with its model calls, in a transaction of its own (a run's
+    ``log_unwritten``). ``calls`` is cleared in place (recorders hold the list): spent, whatever becomes of the
+    run. ``incarnation``: the one it loaded, None if it created none (whoever made it since)."""
+    if outcome != "conflict" and not calls:
+        return
+    spent = calls[:]
+    calls.clear()
+    row = run_log_row(ids, version, [], 0, totals(spent), outcome)
+    await record_unwritten(db, row, spent, user_id=user_id, agent_id=agent_id, incarnation=incarnation, since=since)

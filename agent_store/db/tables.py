@@ -27,16 +27,20 @@ from sqlalchemy.orm import Mapped, mapped_column
 from agent_store.db.column_types import ExactJsonText as ExactJsonText
 from agent_store.db.column_types import JsonText as JsonText
 from agent_store.db.column_types import UTCDateTime as UTCDateTime
-from agent_store.db.schema_base import ID_MAX as ID_MAX
-from agent_store.db.schema_base import Base as Base
 
 # The usage ledger's tables (0014), on the same metadata: migrations compare the schema with all of them.
+from agent_store.db.history_tables import branch_marks_t as branch_marks_t
+from agent_store.db.history_tables import message_marks_t as message_marks_t
+from agent_store.db.history_tables import responses_t as responses_t
+from agent_store.db.history_tables import state_history_t as state_history_t
+from agent_store.db.schema_base import ID_MAX as ID_MAX
+from agent_store.db.schema_base import Base as Base
 from agent_store.db.usage_tables import budgets_t as budgets_t
 from agent_store.db.usage_tables import prices_t as prices_t
 from agent_store.db.usage_tables import usage_t as usage_t
 
 # The Alembic revision this code expects; tests/test_migrations.py pins it to the scripts' head.
-SCHEMA_REVISION = "0016"
+SCHEMA_REVISION = "0017"
 
 
 class SessionRow(Base):
@@ -68,6 +72,10 @@ class SessionRow(Base):
     expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime())  # pushed forward by each run
     forked_from: Mapped[str | None] = mapped_column(String(ID_MAX))  # Store.fork: the session branched from
     forked_at_seq: Mapped[int | None] = mapped_column(Integer)  # ... and its last message copied
+    # A branch (0017): its messages before base_seq are base_id's (through its chain of bases), never copied.
+    base_id: Mapped[str | None] = mapped_column(String(ID_MAX))  # no foreign key: see migration 0017
+    base_seq: Mapped[int | None] = mapped_column(Integer)
+    keeps_history: Mapped[bool] = mapped_column(Boolean, server_default=false())  # a point was recorded on it
 
     __table_args__ = (
         Index(None, "user_id", "updated_at", "id"),  # a user's sessions, newest first (keyset pagination)
@@ -79,6 +87,9 @@ class SessionRow(Base):
             postgresql_where=text("forked_from IS NOT NULL"),
             sqlite_where=text("forked_from IS NOT NULL"),
         ),  # a session's branches
+        Index(
+            None, "base_id", postgresql_where=text("base_id IS NOT NULL"), sqlite_where=text("base_id IS NOT NULL")
+        ),  # the branches that point at it (0017)
     )
 
 
@@ -174,25 +185,6 @@ class ToolCallRow(Base):
     )
 
 
-class MessageMarksRow(Base):
-    """A message's compaction columns before a commit rewrote them (migration 0016, written by a trigger): what a
-    fork or a truncation at an earlier seq puts back. ``horizon``: the first seq of the commit that rewrote it."""
-
-    __tablename__ = "agent_message_marks"
-
-    session_id: Mapped[str] = mapped_column(
-        String(ID_MAX), ForeignKey("agent_sessions.id", ondelete="CASCADE"), primary_key=True
-    )
-    horizon: Mapped[int] = mapped_column(Integer, primary_key=True)
-    message_id: Mapped[str] = mapped_column(String(ID_MAX), primary_key=True)
-    marks: Mapped[Any | None] = mapped_column(JsonText())
-    excluded: Mapped[bool] = mapped_column(Boolean)
-    exclude_reason: Mapped[str | None] = mapped_column(String(ID_MAX))
-    summarized_by: Mapped[str | None] = mapped_column(String(ID_MAX))
-    excluded_at: Mapped[int | None] = mapped_column(Integer)
-    pos: Mapped[int | None] = mapped_column(BigInteger)
-
-
 class UserStateRow(Base):
     """A ``user:``-prefixed state key: shared by every session of one user (long-term memory)."""
 
@@ -279,7 +271,6 @@ messages_t = cast(Table, MessageRow.__table__)
 state_t = cast(Table, StateRow.__table__)
 runs_t = cast(Table, RunRow.__table__)
 tool_calls_t = cast(Table, ToolCallRow.__table__)
-message_marks_t = cast(Table, MessageMarksRow.__table__)
 user_state_t = cast(Table, UserStateRow.__table__)
 app_state_t = cast(Table, AppStateRow.__table__)
 erasures_t = cast(Table, ErasureRow.__table__)

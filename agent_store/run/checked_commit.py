@@ -8,6 +8,7 @@ app scope's); a commit's every check runs after the lock it depends on.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -18,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 import agent_store.run.compaction as compaction
 import agent_store.run.replays as replays
+import agent_store.run.responses as responses
 from agent_store.db import codec, erasures, ledger, message_rows, rewrites, runlog
 from agent_store.db import statements as sql
 from agent_store.db.load_statement import POSITION_STEP
@@ -26,7 +28,20 @@ from agent_store.db.stored_twice import StoredTwice
 from agent_store.errors import ConflictError
 from agent_store.run.one_call import OneCall
 
-__all__ = ["Landed", "write"]
+__all__ = ["HeadMoved", "Landed", "ResponseToRecord", "write"]
+
+
+class HeadMoved(Exception):
+    """A response's commit found its session moved past the point the run continues from (0017): it writes nothing
+    there; the caller starts a branch at that point (run/points.py) and commits the run into it."""
+
+
+@dataclass(frozen=True)
+class ResponseToRecord:
+    """A key to record with the commit, naming the point it makes (0017), and the point it continued from."""
+
+    key: str
+    parent: str | None
 
 
 class Landed(Exception):
@@ -85,6 +100,10 @@ async def write(
     )  # fmt: skip
     if check_landed and (landed := await runlog.run_recorded(db, sid, delta.run_id)) is not None:
         raise Landed(landed, incarnation)  # under the row lock: an attempt still in flight has finished by now
+    if call.response is not None:  # before any state write: from here on the session keeps its history
+        if snap.exists and version != snap.version + 1:
+            raise HeadMoved()  # the point this run continues from is not the session's head any more
+        await responses.before_writes(db, call, version, next_seq - len(delta.messages), now)
     for scope in call.scopes:
         keys = [k for k in delta.changed_keys if scope_of(k, call.scopes) is scope]
         if not keys:
@@ -117,6 +136,8 @@ async def write(
         await sql.insert_messages(db, sid, records, first_seq, delta.run_id, now)
     except IntegrityError as exc:  # (session_id, message_id) is unique: an old message added to the history
         raise StoredTwice(sid, [r.message_id for r in records]) from exc
+    if call.response is not None:
+        await responses.record(db, call, version, first_seq + len(records), now)
     log = runlog.run_log_row(call.log_ids, version, records, len(delta.changed_keys), delta.usage, "committed")
     await runlog.record_run(db, {**log, "messages_rewritten": rewritten})
     await ledger.record(db, log, delta.calls, user_id=call.user_id, agent_id=call.agent_id, app_id=settings.app_id,
@@ -149,7 +170,10 @@ async def _rewrite(db: AsyncConnection, call: OneCall, version: int) -> int:
     for record in delta.messages:
         record.columns["pos"] = placed.get(record.message_id)
     moved = delta.rewrites.moved(new_ids)
-    await rewrites.rewrite_marks(db, sid, delta.rewrites.marks, horizon=snap.end // POSITION_STEP)
+    marks = delta.rewrites.marks
+    if call.base_seq is not None:  # a branch: its base's messages are shared, their new columns are its own rows
+        marks, moved = await responses.branch_rewrites(db, call, marks, moved, horizon=snap.end // POSITION_STEP)
+    await rewrites.rewrite_marks(db, sid, marks, horizon=snap.end // POSITION_STEP)
     await rewrites.move(db, sid, moved)
     exactly = delta.rewrites.knows_every_included
     await rewrites.lower_included_from(db, sid, delta.rewrites.included_from, exactly=exactly)

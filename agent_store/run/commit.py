@@ -30,14 +30,15 @@ from typing import Any
 from agent_framework import AgentSession, InMemoryHistoryProvider, Message
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+import agent_store.run.after_commit as after_commit
 import agent_store.run.checked_commit as checked_commit
 import agent_store.run.commit_postgresql as commit_postgresql
 import agent_store.run.commit_sqlite as commit_sqlite
-import agent_store.run.compaction as compaction
 import agent_store.telemetry as telemetry
 from agent_store.db import codec, runlog
 from agent_store.db.database import Database
-from agent_store.db.ledger import ModelCall, totals
+from agent_store.db.ledger import ModelCall
+from agent_store.db.load_statement import POSITION_STEP
 from agent_store.db.scopes import scopes
 from agent_store.db.stored_twice import StoredTwice, named
 from agent_store.errors import (
@@ -81,6 +82,12 @@ class Run:
     ) -> None:  # fmt: skip
         self.db, self.session, self.user_id, self.agent_id = db, session, user_id, agent_id
         self._snapshot = snapshot
+        # run/points.py (0017): the row the commit writes (the session's, or a branch's), a branch's base (then the
+        # checked path), the point it was loaded at (a response id's), the response to record with its commit.
+        self.storage_id: str = session.session_id
+        self.base_id: str | None = None
+        self.point: Any = None
+        self.response: Any = None
         self._scopes = scopes(session.session_id, user_id, db.settings.app_id)
         self._key, self._commits = run_id, 0
         self._pending: Delta | None = None  # sent, outcome unknown: the next commit() retries exactly this
@@ -179,21 +186,22 @@ class Run:
                 await self.log_unwritten("failed")  # refused before any SQL: its model calls were spent
             raise
         snap = self._snapshot
-        if delta.empty and snap.exists and not retry:
+        if delta.empty and snap.exists and not retry and self.response is None:
             await self.discard()
-            return CommitResult(session_id=self.session.session_id, run_id=delta.run_id, version=snap.version)
+            return CommitResult(session_id=self.storage_id, run_id=delta.run_id, version=snap.version)
         if delta.service_session_id_changed and not delta.messages and not retry:
             logger.warning(
                 "session %r: the service-side conversation moved on and no message was stored here; give the agent "
-                "agent_store.agent_framework.StoreHistoryProvider to keep a local transcript", self.session.session_id
+                "agent_store.agent_framework.StoreHistoryProvider to keep a local transcript", self.storage_id
             )  # fmt: skip
         self._pending = delta
         one_call = commit_postgresql if self.db.dialect == "postgresql" else commit_sqlite
         # The common case: a first attempt, outside a serialized run, no key to look up, a session it loaded.
         fast = one_call.AVAILABLE and not retry and self._held is None and self._key is None
+        fast = fast and self.base_id is None and self.response is None  # a branch, a response: checked (0017)
         fast = fast and not snap.verify_new_ids and (not delta.compacts or one_call.takes(self._one_call(delta)))
         held, self._held = self._held, None  # a serialized run's lock ends with this commit, either way
-        with telemetry.operation("commit", session_id=self.session.session_id) as span:
+        with telemetry.operation("commit", session_id=self.storage_id) as span:
             written, attempts = None, 1 if held is not None else 2  # a dead pooled connection: once more
             if fast:  # the common case: one round trip (SQLite: one hop), or nothing written and the checked path
                 try:
@@ -225,6 +233,9 @@ class Run:
                     break
                 except checked_commit.Landed as landed:
                     return self._committed(delta, landed.incarnation, landed.row)
+                except checked_commit.HeadMoved:
+                    self._pending = None  # nothing written: the caller branches and commits again (run/points.py)
+                    raise
                 except (ConflictError, SessionNotFoundError, SessionClosedError, InvalidValueError) as exc:
                     if isinstance(exc, SessionNotFoundError) and landed_before and not snap.exists:
                         # This attempt wrote nothing, but the first one, whose session is not there, may still
@@ -237,7 +248,7 @@ class Run:
                     if not isinstance(exc, SessionNotFoundError):  # (a deleted session has no run log)
                         await self.log_unwritten("conflict" if isinstance(exc, ConflictError) else "failed")
                     if isinstance(exc, StoredTwice):
-                        raise await named(self.db, self.session.session_id, exc) from exc.__cause__
+                        raise await named(self.db, self.storage_id, exc) from exc.__cause__
                     raise
                 except (StorageUnavailableError, DatabaseError) as exc:
                     self._unless_refused(exc, landed_before=landed_before)
@@ -253,15 +264,14 @@ class Run:
 
     def _one_call(self, delta: Delta) -> OneCall:
         return OneCall(
-            db=self.db, session_id=self.session.session_id, user_id=self.user_id, agent_id=self.agent_id,
+            db=self.db, session_id=self.storage_id, user_id=self.user_id, agent_id=self.agent_id,
             scopes=self._scopes, snapshot=self._snapshot, delta=delta, log_ids=self._log_ids(delta.run_id),
-            since=self._fence_since(), sent=self._sent,
+            since=self._fence_since(), sent=self._sent, response=self.response,
+            base_seq=self._snapshot.end // POSITION_STEP if self.base_id is not None else None,
         )  # fmt: skip
 
-    def _trying_once_more(self) -> None:
-        # A pooled connection was dead (no pre-ping): once more on a fresh one, as a retry, so an attempt whose
-        # COMMIT did land is recognised by its run id and nothing is written twice.
-        logger.info("session %r: the commit met a dropped connection; trying once more", self.session.session_id)
+    def _trying_once_more(self) -> None:  # a dead pooled connection: once more on a fresh one, as a retry (by run id)
+        logger.info("session %r: the commit met a dropped connection; trying once more", self.storage_id)
 
     def _sent(self) -> None:
         self._maybe_landed = True
@@ -277,17 +287,13 @@ class Run:
     async def log_unwritten(self, outcome: str) -> None:
         """Log a run that wrote nothing ("conflict", "failed") and its model calls, in a transaction of its own:
         operators see conflicts, and spent tokens are charged (also where no log row may go: record_unwritten)."""
-        if outcome != "conflict" and not self.calls:
-            return
-        calls = self.calls[:]  # spent, whatever becomes of the run (cleared in place: recorders hold the list)
-        self.calls.clear()
-        row = runlog.run_log_row(self._log_ids(uuid.uuid4().hex), self._snapshot.version, [], 0, totals(calls), outcome)
-        incarnation = self._snapshot.incarnation if self._snapshot.exists else None  # None: whoever made it since
-        await runlog.record_unwritten(self.db, row, calls, user_id=self.user_id, agent_id=self.agent_id,
-                                      incarnation=incarnation, since=self._fence_since())  # fmt: skip
+        snap, ids = self._snapshot, self._log_ids(uuid.uuid4().hex)
+        incarnation = snap.incarnation if snap.exists else None
+        await runlog.log_unwritten(self.db, outcome, self.calls, ids, snap.version, incarnation, user_id=self.user_id,
+                                   agent_id=self.agent_id, since=self._fence_since())  # fmt: skip
 
     def _log_ids(self, run_id: str) -> dict[str, Any]:
-        return {"session_id": self.session.session_id, "run_id": run_id, "started_at": self._started_at}
+        return {"session_id": self.storage_id, "run_id": run_id, "started_at": self._started_at}
 
     def _delta(self) -> Delta:
         settings = self.db.settings
@@ -298,29 +304,7 @@ class Run:
         )  # fmt: skip
 
     def _committed(self, delta: Delta, incarnation: int, written: Any) -> CommitResult:
-        """Make the snapshot describe the database as this run left it, so a later commit writes only news."""
-        version, messages, keys, *rest = written
-        snap = self._snapshot
-        compaction.committed(snap, delta.messages, delta.rewrites, int(version), int(messages))
-        if not snap.exists and int(version) != 1:
-            # It joined a session another run created meanwhile, whose keys this run never read: its later
-            # commits check every key's stamp (a blind write over one is a conflict) and skip the one-call path.
-            snap.verify_new_ids = True
-        snap.exists, snap.incarnation, snap.version = True, incarnation, int(version)
-        snap.service_session_id = delta.service_session_id
-        for key in delta.deletes:
-            snap.state_text.pop(key, None)
-            snap.state_stamp.pop(key, None)
-        for key, text in delta.upserts.items():
-            snap.state_text[key], snap.state_stamp[key] = text, delta.stamp
-        snap.message_ids.update(r.message_id for r in delta.messages)
-        self._pending, self._commits = None, self._commits + 1
-        del self.calls[: len(delta.calls)]  # what was recorded is not recorded again (later calls stay)
-        return CommitResult(
-            session_id=self.session.session_id, run_id=delta.run_id, version=int(version),
-            messages_written=int(messages), state_keys_written=int(keys),
-            messages_rewritten=int(rest[0] if rest else 0),
-        )  # fmt: skip
+        return after_commit.committed(self, delta, incarnation, written)
 
 
 def run_of(session: AgentSession) -> Run | None:

@@ -72,6 +72,25 @@ async def load(
                 await db.release(held, commit=False)  # a rollback's failure is logged there, never raised
             raise
     run._held, run._key, run._read_at = held, run_id, read_at
+    if run.base_id is not None:  # a branch (0017): its history is read through its bases
+        return await _branch_head(db, run, history_limit, serialized, skip_excluded)
+    return run
+
+
+async def _branch_head(
+    db: Database, loaded: Run, history_limit: int | None, serialized: bool, skip_excluded: bool
+) -> Run:  # fmt: skip
+    import agent_store.run.points as points
+
+    if serialized or skip_excluded:
+        await loaded.discard()
+        raise InvalidValueError("a branch of a conversation (a response's session) is loaded whole: serialized and "
+                                "skip_excluded runs are not available on it")  # fmt: skip
+    snap = loaded._snapshot
+    head = points.Point(loaded.storage_id, loaded.storage_id, snap.end // POSITION_STEP, snap.version, False)
+    key = loaded._key
+    run = await points.load_point(db, head, loaded, user_id=loaded.user_id, history_limit=history_limit)
+    run._key = key
     return run
 
 
@@ -147,7 +166,9 @@ async def _read(
     # IdentifiedHistory's own assignment, which is for the lists the framework sets later.
     session.state[HISTORY_KEY] = IdentifiedHistory({**(history if isinstance(history, dict) else {}),
                                                     "messages": messages})  # fmt: skip
-    return Run(db, session, snap, user_id=user_id, agent_id=agent_id)
+    run = Run(db, session, snap, user_id=user_id, agent_id=agent_id)
+    run.base_id = row.author if row is not None else None
+    return run
 
 
 def _message(row: Row[Any], cipher: message_rows.MessageCipher | None) -> Message:

@@ -36,3 +36,7 @@ class OneCall:
     log_ids: dict[str, Any]  # its run-log row's ids: session_id, run_id, started_at
     since: datetime  # the erasure fence: the user erased at or after this refuses the commit
     sent: Callable[[], None]  # called just before the call is sent: from then on it may have landed
+    # The checked path only (0017): the response to record with the commit, and a branch's base_seq (its
+    # compaction of earlier messages, which are its base's, goes to agent_branch_marks).
+    response: Any = None
+    base_seq: int | None = None

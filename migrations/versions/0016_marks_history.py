@@ -83,8 +83,10 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    op.execute("DROP TRIGGER IF EXISTS agent_messages_keep_marks" +
-               (" ON agent_messages" if op.get_bind().dialect.name == "postgresql" else ""))  # fmt: skip
+    if op.get_bind().dialect.name == "postgresql":
+        op.execute("DROP TRIGGER IF EXISTS agent_messages_keep_marks ON agent_messages")
+    else:
+        op.execute("DROP TRIGGER IF EXISTS agent_messages_keep_marks")
     if op.get_bind().dialect.name == "postgresql":
         op.execute("DROP FUNCTION IF EXISTS agent_store_keep_marks()")
     op.drop_table("agent_message_marks")

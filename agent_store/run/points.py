@@ -1,0 +1,255 @@
+"""Points of a conversation (migration 0017): what a response id names, how a point is read back, how a branch starts.
+
+A point is a session's history up to ``seq_end`` and its own state at ``version``. A response id names one
+(``agent_responses``); a session id names its head. Reading a point that is a session's head is an ordinary load.
+Reading an earlier one, or one in a branch, reads the chain of bases (messages are never copied), each message
+with the compaction columns it had at that point (0016's ``agent_message_marks``, a branch's own
+``agent_branch_marks``), and the session's own keys as they were at ``version`` (``agent_state_history``).
+
+A run that continues from a point the session has moved past cannot be appended to that session: it gets a
+branch, a session of its own whose ``base_id`` / ``base_seq`` point at the history it continues (O(1) rows:
+the branch's row and its own keys, never the history), and its commit goes there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import and_, delete, or_, select
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from agent_store.db import codec, message_decode, message_rows
+from agent_store.db import statements as sql
+from agent_store.db.database import Database
+from agent_store.db.load_statement import POSITION_STEP
+from agent_store.db.scopes import scopes
+from agent_store.db.tables import (
+    branch_marks_t,
+    message_marks_t,
+    messages_t,
+    responses_t,
+    sessions_t,
+    state_history_t,
+    state_t,
+)
+from agent_store.run.commit import HISTORY_KEY, Run, StoredSession
+from agent_store.run.delta import IdentifiedHistory, close_tool_pairs, pair_safe_tail
+
+__all__ = ["Point", "branch", "chain_of", "forget", "head_of", "load_point", "resolve"]
+MARK_COLUMNS = ("marks", "excluded", "exclude_reason", "summarized_by", "pos")
+_S, _M = sessions_t.c, messages_t.c
+
+
+@dataclass(frozen=True)
+class Point:
+    """``key`` names ``session_id``'s history before ``seq_end`` and its own state at ``version``."""
+
+    key: str
+    session_id: str
+    seq_end: int
+    version: int
+    recorded: bool  # a response row (it never moves); False: a session's head, read when resolved
+
+
+async def resolve(db: Database, key: str, user_id: str | None) -> Point | None:
+    """The point ``key`` names for ``user_id``: a response of theirs, else None (another user's is None too)."""
+    async with db.transaction(write=False, doing="resolving a response id") as conn:
+        r = responses_t.c
+        found = (await conn.execute(select(r.session_id, r.seq_end, r.version, r.user_id)
+                                    .where(r.response_id == key))).first()  # fmt: skip
+    if found is None or found.user_id != user_id:
+        return None
+    return Point(key, found.session_id, int(found.seq_end), int(found.version), recorded=True)
+
+
+async def chain_of(conn: AsyncConnection, session_id: str) -> list[Any]:
+    """The session's row, then its base's, and so on to the first session of the conversation."""
+    chain: list[Any] = []
+    current: str | None = session_id
+    while current is not None and len(chain) < 10_000:
+        row = (await conn.execute(select(sessions_t).where(_S.id == current))).first()
+        if row is None:
+            break
+        chain.append(row)
+        current = row.base_id
+    return chain
+
+
+async def head_of(db: Database, session_id: str) -> Point | None:
+    async with db.transaction(write=False, doing="reading a session's head") as conn:
+        row = (await conn.execute(select(_S.next_seq, _S.version).where(_S.id == session_id))).first()
+    return None if row is None else Point(session_id, session_id, int(row.next_seq), int(row.version), False)
+
+
+def _segments(chain: list[Any], seq_end: int) -> list[tuple[str, int, int]]:
+    """(session, first seq, end seq) of each session's part of the history, the viewed one first."""
+    out, end = [], seq_end
+    for row in chain:
+        low = int(row.base_seq or 0) if row.base_id is not None else 0
+        out.append((row.id, low, end))
+        end = low
+    return out
+
+
+async def load_point(
+    db: Database, point: Point, loaded: Run, *, user_id: str | None, history_limit: int | None
+) -> Run:  # fmt: skip
+    """A run on the history ``point`` names, as it was then: messages through the chain of bases, each with the
+    compaction columns it had at the point, and the session's own keys at its version. ``loaded``: a load of the
+    point's session (ownership, expiry, closure and budgets checked; the shared keys read), rebuilt here. Its
+    commit must branch (``Run.point`` says from where), unless the point is still the session's head."""
+    run = loaded
+    snap = run._snapshot
+    async with db.transaction(write=False, doing="loading a response") as conn:
+        chain = await chain_of(conn, point.session_id)
+        segments = _segments(chain, point.seq_end)
+        ranges = [and_(_M.session_id == sid, _M.seq >= low, _M.seq < end) for sid, low, end in segments if end > low]
+        rows = (await conn.execute(select(messages_t).where(or_(*ranges)))).all() if ranges else []
+        at_cut = await _marks_at_cut(conn, segments)
+        overrides = await _overrides(conn, segments)
+        own = await _own_state(conn, point)
+    conversation = chain[-1].id if chain else point.session_id
+    session = StoredSession(session_id=conversation, service_session_id=snap.service_session_id)
+    for key, value in session_state_shared(run).items():
+        session.state[key] = value
+    snap.state_text = {k: v for k, v in snap.state_text.items() if _shared(k)}
+    snap.state_stamp = {k: v for k, v in snap.state_stamp.items() if _shared(k)}
+    for key, (value, text, stamp) in own.items():
+        snap.state_text[key], snap.state_stamp[key] = text, stamp
+        session.state[key] = codec.decode_state(value, key=key)
+    owner = {sid: i for i, (sid, _, _) in enumerate(segments)}
+    decoded = []
+    for row in rows:
+        columns = {name: getattr(row, name) for name in MARK_COLUMNS}
+        columns.update(at_cut.get((row.session_id, row.message_id), {}))
+        for level in range(owner[row.session_id]):  # a branch nearer the point overrides its base's columns
+            if (found := overrides.get((segments[level][0], row.message_id))) is not None:
+                columns.update(found)
+                break
+        position = columns["pos"] if columns["pos"] is not None else int(row.seq) * POSITION_STEP
+        decoded.append((position, row, columns))
+    decoded.sort(key=lambda item: item[0])
+    cipher = db.settings.message_cipher
+    messages = []
+    snap.message_ids, snap.places, snap.marks = set(), {}, {}
+    for position, row, columns in decoded:
+        marks = message_rows.with_links(columns["marks"], row.summary_of)
+        messages.append(message_decode.message_from_row(row.body, cipher, identity=row.message_id, role=row.role,
+                                                        author_name=row.author_name, text=row.text, marks=marks))
+        snap.message_ids.add(row.message_id)
+        snap.places[row.message_id] = position
+        if marks:
+            snap.marks[row.message_id] = marks
+    if history_limit is not None:
+        messages = pair_safe_tail(messages, history_limit) if history_limit else []
+        snap.windowed = len(messages) < len(decoded)
+    snap.version, snap.end = point.version, point.seq_end * POSITION_STEP
+    snap.places_known = True
+    messages, synthetic = close_tool_pairs(messages, frozenset())
+    snap.message_ids |= synthetic
+    history = session.state.get(HISTORY_KEY)
+    session.state[HISTORY_KEY] = IdentifiedHistory({**(history if isinstance(history, dict) else {}),
+                                                    "messages": messages})  # fmt: skip
+    viewed = Run(db, session, snap, user_id=user_id, agent_id=run.agent_id)
+    viewed.storage_id = point.session_id
+    viewed._scopes = scopes(point.session_id, user_id, db.settings.app_id)
+    viewed._read_at = run._read_at
+    viewed.point = point
+    return viewed
+
+
+def _shared(key: str) -> bool:
+    from agent_store.db.scopes import APP_PREFIX, USER_PREFIX
+
+    return key.startswith((USER_PREFIX, APP_PREFIX))
+
+
+def session_state_shared(run: Run) -> dict[str, Any]:
+    """The loaded ``user:`` and ``app:`` keys (shared across sessions: a point does not freeze them)."""
+    return {k: v for k, v in run.session.state.items() if _shared(k)}
+
+
+async def _marks_at_cut(conn: AsyncConnection, segments: list[tuple[str, int, int]]) -> dict[Any, dict[str, Any]]:
+    """Each message's compaction columns as they were at its session's cut in this view: the first row kept by a
+    rewrite after the cut (0016); absent if none came after."""
+    k = message_marks_t.c
+    found = (await conn.execute(
+        select(message_marks_t).where(or_(*[and_(k.session_id == sid, k.horizon >= end)
+                                           for sid, _, end in segments]))
+        .order_by(k.session_id, k.message_id, k.horizon)
+    )).all()  # fmt: skip
+    out: dict[Any, dict[str, Any]] = {}
+    for row in found:
+        out.setdefault((row.session_id, row.message_id), {name: getattr(row, name) for name in MARK_COLUMNS})
+    return out
+
+
+async def _overrides(conn: AsyncConnection, segments: list[tuple[str, int, int]]) -> dict[Any, dict[str, Any]]:
+    """A branch's compaction of its base's messages as it was at the branch's cut: its latest row at or below."""
+    b = branch_marks_t.c
+    found = (await conn.execute(
+        select(branch_marks_t).where(or_(*[and_(b.session_id == sid, b.horizon < end) for sid, _, end in segments]))
+        .order_by(b.session_id, b.message_id, b.horizon)
+    )).all()  # fmt: skip
+    return {(row.session_id, row.message_id): {name: getattr(row, name) for name in MARK_COLUMNS} for row in found}
+
+
+async def _own_state(conn: AsyncConnection, point: Point) -> dict[str, tuple[Any, str, int]]:
+    """The session's own keys at ``point.version`` (canonical JSON text, stamp): the current rows, each taken
+    back to the first value kept by a change after that version (``existed`` false: the key was not there)."""
+    s, h = state_t.c, state_history_t.c
+    current = {row.key: (row.value, int(row.version)) for row in
+               (await conn.execute(select(s.key, s.value, s.version).where(s.session_id == point.session_id))).all()}
+    later = (await conn.execute(
+        select(h.key, h.value, h.existed, h.until_version)
+        .where(h.session_id == point.session_id, h.until_version > point.version)
+        .order_by(h.key, h.until_version)
+    )).all()  # fmt: skip
+    values: dict[str, Any] = {key: value for key, (value, _) in current.items()}
+    seen: set[str] = set()
+    for row in later:
+        if row.key in seen:
+            continue
+        seen.add(row.key)
+        if row.existed:
+            values[row.key] = row.value
+        else:
+            values.pop(row.key, None)
+    return {key: (value, codec.dumps(value, where=f"state[{key!r}]", max_bytes=2**62), current.get(key, (None, 0))[1])
+            for key, value in values.items()}  # fmt: skip
+
+
+async def forget(db: Database, point: Point) -> None:
+    """Delete a response's key (the history it named stays: other points and branches share it)."""
+    r = responses_t.c
+    async with db.transaction(write=True, doing="deleting a response") as conn:
+        await conn.execute(delete(responses_t).where(r.session_id == point.session_id, r.response_id == point.key))
+
+
+async def branch(conn: AsyncConnection, run: Run, point: Point, now: datetime | None = None) -> str:
+    """Start a branch at ``point`` for ``run``: a session of its own whose history before ``point.seq_end`` is
+    the base's, with the run's loaded own keys as its state (fresh stamps). The run commits there next."""
+    now = now or datetime.now(UTC)
+    base = (await conn.execute(select(sessions_t).where(_S.id == point.session_id))).first()
+    if base is None:
+        raise sql.not_found(point.session_id, run.user_id)
+    new_id = f"{point.key[:200]}~{sql.new_stamp():x}"
+    row = {"id": new_id, "user_id": base.user_id, "agent_id": base.agent_id, "incarnation": sql.new_stamp(),
+           "version": 0, "next_seq": point.seq_end, "created_at": now, "updated_at": now, "base_id": base.id,
+           "base_seq": point.seq_end, "keeps_history": True, "ttl_seconds": base.ttl_seconds,
+           "expires_at": base.expires_at, "title": base.title, "included_from": None}  # fmt: skip
+    await conn.execute(sessions_t.insert(), row)
+    snap = run._snapshot
+    stamp = sql.new_stamp()
+    own = {k: v for k, v in snap.state_text.items() if not _shared(k)}
+    if own:
+        await conn.execute(state_t.insert(), [{"session_id": new_id, "key": k, "value": v, "version": stamp,
+                                               "updated_at": now} for k, v in own.items()])  # fmt: skip
+    for key in own:
+        snap.state_stamp[key] = stamp
+    snap.exists, snap.incarnation, snap.version = True, row["incarnation"], 0
+    run.storage_id = new_id
+    run._scopes = scopes(new_id, run.user_id, run.db.settings.app_id)
+    return new_id

@@ -1,0 +1,86 @@
+"""A response's part of a commit (migration 0017), in the checked transaction (checked_commit.py calls these).
+
+Before the state writes: the key is locked and must be new (or this run's own, a retry, which the run log finds
+first); the session keeps its state's history from now on; and if the session's own id named its head until now
+(the first request of a served conversation is stored under its response id), that id is frozen where the head
+was, so it keeps naming that point once this commit moves the head on. After the messages: the key's row.
+
+A branch's compaction of its base's messages writes rows of its own (``agent_branch_marks``), from this commit's
+horizon on: the base's rows are shared by every branch and never rewritten by one.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from agent_store.db import message_rows
+from agent_store.db import statements as sql
+from agent_store.db.database import SESSION_LOCK
+from agent_store.db.tables import branch_marks_t, responses_t, sessions_t
+from agent_store.errors import InvalidValueError
+from agent_store.run.one_call import OneCall
+
+__all__ = ["before_writes", "branch_rewrites", "record"]
+RESPONSE_LOCK = 4  # advisory lock class of a response key (SESSION_LOCK, USER_LOCK, APP_LOCK are 1-3)
+assert RESPONSE_LOCK != SESSION_LOCK
+
+
+async def _key_taken(db: AsyncConnection, key: str) -> bool:
+    if db.dialect.name == "postgresql":  # one key, one point: concurrent writers of one key queue here
+        await db.execute(select(func.pg_advisory_xact_lock(RESPONSE_LOCK, func.hashtext(key))))
+    r = responses_t.c
+    return (await db.execute(select(r.session_id).where(r.response_id == key))).first() is not None
+
+
+async def before_writes(db: AsyncConnection, call: OneCall, version: int, head_seq: int, now: datetime) -> None:
+    """Lock and check the key, keep the session's history, freeze its own id at the head it had (see above)."""
+    key, sid = call.response.key, call.session_id
+    if await _key_taken(db, key):
+        raise InvalidValueError(f"response id {key!r} already names a point of a conversation; a point never "
+                                "changes: store the next turn under a new id")  # fmt: skip
+    await db.execute(update(sessions_t).where(sessions_t.c.id == sid, sessions_t.c.keeps_history.is_(False))
+                     .values(keeps_history=True))  # fmt: skip
+    if call.base_seq is None and call.snapshot.exists and key != sid and not await _key_taken(db, sid):
+        await db.execute(responses_t.insert(), {
+            "session_id": sid, "response_id": sid, "user_id": call.user_id, "seq_end": head_seq,
+            "version": version - 1, "parent_id": None, "run_id": None, "created_at": now,
+        })  # fmt: skip
+
+
+async def record(db: AsyncConnection, call: OneCall, version: int, seq_end: int, now: datetime) -> None:
+    await db.execute(responses_t.insert(), {
+        "session_id": call.session_id, "response_id": call.response.key, "user_id": call.user_id,
+        "seq_end": seq_end, "version": version, "parent_id": call.response.parent, "run_id": call.delta.run_id,
+        "created_at": now,
+    })  # fmt: skip
+
+
+async def branch_rewrites(
+    db: AsyncConnection, call: OneCall, marks: dict[str, dict[str, Any]], moved: dict[str, int], *, horizon: int
+) -> tuple[dict[str, dict[str, Any]], dict[str, int]]:
+    """Split a branch's compaction: its own messages' changes (returned, written as usual) and its base's (written
+    here as the branch's rows, each message's columns whole: the new ones over those the run loaded)."""
+    ids = sorted(set(marks) | set(moved))
+    if not ids:
+        return marks, moved
+    own = await sql.already_stored(db, call.session_id, ids)
+    base = [mid for mid in ids if mid not in own]
+    if base:
+        snap, rows = call.snapshot, []
+        for mid in base:
+            columns = marks.get(mid)
+            if columns is None:  # moved only: its columns as loaded
+                loaded = snap.marks.get(mid)
+                columns = message_rows.mark_columns(loaded, where=f"message {mid!r}", max_bytes=2**62)
+            rows.append({"session_id": call.session_id, "message_id": mid, "horizon": horizon,
+                         "marks": columns["marks"], "excluded": bool(columns["excluded"]),
+                         "exclude_reason": columns["exclude_reason"], "summarized_by": columns["summarized_by"],
+                         "pos": moved.get(mid, snap.places.get(mid))})  # fmt: skip
+        await db.execute(branch_marks_t.insert(), rows)
+    keep = set(own)
+    return {k: v for k, v in marks.items() if k in keep}, {k: v for k, v in moved.items() if k in keep}
+
