@@ -23,6 +23,7 @@ DESTRUCTIVE = {  # command -> (arguments, the question's start)
     "truncate": (["truncate", "chat-2", "--user", "li", "--after-seq", "0"], "Drop the messages of 'chat-2'"),
     "erase-user": (["erase-user", "wang"], "Erase everything stored for user 'wang'"),
     "checkpoints delete": (["checkpoints", "delete", "cp", "--user", "li"], "Delete checkpoint 'cp'"),
+    "purge": (["purge"], "Delete the expired sessions"),
 }
 
 

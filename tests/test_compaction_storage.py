@@ -266,6 +266,7 @@ async def test_a_window_over_a_compacted_history_cuts_no_group(store: Store, lim
         (lambda row, rows: row.update(excluded=True, marks=None), "must say what its marks say"),
         (lambda row, rows: row.update(exclude_reason="forged", marks=None), "must say what its marks say"),
         (lambda row, rows: _excluded(rows).update(excluded_at=rows[-1]["seq"] * 4), "excluded_at"),
+        (lambda row, rows: row.update(body=_with_extra(row["body"], {"_excluded": True})), "carries compaction"),
         (lambda row, rows: row.update(summary_of={"_summary_of_message_ids": []}, marks=None), "not a summary's"),
     ],
 )
@@ -281,6 +282,12 @@ async def test_an_import_no_run_could_have_written_is_refused(store: Store, forg
     with pytest.raises(InvalidValueError, match=why):
         await store.import_lines(json.dumps(line, ensure_ascii=False) for line in lines)
     assert await rows(store, "SELECT count(*) FROM agent_messages") == [(0,)]
+
+
+def _with_extra(body: Any, extra: dict[str, Any]) -> Any:
+    body = dict(body) if isinstance(body, dict) else {"type": "message", "contents": []}
+    body["additional_properties"] = {**body.get("additional_properties", {}), **extra}
+    return body
 
 
 def _excluded(rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -9,15 +9,18 @@ as a ConflictError against its own first attempt.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
 
 import asyncpg
 import pytest
 from agent_framework import Message
-from helpers import plain_dsn, rows
+from helpers import lose_the_reply, plain_dsn, rows
 from lost_reply_proxy import LostReplyProxy
 from sqlalchemy.engine import make_url
 
-from agent_store import StorageUnavailableError, Store
+from agent_store import ConflictError, StorageUnavailableError, Store
 from agent_store.db.database import USER_LOCK
 from agent_store.errors import AgentStoreError
 
@@ -76,3 +79,37 @@ async def test_a_new_sessions_commit_cut_while_the_server_holds_it_lands_once(
     finally:
         await admin.close()
         await proxy.stop()
+
+
+@pytest.mark.parametrize("user", ["u", None])
+async def test_a_retry_never_writes_into_a_session_created_again_by_another_run(url: str, user: str | None) -> None:
+    """The first commit lands, its reply and the store's own retry are lost; the session is deleted and another run
+    creates it again. The retry cannot tell "never landed" from "landed and deleted since": ConflictError, nothing
+    written into the other run's session."""
+    async with Store.from_url(url) as store:
+        await store.migrate()
+        run = await store.load("new", user_id=user)
+        run.history.extend(Message(role="user", contents=[f"first-run m{i}"]) for i in range(2))
+        lose_the_reply(store)
+        real = store.db.transaction
+
+        @asynccontextmanager
+        async def lost_once(**_: Any) -> AsyncIterator[Any]:
+            store.db.transaction = real  # type: ignore[method-assign]
+            lost = StorageUnavailableError("committing a run failed: connection lost")
+            lost.connection_lost = True
+            raise lost
+            yield
+
+        store.db.transaction = lost_once  # type: ignore[method-assign]
+        with pytest.raises(StorageUnavailableError):
+            await run.commit()
+        store.db.transaction = real  # type: ignore[method-assign]
+        assert await store.delete("new", user_id=user)
+        async with store.session("new", user_id=user) as other:
+            other.state.setdefault("in_memory", {}).setdefault("messages", []).append(
+                Message(role="user", contents=["another conversation"])
+            )
+        with pytest.raises(ConflictError, match="made by another run"):
+            await run.commit()
+        assert [m.text for m in await store.messages("new", user_id=user)] == ["another conversation"]

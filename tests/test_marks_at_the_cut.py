@@ -69,3 +69,26 @@ async def test_a_message_excluded_at_the_cut_and_included_later_is_excluded_agai
     await again.discard()
     left = await rows(store, "SELECT count(*) FROM agent_message_marks WHERE session_id = :s AND horizon > 1", s=branch)
     assert left == [(0,)]
+
+
+@pytest.mark.parametrize("cut", ["truncate", "fork"])
+async def test_a_load_of_only_the_included_sees_what_the_cut_included_again(store: Store, cut: str) -> None:
+    """A message a later compaction excluded is included at the cut: load(skip_excluded=True) must read it, though
+    included_from had moved past it (the review's case)."""
+    for i in range(3):
+        async with store.session("c", user_id="u") as session:
+            _turn(session, i)
+            if i == 2:  # the last turn excludes the first two messages
+                for index in (0, 1):
+                    _mark(session, index, True)
+    if cut == "truncate":
+        await store.truncate("c", 1, user_id="u")
+        branch = "c"
+    else:
+        branch = await store.fork("c", user_id="u", at_seq=1, new_id="b")
+    whole = await store.load(branch, user_id="u")
+    included = [m.text for m in whole.history if not m.additional_properties.get("_excluded")]
+    await whole.discard()
+    projected = await store.load(branch, user_id="u", skip_excluded=True)
+    assert [m.text for m in projected.history] == included == ["q0", "a0"]
+    await projected.discard()

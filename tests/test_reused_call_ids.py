@@ -74,3 +74,16 @@ async def test_an_unanswered_call_whose_id_is_reused_later_does_not_pull_the_cut
         history.extend(turn(1, "call_0"))
     fork = await store.fork("s", user_id="u", at_seq=6, new_id="f")
     assert [m.seq for m in await store.messages(fork, user_id="u")] == list(range(7))
+
+
+async def test_a_stray_result_reusing_an_answered_id_does_not_pull_the_cut_back(store: Store) -> None:
+    """A result with no open call (a duplicate, answering ``call_0`` again) answers nothing, as a load pairs them."""
+    async with store.session("s", user_id="u") as session:
+        history = session.state.setdefault("in_memory", {}).setdefault("messages", [])
+        history.extend(turn(0, "call_0"))  # seq 0-3
+        history.append(Message(role="user", contents=["q1"]))  # seq 4
+        history.append(Message(role="tool", contents=[Content.from_function_result(call_id="call_0", result="again")]))
+        history.append(Message(role="assistant", contents=["a1"]))  # seq 6
+    for at_seq in (4, 5):
+        fork = await store.fork("s", user_id="u", at_seq=at_seq, new_id=f"f{at_seq}")
+        assert [m.seq for m in await store.messages(fork, user_id="u")] == list(range(at_seq + 1))

@@ -106,10 +106,14 @@ async def import_(url: str | None, source: Any, as_json: bool) -> None:
     "--checkpoints-older-than", "checkpoint_days", type=click.IntRange(0, 36_500), default=None, metavar="DAYS",
     help="Also delete workflow checkpoints saved more than DAYS ago (each workflow's latest is kept).",
 )  # fmt: skip
+@yes_option
 @json_option
 @runs_async
-async def purge(url: str | None, batch_size: int, checkpoint_days: int | None, as_json: bool) -> None:
+async def purge(url: str | None, batch_size: int, checkpoint_days: int | None, yes: bool, as_json: bool) -> None:
     """Delete expired sessions (and, if asked, old workflow checkpoints) in small batches."""
+    what = "expired sessions" + (f" and workflow checkpoints older than {checkpoint_days} days" if checkpoint_days
+                                 is not None else "")  # fmt: skip
+    confirm(yes, f"Delete the {what}?", unattended=True)  # a schedule runs it with no terminal
     async with open_store(url) as store:
         with progress("purging", await store.count_expired()) as advance:
             removed = await store.purge_expired(batch_size=batch_size, progress=advance)

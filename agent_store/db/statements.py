@@ -141,11 +141,7 @@ async def bump_session(
         return int(bumped[0]), int(bumped[1]), int(bumped[2])
     row = (await db.execute(READ_SESSION, {"sid": session_id})).first()
     if row is None and retrying_creation:  # never landed (lost with a server), or landed and was deleted since
-        raise SessionNotFoundError(
-            f"no session {session_id!r} for user {user_id!r}: this retry's first attempt created it and its outcome "
-            "is unknown; the session was deleted since, or the attempt was lost with the server (a crash or a "
-            "failover). To run it again, load it again: store.load(..., run_id=...) lands it exactly once"
-        )
+        raise creation_not_found(session_id, user_id)
     if row is None or row.user_id != user_id or row.agent_id not in (None, agent_id):
         raise not_found(session_id, user_id)
     if incarnation is not None and row.incarnation != incarnation:  # another conversation, closed or not
@@ -156,6 +152,14 @@ async def bump_session(
             reason="another run moved the service-side conversation (service_session_id) on since this run loaded it",
         )  # fmt: skip
     raise SessionClosedError(f"session {session_id!r} was closed while this run was in progress")
+
+
+def creation_not_found(session_id: str, user_id: str | None) -> SessionNotFoundError:
+    return SessionNotFoundError(
+        f"no session {session_id!r} for user {user_id!r}: this retry's first attempt created it and its outcome "
+        "is unknown; the session was deleted since, or the attempt was lost with the server (a crash or a "
+        "failover). To run it again, load it again: store.load(..., run_id=...) lands it exactly once"
+    )
 
 
 async def delete_if_expired(db: AsyncConnection, session_id: str, user_id: str | None, now: datetime) -> None:

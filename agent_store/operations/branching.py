@@ -40,14 +40,15 @@ def _check_seq(value: Any, what: str, last: int) -> None:
 async def _paired_cut(conn: AsyncConnection, session_id: str, cut: int) -> int:
     """Lower ``cut`` until no function call at or before it has its result after it.
 
-    A result answers the latest call of its id before it, not any call of that id: some OpenAI-compatible
-    servers send ``call_0`` for every call, and a result at seq 50 does not answer a ``call_0`` at seq 1 that
-    was answered at seq 2 (issue 37)."""
+    A result answers the latest call of its id before it, if no result answered that call already (as a load
+    pairs them, run/delta.py's close_tool_pairs): some OpenAI-compatible servers send ``call_0`` for every call,
+    and a result at seq 50 does not answer a ``call_0`` at seq 1 that was answered at seq 2 (issue 37), nor does
+    a stray result with no open call answer anything."""
     call, result, between = tool_calls_t.alias("c"), tool_calls_t.alias("r"), tool_calls_t.alias("b")
     same_id = (call.c.session_id == result.c.session_id) & (call.c.call_id == result.c.call_id)
-    later_call = exists().where(
+    later_call = exists().where(  # a call or a result of that id between the two: not this call's answer
         between.c.session_id == result.c.session_id, between.c.call_id == result.c.call_id,
-        between.c.kind == "call", between.c.seq > call.c.seq, between.c.seq < result.c.seq,
+        between.c.seq > call.c.seq, between.c.seq < result.c.seq,
     )  # fmt: skip
     while True:
         split = (
@@ -132,7 +133,8 @@ async def _as_at_the_cut(conn: AsyncConnection, source_id: str, session_id: str,
         .where(K.session_id == source_id)
     )
     M = messages_t.c
-    for row in (await conn.execute(found)).all():
+    restored = (await conn.execute(found)).all()
+    for row in restored:
         values = {name: getattr(row, name) for name in KEPT}
         if values["marks"] is not None:  # read back as a value; the column binds JSON text
             values["marks"] = codec.dumps(values["marks"], where="marks")
@@ -141,6 +143,8 @@ async def _as_at_the_cut(conn: AsyncConnection, source_id: str, session_id: str,
             .values(values)
         )  # fmt: skip
     await conn.execute(delete(message_marks_t).where(K.session_id == session_id, K.horizon > cut))
+    if restored:  # a message included again may lie below included_from: a load of the included reads them all
+        await rewrites.lower_included_from(conn, session_id, 0, exactly=True)
 
 
 async def _include_again(conn: AsyncConnection, session_id: str, cut: int, max_bytes: int) -> None:

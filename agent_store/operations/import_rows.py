@@ -176,6 +176,9 @@ def check_message(values: dict[str, Any], parsed: Any, settings: Settings) -> No
         if set(parsed) != {message_rows.ENCRYPTED} or not isinstance(parsed[message_rows.ENCRYPTED], str):
             raise InvalidValueError(f"{where}: an encrypted body is one {message_rows.ENCRYPTED!r} key holding text")
         return  # sealed: only a store holding the cipher can read it back (and refuses to load it without one)
+    extra = parsed.get("additional_properties")
+    if isinstance(extra, dict) and set(extra) & set(message_rows.MARK_KEYS):  # a run keeps them in their columns
+        raise InvalidValueError(f"{where}: its body carries compaction marks, which a stored body never does")
     try:
         message = message_decode.message_from_row(parsed, settings.message_cipher, identity=values["message_id"],
                                          role=values["role"], author_name=values.get("author_name"),

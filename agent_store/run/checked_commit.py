@@ -75,12 +75,15 @@ async def write(
         await sql.wait_for_creation(db, sid, delta.incarnation)
     if settling:
         # That attempt created the session or joined one another run created first: its run id is in the log
-        # of the session there now, looked up under the row's lock. Not there: that attempt did not land in
-        # this session, and the run commits as a first run does.
-        if (there := await sql.lock_session(db, sid)) is not None:
-            if (landed := await runlog.run_recorded(db, sid, delta.run_id)) is not None:
-                raise Landed(landed, there)
-            maybe_landed = False
+        # of the session there now, looked up under the row's lock. A session without it was made by someone
+        # else, since or instead (it cannot tell which: ConflictError, reload); no session at all: not found,
+        # the delta kept (that attempt may still arrive; the next commit() looks again).
+        if (there := await sql.lock_session(db, sid)) is None:
+            raise sql.creation_not_found(sid, call.user_id)
+        if (landed := await runlog.run_recorded(db, sid, delta.run_id)) is not None:
+            raise Landed(landed, there)
+        raise ConflictError(sid, [], reason="this run's first commit, whose outcome is unknown, would have created "
+                                            "the session; the one there now was made by another run")  # fmt: skip
     # A retry of a run that found no session, whose first COMMIT may have landed, and no session is there: it
     # never re-creates one (it may have been deleted or erased since), bound to the incarnation it drew.
     bound = snap.incarnation if snap.exists else delta.incarnation if maybe_landed else None

@@ -143,9 +143,9 @@ def downgrade() -> None:
         op.execute("DROP TRIGGER IF EXISTS agent_state_keep_inserts ON agent_state")
         op.execute("DROP TRIGGER IF EXISTS agent_state_keep_changes ON agent_state")
     else:
-        for drop in ("DROP TRIGGER IF EXISTS agent_state_keep_inserts", "DROP TRIGGER IF EXISTS agent_state_keep_updates",
-                     "DROP TRIGGER IF EXISTS agent_state_keep_deletes"):  # fmt: skip
-            op.execute(drop)
+        op.execute("DROP TRIGGER IF EXISTS agent_state_keep_inserts")
+        op.execute("DROP TRIGGER IF EXISTS agent_state_keep_updates")
+        op.execute("DROP TRIGGER IF EXISTS agent_state_keep_deletes")
     if postgres:
         op.execute("DROP FUNCTION IF EXISTS agent_store_keep_state()")
     op.drop_table("agent_branch_marks")
