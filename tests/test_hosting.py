@@ -119,8 +119,9 @@ async def test_another_users_response_id_is_never_their_history(store: Store, ur
     assert await StoreSessionStore(store, user_id="mallory").get(mine["id"]) is None
     with pytest.raises(SessionNotFoundError):  # continuing from it: refused, nothing of alice's is read
         await ask(url, "我叫什么名字？", after=mine["id"], user="mallory")
-    assert await rows(store, "SELECT DISTINCT user_id FROM agent_messages JOIN agent_sessions s ON s.id = session_id") \
-        == [("alice",)]
+    assert await rows(
+        store, "SELECT DISTINCT user_id FROM agent_messages JOIN agent_sessions s ON s.id = session_id"
+    ) == [("alice",)]
 
 
 async def test_the_streaming_route_chains_and_branches(store: Store, url: str) -> None:

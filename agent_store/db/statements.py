@@ -164,7 +164,22 @@ def creation_not_found(session_id: str, user_id: str | None) -> SessionNotFoundE
 
 async def delete_if_expired(db: AsyncConnection, session_id: str, user_id: str | None, now: datetime) -> None:
     c = sessions_t.c
-    await db.execute(delete(sessions_t).where(c.id == session_id, owner_is(c.user_id, user_id), c.expires_at <= now))
+    expired = (await db.execute(select(c.id).where(c.id == session_id, owner_is(c.user_id, user_id),
+                                                   c.expires_at <= now))).first()  # fmt: skip
+    if expired is not None:
+        await delete_with_branches(db, [session_id])
+
+
+async def delete_with_branches(db: AsyncConnection, session_ids: list[str]) -> int:
+    """Delete sessions and every branch that reads its history through them (migration 0017: a branch's base has
+    no foreign key, so the cascade is here). Returns how many of ``session_ids`` were deleted."""
+    c, found, frontier = sessions_t.c, [], list(session_ids)
+    while frontier:
+        frontier = list((await db.execute(select(c.id).where(c.base_id.in_(frontier)))).scalars().all())
+        found += frontier
+    if found:
+        await db.execute(delete(sessions_t).where(c.id.in_(found)))
+    return int((await db.execute(delete(sessions_t).where(c.id.in_(session_ids)))).rowcount)
 
 
 async def give_back_seq(db: AsyncConnection, session_id: str, unused: int) -> None:

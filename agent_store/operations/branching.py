@@ -23,7 +23,15 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from agent_store.db import codec, message_rows, rewrites
 from agent_store.db.database import Database
 from agent_store.db.statements import lock_user, new_stamp, not_found
-from agent_store.db.tables import message_marks_t, messages_t, sessions_t, state_t, tool_calls_t
+from agent_store.db.tables import (
+    branch_marks_t,
+    message_marks_t,
+    messages_t,
+    responses_t,
+    sessions_t,
+    state_t,
+    tool_calls_t,
+)
 from agent_store.errors import InvalidValueError
 from agent_store.operations.lifecycle import owned
 
@@ -67,11 +75,13 @@ async def _paired_cut(conn: AsyncConnection, session_id: str, cut: int) -> int:
 async def truncate(db: Database, session_id: str, user_id: str | None, after_seq: int) -> int:
     """Drop messages after ``after_seq`` (lowered to keep tool calls with their results); returns how many."""
     async with db.transaction(write=True, doing="truncating a session") as conn:
-        row = (await conn.execute(select(S.next_seq).where(*owned(session_id, user_id)).with_for_update())).first()
+        row = (await conn.execute(select(S.next_seq, S.base_seq).where(*owned(session_id, user_id))
+                                  .with_for_update())).first()  # fmt: skip
         if row is None:
             raise not_found(session_id, user_id)
         _check_seq(after_seq, "after_seq", row.next_seq - 1)
         cut = await _paired_cut(conn, session_id, after_seq)
+        await _points_after(conn, session_id, cut, row.base_seq)
         M = messages_t.c
         removed = (await conn.execute(delete(messages_t).where(M.session_id == session_id, M.seq > cut))).rowcount
         await conn.execute(update(sessions_t).where(S.id == session_id).values(next_seq=cut + 1, version=S.version + 1))
@@ -91,6 +101,9 @@ async def fork(db: Database, session_id: str, user_id: str | None, at_seq: int |
         source = (await conn.execute(select(sessions_t).where(*owned(session_id, user_id)))).first()
         if source is None:
             raise not_found(session_id, user_id)
+        if source.base_id is not None:  # its history is its bases' (0017): a copy of its own rows would lack it
+            raise InvalidValueError(f"session {session_id!r} is a branch of a served conversation: continue from one "
+                                    "of its response ids instead of forking it")  # fmt: skip
         last = source.next_seq - 1
         if at_seq is not None:
             _check_seq(at_seq, "at_seq", last)
@@ -114,6 +127,21 @@ async def fork(db: Database, session_id: str, user_id: str | None, at_seq: int |
 
 
 KEPT = ("marks", "excluded", "exclude_reason", "summarized_by", "excluded_at", "pos")
+
+
+async def _points_after(conn: AsyncConnection, session_id: str, cut: int, base_seq: int | None) -> None:
+    """A truncation keeps what served conversations read (0017): it never cuts into a branch's base, nor under
+    a branch of this session; response ids naming points after the cut go with the messages they named."""
+    if base_seq is not None and cut + 1 < base_seq:
+        raise InvalidValueError(f"session {session_id!r} is a branch whose history before seq {base_seq} is another "
+                                "session's: it cannot be truncated there")  # fmt: skip
+    under = (await conn.execute(select(S.id).where(S.base_id == session_id, S.base_seq > cut + 1).limit(1))).first()
+    if under is not None:
+        raise InvalidValueError(f"session {session_id!r} has a branch ({under.id!r}) that continues from a message "
+                                f"after seq {cut}: delete the branch first, or truncate at a later seq")  # fmt: skip
+    r, b = responses_t.c, branch_marks_t.c
+    await conn.execute(delete(responses_t).where(r.session_id == session_id, r.seq_end > cut + 1))
+    await conn.execute(delete(branch_marks_t).where(b.session_id == session_id, b.horizon > cut))
 
 
 async def _as_at_the_cut(conn: AsyncConnection, source_id: str, session_id: str, cut: int) -> None:

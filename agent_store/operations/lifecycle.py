@@ -17,8 +17,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from agent_store.db import codec, message_rows
 from agent_store.db.database import Database
 from agent_store.db.scopes import owner_is
-from agent_store.db.statements import not_found
-from agent_store.db.tables import JsonText, message_marks_t, messages_t, sessions_t
+from agent_store.db.statements import delete_with_branches, not_found
+from agent_store.db.tables import JsonText, message_marks_t, messages_t, responses_t, sessions_t
 from agent_store.errors import InvalidValueError, SessionExpiredError
 from agent_store.models import MessageRecord, SessionInfo, SessionPage
 
@@ -222,12 +222,18 @@ async def clear(db: Database, session_id: str, user_id: str | None) -> int:
             )
         ).rowcount == 0:
             raise not_found(session_id, user_id)
-        # seq starts again at 0: earlier rewrites' values (0016) must never be put back on new messages
+        # seq starts again at 0: earlier rewrites' values (0016) must never be put back on new messages; the
+        # points on it (0017) named messages that are gone; a branch reading them would lose its history.
+        if (await conn.execute(select(S.id).where(S.base_id == session_id).limit(1))).first() is not None:
+            raise InvalidValueError(f"session {session_id!r} has branches that read its history: delete them first")
         await conn.execute(delete(message_marks_t).where(message_marks_t.c.session_id == session_id))
+        await conn.execute(delete(responses_t).where(responses_t.c.session_id == session_id))
         return int((await conn.execute(delete(messages_t).where(messages_t.c.session_id == session_id))).rowcount)
 
 
 async def delete_session(db: Database, session_id: str, user_id: str | None) -> bool:
+    """Delete a session, and the branches that read their history through it (0017)."""
     async with db.transaction(write=True, doing="deleting a session") as conn:
-        done = await conn.execute(delete(sessions_t).where(*owned(session_id, user_id)))
-    return bool(done.rowcount)
+        if (await conn.execute(select(S.id).where(*owned(session_id, user_id)))).first() is None:
+            return False
+        return bool(await delete_with_branches(conn, [session_id]))

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, Row, Table, delete, func, select, tuple_, update
+from sqlalchemy import ColumnElement, Row, Table, delete, exists, func, select, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -35,6 +35,7 @@ from agent_store.errors import InvalidValueError
 from agent_store.models import ErasureReport
 
 S, M, CP = sessions_t.c, messages_t.c, checkpoints_t.c
+_BRANCH = sessions_t.alias("branch")  # a session whose base_id names another (0017)
 BATCH_MESSAGES = 10_000  # messages one retention transaction deletes at most (see _within)
 ERASE_BATCH = 500  # sessions one erasure transaction deletes at most
 
@@ -86,6 +87,7 @@ async def purge_expired(
                 picked = await conn.execute(
                     select(S.id, S.next_seq)
                     .where(S.expires_at <= datetime.now(UTC))
+                    .where(~exists().where(_BRANCH.c.base_id == S.id))  # a base outlives its branches (0017)
                     .order_by(S.expires_at, S.id)
                     .limit(batch_size)
                     .with_for_update(skip_locked=True)

@@ -136,8 +136,17 @@ async def load_point(
     snap.message_ids, snap.places, snap.marks = set(), {}, {}
     for position, row, columns in decoded:
         marks = message_rows.with_links(columns["marks"], row.summary_of)
-        messages.append(message_decode.message_from_row(row.body, cipher, identity=row.message_id, role=row.role,
-                                                        author_name=row.author_name, text=row.text, marks=marks))
+        messages.append(
+            message_decode.message_from_row(
+                row.body,
+                cipher,
+                identity=row.message_id,
+                role=row.role,
+                author_name=row.author_name,
+                text=row.text,
+                marks=marks,
+            )
+        )
         snap.message_ids.add(row.message_id)
         snap.places[row.message_id] = position
         if marks:
@@ -200,8 +209,10 @@ async def _own_state(conn: AsyncConnection, point: Point) -> dict[str, tuple[Any
     """The session's own keys at ``point.version`` (canonical JSON text, stamp): the current rows, each taken
     back to the first value kept by a change after that version (``existed`` false: the key was not there)."""
     s, h = state_t.c, state_history_t.c
-    current = {row.key: (row.value, int(row.version)) for row in
-               (await conn.execute(select(s.key, s.value, s.version).where(s.session_id == point.session_id))).all()}
+    current = {
+        row.key: (row.value, int(row.version))
+        for row in (await conn.execute(select(s.key, s.value, s.version).where(s.session_id == point.session_id))).all()
+    }
     later = (await conn.execute(
         select(h.key, h.value, h.existed, h.until_version)
         .where(h.session_id == point.session_id, h.until_version > point.version)

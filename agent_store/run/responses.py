@@ -83,4 +83,3 @@ async def branch_rewrites(
         await db.execute(branch_marks_t.insert(), rows)
     keep = set(own)
     return {k: v for k, v in marks.items() if k in keep}, {k: v for k, v in moved.items() if k in keep}
-
