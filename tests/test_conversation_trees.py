@@ -95,3 +95,41 @@ async def test_a_points_model_view_is_the_in_memory_sessions_at_that_turn(store:
         await _agent(scenario, got).run("where were we?", session=session)
         assert got == expected, (seed, scenario.strategy, n)
         await sessions.set(f"again-{n}", session)  # a branch (or the head moving on), then the next point
+
+
+async def test_export_and_import_keep_every_point_branch_and_earlier_mark(store: Store, url: str) -> None:
+    """The whole tree goes out and comes back: each response id reads the same history and state, and a cut at an
+    earlier message still finds the marks a later compaction replaced (issue 37's review: they were lost)."""
+    sessions = await _tree(store)
+    r1 = await sessions.get("r1")
+    assert r1 is not None
+    first = r1.state["in_memory"]["messages"][0]
+    first.additional_properties.update(_excluded=True, _group={"id": "g0", "kind": "user", "index": 0})
+    r1.state["n"] = 1
+    await sessions.set("marked", r1)  # a branch from r1 (the head is r3): excludes its base's first message
+    async with store.session("r0", user_id="u") as head:  # the head excludes it too, and then includes it again
+        head.state["in_memory"]["messages"][0].additional_properties.update(_excluded=True)
+    async with store.session("r0", user_id="u") as head:
+        head.state["in_memory"]["messages"][0].additional_properties.update(_excluded=False)
+
+    async def views() -> dict[str, Any]:
+        out = {}
+        for key in ("r0", "r1", "r2", "r3", "b1", "marked"):
+            session = await StoreSessionStore(store, user_id="u").get(key)
+            assert session is not None, key
+            out[key] = ([(m.text, m.additional_properties.get("_excluded")) for m in session.state["in_memory"]
+                         ["messages"]], {k: v for k, v in session.state.items() if k != "in_memory"})  # fmt: skip
+        return out
+
+    before = await views()
+    assert before["marked"][0][0] == ("to r1", True) and before["r1"][0][0] == ("to r1", None)
+    lines = [line async for line in store.export(user_id="u")]
+    assert await store.delete("r0", user_id="u")  # the tree goes with its root
+    assert await rows(store, "SELECT count(*) FROM agent_sessions") == [(0,)]
+    report = await store.import_lines(lines)
+    assert report.imported == 3  # the root and two branches
+    assert await views() == before
+    await store.truncate("r0", 1, user_id="u")  # a cut before the head's two rewrites puts the marks back
+    cut = await store.load("r0", user_id="u")
+    assert [m.additional_properties.get("_excluded") for m in cut.history] == [None, None]
+    await cut.discard()

@@ -33,6 +33,7 @@ class MessageMarksRow(Base):
     )
     horizon: Mapped[int] = mapped_column(Integer, primary_key=True)
     message_id: Mapped[str] = mapped_column(String(ID_MAX), primary_key=True)
+    version: Mapped[int] = mapped_column(Integer, primary_key=True)  # the rewriting commit's (0 in a fork's copy)
     marks: Mapped[Any | None] = mapped_column(JsonText())
     excluded: Mapped[bool] = mapped_column(Boolean)
     exclude_reason: Mapped[str | None] = mapped_column(String(ID_MAX))
@@ -84,7 +85,8 @@ class BranchMarksRow(Base):
         String(ID_MAX), ForeignKey("agent_sessions.id", ondelete="CASCADE"), primary_key=True
     )
     message_id: Mapped[str] = mapped_column(String(ID_MAX), primary_key=True)
-    horizon: Mapped[int] = mapped_column(Integer, primary_key=True)
+    version: Mapped[int] = mapped_column(Integer, primary_key=True)  # the branch's commit that wrote it
+    horizon: Mapped[int] = mapped_column(Integer)  # that commit's first seq (a truncation forgets what came after)
     marks: Mapped[Any | None] = mapped_column(JsonText())
     excluded: Mapped[bool] = mapped_column(Boolean)
     exclude_reason: Mapped[str | None] = mapped_column(String(ID_MAX))

@@ -75,6 +75,7 @@ class SessionRow(Base):
     # A branch (0017): its messages before base_seq are base_id's (through its chain of bases), never copied.
     base_id: Mapped[str | None] = mapped_column(String(ID_MAX))  # no foreign key: see migration 0017
     base_seq: Mapped[int | None] = mapped_column(Integer)
+    base_version: Mapped[int | None] = mapped_column(Integer)  # the base's version at the point it branched from
     keeps_history: Mapped[bool] = mapped_column(Boolean, server_default=false())  # a point was recorded on it
 
     __table_args__ = (

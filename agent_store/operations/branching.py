@@ -120,7 +120,8 @@ async def fork(db: Database, session_id: str, user_id: str | None, at_seq: int |
         await _copy(conn, messages_t, session_id, new_id, messages_t.c.seq <= cut)
         await _copy(conn, tool_calls_t, session_id, new_id, tool_calls_t.c.seq <= cut)
         await _copy(conn, state_t, session_id, new_id, None, version=new_stamp())
-        await _copy(conn, message_marks_t, session_id, new_id, message_marks_t.c.horizon <= cut)
+        # (their versions are the source's: 0 in the fork, whose own commits come after them all)
+        await _copy(conn, message_marks_t, session_id, new_id, message_marks_t.c.horizon <= cut, version=0)
         await _as_at_the_cut(conn, session_id, new_id, cut)
         await _include_again(conn, new_id, cut, db.settings.max_value_bytes)
     return new_id
@@ -149,20 +150,13 @@ async def _as_at_the_cut(conn: AsyncConnection, source_id: str, session_id: str,
     ``source_id``: those kept by the first rewrite after the cut (0016). Then forget every later rewrite,
     including the ones these updates just recorded."""
     K = message_marks_t.c
-    first = (
-        select(K.message_id, func.min(K.horizon).label("horizon"))
-        .where(K.session_id == source_id, K.horizon > cut)
-        .group_by(K.message_id)
-        .subquery()
-    )
-    found = (
-        select(*[K[name] for name in ("message_id", *KEPT)])
-        .join(first, and_(K.message_id == first.c.message_id, K.horizon == first.c.horizon))
-        .where(K.session_id == source_id)
-    )
+    found = select(K.message_id, *[K[name] for name in KEPT]).where(K.session_id == source_id, K.horizon > cut)
+    found = found.order_by(K.message_id, K.horizon, K.version)
     M = messages_t.c
-    restored = (await conn.execute(found)).all()
-    for row in restored:
+    restored: dict[str, Any] = {}  # the first row after the cut, per message
+    for row in (await conn.execute(found)).all():
+        restored.setdefault(row.message_id, row)
+    for row in restored.values():
         values = {name: getattr(row, name) for name in KEPT}
         if values["marks"] is not None:  # read back as a value; the column binds JSON text
             values["marks"] = codec.dumps(values["marks"], where="marks")

@@ -34,6 +34,7 @@ from sqlalchemy import BigInteger, Boolean, Float, Integer, String, Table
 from agent_store.db import codec, message_decode, message_rows
 from agent_store.db.codec import _TAGS
 from agent_store.db.database import Settings
+from agent_store.db.history_tables import branch_marks_t, message_marks_t, responses_t, state_history_t
 from agent_store.db.ledger import COUNT_MAX, COUNTS, PURPOSES, RUN_LOG_MAX
 from agent_store.db.load_statement import POSITION_STEP
 from agent_store.db.scopes import APP_PREFIX, TEMP_PREFIX, USER_PREFIX
@@ -51,21 +52,25 @@ from agent_store.db.tables import (
     user_state_t,
 )
 from agent_store.errors import InvalidValueError
+from agent_store.operations import import_trees
 
 __all__ = ["TABLES", "check_usage", "row_values"]
 
 TABLES: dict[str, Table] = {
     "session": sessions_t, "state": state_t, "run": runs_t, "message": messages_t, "tool_call": tool_calls_t,
-    "user_state": user_state_t, "checkpoint": checkpoints_t, "usage": usage_t,
+    "user_state": user_state_t, "checkpoint": checkpoints_t, "usage": usage_t, "mark_history": message_marks_t,
+    "state_history": state_history_t, "response": responses_t, "branch_mark": branch_marks_t,  # import_trees.py
 }  # fmt: skip
 # Columns the import fills in itself (fresh stamps, the session a row belongs to, the checkpoint's new seq).
 _FILLED = {
     "session": {"incarnation"}, "state": {"session_id", "version"}, "run": {"session_id"},
     "message": {"session_id"}, "tool_call": {"session_id"}, "user_state": {"version"}, "checkpoint": {"seq"},
-    "usage": {"session_id"},
+    "usage": {"session_id"}, **{kind: {"session_id"} for kind in import_trees.KINDS},
 }  # fmt: skip
 _IDS = {
-    "session": ("id", "user_id", "agent_id", "forked_from"), "run": ("run_id",), "message": ("message_id", "run_id"),
+    "session": ("id", "user_id", "agent_id", "forked_from", "base_id"), "run": ("run_id",),
+    "message": ("message_id", "run_id"), "mark_history": ("message_id",), "branch_mark": ("message_id",),
+    "state_history": ("key",), "response": ("response_id", "user_id", "parent_id", "run_id"),
     "tool_call": ("call_id",), "user_state": ("user_id",), "state": ("key",),  # "user:" is stored as key ""
     "checkpoint": ("checkpoint_id", "workflow_name", "previous_checkpoint_id"),
     "usage": ("run_id", "user_id", "app_id"),
@@ -101,6 +106,8 @@ def row_values(kind: str, row: dict[str, Any], settings: Settings) -> dict[str, 
             raise InvalidValueError(f'tool_call.kind must be "call" or "result", not {values.get("kind")!r}')
         elif kind == "usage":
             _check_usage(values)
+        elif kind in import_trees.KINDS:
+            import_trees.check_row(kind, values, settings.max_value_bytes)
         elif kind == "checkpoint" and not isinstance(row.get("payload"), dict):
             raise InvalidValueError("checkpoint.payload must be a JSON object (the framework's encoded checkpoint)")
     except RecursionError as exc:

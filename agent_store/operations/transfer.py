@@ -47,12 +47,14 @@ from agent_store.db.tables import (
 )
 from agent_store.errors import ConflictError, InvalidValueError
 from agent_store.models import TransferReport
+from agent_store.operations import import_trees
 from agent_store.operations.import_rows import TABLES, row_values
 
 FORMAT = "agent_store.jsonl"
 # Insertion order: messages before the tool calls that reference them.
 _SESSION_TABLES: dict[str, Table] = {  # in insert order: a usage row needs its run
-    "state": state_t, "run": runs_t, "usage": usage_t, "message": messages_t, "tool_call": tool_calls_t
+    "state": state_t, "run": runs_t, "usage": usage_t, "message": messages_t, "tool_call": tool_calls_t,
+    **{kind: TABLES[kind] for kind in import_trees.KINDS},  # a session's points (0016, 0017)
 }  # fmt: skip
 PAGE = 1000  # messages per short read transaction
 
@@ -127,14 +129,14 @@ async def _export_session(db: Database, sid: str) -> AsyncIterator[str]:
         if row is None:  # deleted since the listing: not part of this export
             return
         lines = [_line("session", _to_json(sessions_t, row))]
-        for kind in ("state", "run", "usage"):
+        for kind in ("state", "run", "usage", *import_trees.KINDS):
             table = _SESSION_TABLES[kind]
             order = list(table.primary_key.columns)
             for r in await conn.execute(select(table).where(table.c.session_id == sid).order_by(*order)):
                 lines.append(_line(kind, _to_json(table, r)))
     for line in lines:
         yield line
-    end, after = row.next_seq, -1
+    end, after = row.next_seq, (row.base_seq or 0) - 1  # a branch's messages start at its base_seq (0017)
     while after < end - 1:
         upto = min(after + 1 + PAGE, end)  # this page: seq in (after, upto)
         async with db.transaction(write=False, replica=True, doing="exporting messages") as conn:
@@ -272,14 +274,16 @@ def _insert_ignoring_existing(conn: AsyncConnection, table: Table) -> Any:
 async def _insert_session(conn: AsyncConnection, records: list[tuple[str, dict[str, Any]]]) -> bool:
     """Insert one session and its rows (each already checked by import_rows.row_values)."""
     (_, session_row), rest = records[0], records[1:]
-    session = {**session_row, "incarnation": new_stamp()}
+    session = {**session_row, "incarnation": new_stamp(), "keeps_history": False}  # until its rows are in
     if session.get("user_id") is not None:
         await lock_user(conn, session["user_id"], exclusive=False)  # creates one of the user's sessions
     if not (await conn.execute(_insert_ignoring_existing(conn, sessions_t), session)).rowcount:
         return False
     seqs = [row.get("seq") for k, row in rest if k == "message"]
-    if seqs != list(range(session.get("next_seq", -1))):
-        raise InvalidValueError(f"import: session {session['id']!r}: its messages are not seq 0..next_seq-1")
+    if seqs != list(range(session.get("base_seq") or 0, session.get("next_seq", -1))):
+        raise InvalidValueError(f"import: session {session['id']!r}: its messages are not seq 0..next_seq-1 (a "
+                                "branch's: base_seq..next_seq-1)")  # fmt: skip
+    await import_trees.check_tree(conn, session, rest)
     import_rows.check_compaction(session, [row for k, row in rest if k == "message"])
     if not {row.get("seq") for k, row in rest if k == "tool_call"} <= set(seqs):
         raise InvalidValueError(f"import: session {session['id']!r}: a tool_call row names a message it lacks")
@@ -294,4 +298,5 @@ async def _insert_session(conn: AsyncConnection, records: list[tuple[str, dict[s
             rows = [{**r, "version": stamp} for r in rows]
         if rows:
             await conn.execute(insert(table), rows)
+    await import_trees.finish(conn, session_row)
     return True

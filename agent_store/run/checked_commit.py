@@ -175,7 +175,8 @@ async def _rewrite(db: AsyncConnection, call: OneCall, version: int) -> int:
     moved = delta.rewrites.moved(new_ids)
     marks = delta.rewrites.marks
     if call.base_seq is not None:  # a branch: its base's messages are shared, their new columns are its own rows
-        marks, moved = await responses.branch_rewrites(db, call, marks, moved, horizon=snap.end // POSITION_STEP)
+        marks, moved = await responses.branch_rewrites(db, call, marks, moved, horizon=snap.end // POSITION_STEP,
+                                                       version=version)  # fmt: skip
     await rewrites.rewrite_marks(db, sid, marks, horizon=snap.end // POSITION_STEP)
     await rewrites.move(db, sid, moved)
     exactly = delta.rewrites.knows_every_included

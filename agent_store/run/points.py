@@ -83,13 +83,14 @@ async def head_of(db: Database, session_id: str) -> Point | None:
     return None if row is None else Point(session_id, session_id, int(row.next_seq), int(row.version), False)
 
 
-def _segments(chain: list[Any], seq_end: int) -> list[tuple[str, int, int]]:
-    """(session, first seq, end seq) of each session's part of the history, the viewed one first."""
-    out, end = [], seq_end
+def _segments(chain: list[Any], point: Point) -> list[tuple[str, int, int, int]]:
+    """(session, first seq, end seq, version) of each session's part of the history, the viewed one first: a base's
+    part ends where its branch begins, as it was at the version the branch continued from."""
+    out, end, version = [], point.seq_end, point.version
     for row in chain:
         low = int(row.base_seq or 0) if row.base_id is not None else 0
-        out.append((row.id, low, end))
-        end = low
+        out.append((row.id, low, end, version))
+        end, version = low, int(row.base_version or 0)
     return out
 
 
@@ -104,8 +105,8 @@ async def load_point(
     snap = run._snapshot
     async with db.transaction(write=False, doing="loading a response") as conn:
         chain = await chain_of(conn, point.session_id)
-        segments = _segments(chain, point.seq_end)
-        ranges = [and_(_M.session_id == sid, _M.seq >= low, _M.seq < end) for sid, low, end in segments if end > low]
+        segments = _segments(chain, point)
+        ranges = [and_(_M.session_id == sid, _M.seq >= low, _M.seq < end) for sid, low, end, _ in segments if end > low]
         rows = (await conn.execute(select(messages_t).where(or_(*ranges)))).all() if ranges else []
         at_cut = await _marks_at_cut(conn, segments)
         overrides = await _overrides(conn, segments)
@@ -119,7 +120,7 @@ async def load_point(
     for key, (value, text, stamp) in own.items():
         snap.state_text[key], snap.state_stamp[key] = text, stamp
         session.state[key] = codec.decode_state(value, key=key)
-    owner = {sid: i for i, (sid, _, _) in enumerate(segments)}
+    owner = {sid: i for i, (sid, _, _, _) in enumerate(segments)}
     decoded = []
     for row in rows:
         columns = {name: getattr(row, name) for name in MARK_COLUMNS}
@@ -180,14 +181,14 @@ def session_state_shared(run: Run) -> dict[str, Any]:
     return {k: v for k, v in run.session.state.items() if _shared(k)}
 
 
-async def _marks_at_cut(conn: AsyncConnection, segments: list[tuple[str, int, int]]) -> dict[Any, dict[str, Any]]:
-    """Each message's compaction columns as they were at its session's cut in this view: the first row kept by a
-    rewrite after the cut (0016); absent if none came after."""
+async def _marks_at_cut(conn: AsyncConnection, segments: list[Any]) -> dict[Any, dict[str, Any]]:
+    """Each message's compaction columns as they were at its session's version in this view: the first row kept
+    by a rewrite after that version (0016); absent if none came after."""
     k = message_marks_t.c
     found = (await conn.execute(
-        select(message_marks_t).where(or_(*[and_(k.session_id == sid, k.horizon >= end)
-                                           for sid, _, end in segments]))
-        .order_by(k.session_id, k.message_id, k.horizon)
+        select(message_marks_t).where(or_(*[and_(k.session_id == sid, k.version > version)
+                                           for sid, _, _, version in segments]))
+        .order_by(k.session_id, k.message_id, k.version, k.horizon)
     )).all()  # fmt: skip
     out: dict[Any, dict[str, Any]] = {}
     for row in found:
@@ -195,12 +196,13 @@ async def _marks_at_cut(conn: AsyncConnection, segments: list[tuple[str, int, in
     return out
 
 
-async def _overrides(conn: AsyncConnection, segments: list[tuple[str, int, int]]) -> dict[Any, dict[str, Any]]:
-    """A branch's compaction of its base's messages as it was at the branch's cut: its latest row at or below."""
+async def _overrides(conn: AsyncConnection, segments: list[Any]) -> dict[Any, dict[str, Any]]:
+    """A branch's compaction of its base's messages as it was at its version in this view: its latest row."""
     b = branch_marks_t.c
     found = (await conn.execute(
-        select(branch_marks_t).where(or_(*[and_(b.session_id == sid, b.horizon < end) for sid, _, end in segments]))
-        .order_by(b.session_id, b.message_id, b.horizon)
+        select(branch_marks_t).where(or_(*[and_(b.session_id == sid, b.version <= version)
+                                           for sid, _, _, version in segments]))
+        .order_by(b.session_id, b.message_id, b.version)
     )).all()  # fmt: skip
     return {(row.session_id, row.message_id): {name: getattr(row, name) for name in MARK_COLUMNS} for row in found}
 
@@ -249,8 +251,8 @@ async def branch(conn: AsyncConnection, run: Run, point: Point, now: datetime | 
     new_id = f"{point.key[:200]}~{sql.new_stamp():x}"
     row = {"id": new_id, "user_id": base.user_id, "agent_id": base.agent_id, "incarnation": sql.new_stamp(),
            "version": 0, "next_seq": point.seq_end, "created_at": now, "updated_at": now, "base_id": base.id,
-           "base_seq": point.seq_end, "keeps_history": True, "ttl_seconds": base.ttl_seconds,
-           "expires_at": base.expires_at, "title": base.title, "included_from": None}  # fmt: skip
+           "base_seq": point.seq_end, "base_version": point.version, "keeps_history": True,
+           "ttl_seconds": base.ttl_seconds, "expires_at": base.expires_at, "title": base.title}  # fmt: skip
     await conn.execute(sessions_t.insert(), row)
     snap = run._snapshot
     stamp = sql.new_stamp()

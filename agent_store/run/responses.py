@@ -60,8 +60,9 @@ async def record(db: AsyncConnection, call: OneCall, version: int, seq_end: int,
 
 
 async def branch_rewrites(
-    db: AsyncConnection, call: OneCall, marks: dict[str, dict[str, Any]], moved: dict[str, int], *, horizon: int
-) -> tuple[dict[str, dict[str, Any]], dict[str, int]]:
+    db: AsyncConnection, call: OneCall, marks: dict[str, dict[str, Any]], moved: dict[str, int], *, horizon: int,
+    version: int,
+) -> tuple[dict[str, dict[str, Any]], dict[str, int]]:  # fmt: skip
     """Split a branch's compaction: its own messages' changes (returned, written as usual) and its base's (written
     here as the branch's rows, each message's columns whole: the new ones over those the run loaded)."""
     ids = sorted(set(marks) | set(moved))
@@ -76,7 +77,7 @@ async def branch_rewrites(
             if columns is None:  # moved only: its columns as loaded
                 loaded = snap.marks.get(mid)
                 columns = message_rows.mark_columns(loaded, where=f"message {mid!r}", max_bytes=2**62)
-            rows.append({"session_id": call.session_id, "message_id": mid, "horizon": horizon,
+            rows.append({"session_id": call.session_id, "message_id": mid, "horizon": horizon, "version": version,
                          "marks": columns["marks"], "excluded": bool(columns["excluded"]),
                          "exclude_reason": columns["exclude_reason"], "summarized_by": columns["summarized_by"],
                          "pos": moved.get(mid, snap.places.get(mid))})  # fmt: skip

@@ -10,8 +10,10 @@ with a horizon above c: those it had at c.
 
 A trigger writes the rows, on both backends, whichever path rewrote the message (the one-call commit functions,
 the checked path, an operator's UPDATE): a rewrite comes before the commit's new messages are inserted, so the
-horizon is the session's highest stored seq plus one. Within one commit only the first rewrite of a message is
-kept (the values before that commit). Only a compaction's commits write here; rows go with their session.
+horizon is the session's highest stored seq plus one, and ``version`` the session's version after that commit's
+bump (a point, which is a version, reads its marks by it: a commit that adds no message has no horizon of its
+own). Within one commit only the first rewrite of a message is kept (the values before that commit). Only a
+compaction's commits write here; rows go with their session.
 
 Revision ID: 0016
 Revises: 0015
@@ -35,12 +37,13 @@ JSON_DOC = sa.Text().with_variant(postgresql.JSONB(), "postgresql")
 CHANGED = ("marks", "excluded", "exclude_reason", "summarized_by", "pos")
 KEPT = ("marks", "excluded", "exclude_reason", "summarized_by", "excluded_at", "pos")
 _HORIZON = "(SELECT coalesce(max(seq), -1) + 1 FROM agent_messages WHERE session_id = OLD.session_id)"
+_VERSION = "(SELECT version FROM agent_sessions WHERE id = OLD.session_id)"  # the rewriting commit's (bumped first)
 
 PG_FUNCTION = f"""
 CREATE FUNCTION agent_store_keep_marks() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO agent_message_marks (session_id, horizon, message_id, {", ".join(KEPT)})
-    VALUES (OLD.session_id, {_HORIZON}, OLD.message_id, {", ".join(f"OLD.{c}" for c in KEPT)})
+    INSERT INTO agent_message_marks (session_id, horizon, message_id, version, {", ".join(KEPT)})
+    VALUES (OLD.session_id, {_HORIZON}, OLD.message_id, {_VERSION}, {", ".join(f"OLD.{c}" for c in KEPT)})
     ON CONFLICT DO NOTHING;
     RETURN NULL;
 END $$
@@ -54,8 +57,8 @@ SQLITE_TRIGGER = f"""
 CREATE TRIGGER agent_messages_keep_marks AFTER UPDATE OF {", ".join(CHANGED)} ON agent_messages
 FOR EACH ROW WHEN {" OR ".join(f"OLD.{c} IS NOT NEW.{c}" for c in CHANGED)}
 BEGIN
-    INSERT OR IGNORE INTO agent_message_marks (session_id, horizon, message_id, {", ".join(KEPT)})
-    VALUES (OLD.session_id, {_HORIZON}, OLD.message_id, {", ".join(f"OLD.{c}" for c in KEPT)});
+    INSERT OR IGNORE INTO agent_message_marks (session_id, horizon, message_id, version, {", ".join(KEPT)})
+    VALUES (OLD.session_id, {_HORIZON}, OLD.message_id, {_VERSION}, {", ".join(f"OLD.{c}" for c in KEPT)});
 END
 """  # noqa: S608
 
@@ -68,6 +71,7 @@ def upgrade() -> None:
         ),
         sa.Column("horizon", sa.Integer(), primary_key=True),
         sa.Column("message_id", sa.String(255), primary_key=True),
+        sa.Column("version", sa.Integer(), primary_key=True),
         sa.Column("marks", JSON_DOC, nullable=True),
         sa.Column("excluded", sa.Boolean(), nullable=False),
         sa.Column("exclude_reason", sa.String(255), nullable=True),

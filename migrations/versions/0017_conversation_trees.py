@@ -5,7 +5,8 @@ continue from one point, each storing its result under a new id, and a point nev
 
 - ``agent_responses``: a key (a response id) -> a point: the session holding its last turn, the seq after that
   turn's last message (``seq_end``) and the session's version then. Written in the commit that made the point.
-- ``agent_sessions.base_id`` / ``base_seq``: a branch. A request that continues from a point its session has moved
+- ``agent_sessions.base_id`` / ``base_seq`` / ``base_version``: a branch. A request that continues from a point
+  its session has moved
   past gets a session of its own whose messages before ``base_seq`` are its base's (read through the chain of
   bases, never copied); its own start at ``base_seq``. Deleting a session deletes its branches.
 - ``agent_sessions.keeps_history``: set once a point was recorded on a session; from then on every change of its
@@ -14,7 +15,7 @@ continue from one point, each storing its result under a new id, and a point nev
   ``existed`` false records a key created by that commit. Messages are append-only and their compaction columns
   keep their history since 0016: a point needs nothing else.
 - ``agent_branch_marks``: a branch's compaction of its base's messages (the base's rows are shared, never
-  rewritten by a branch): the values from ``horizon`` on, for that branch only.
+  rewritten by a branch): the values from its commit (``version``, first seq ``horizon``) on, for that branch.
 
 Revision ID: 0017
 Revises: 0016
@@ -91,6 +92,7 @@ def upgrade() -> None:
     # the purge never takes a session that still has a branch.
     op.add_column("agent_sessions", sa.Column("base_id", sa.String(255), nullable=True))
     op.add_column("agent_sessions", sa.Column("base_seq", sa.Integer(), nullable=True))
+    op.add_column("agent_sessions", sa.Column("base_version", sa.Integer(), nullable=True))
     op.add_column("agent_sessions", sa.Column("keeps_history", sa.Boolean(), nullable=False, server_default=sa.false()))
     op.create_index("ix_agent_sessions_base_id", "agent_sessions", ["base_id"],
                     postgresql_where=sa.text("base_id IS NOT NULL"),
@@ -121,7 +123,8 @@ def upgrade() -> None:
         "agent_branch_marks",
         sa.Column("session_id", sa.String(255), _session_fk(), primary_key=True),
         sa.Column("message_id", sa.String(255), primary_key=True),
-        sa.Column("horizon", sa.Integer(), primary_key=True),
+        sa.Column("version", sa.Integer(), primary_key=True),
+        sa.Column("horizon", sa.Integer(), nullable=False),
         sa.Column("marks", JSON_DOC, nullable=True),
         sa.Column("excluded", sa.Boolean(), nullable=False),
         sa.Column("exclude_reason", sa.String(255), nullable=True),
@@ -153,5 +156,5 @@ def downgrade() -> None:
     op.drop_index("ix_agent_responses_response_id", "agent_responses")
     op.drop_table("agent_responses")
     op.drop_index("ix_agent_sessions_base_id", "agent_sessions")
-    for column in ("keeps_history", "base_seq", "base_id"):  # SQLite 3.35+ drops a column in place
+    for column in ("keeps_history", "base_version", "base_seq", "base_id"):  # SQLite 3.35+ drops a column in place
         op.drop_column("agent_sessions", column)

@@ -1,0 +1,86 @@
+"""What an export carries of a session's points (migrations 0016, 0017), and how an import checks it.
+
+Rows of four kinds go with their session: ``mark_history`` (a message's compaction columns before a rewrite),
+``state_history`` (an own key before a change), ``response`` (a key naming a point) and ``branch_mark`` (a
+branch's compaction of its base's messages). A branch (``base_id``) is imported after its base (an export lists
+sessions oldest first), and only onto a base of the same user that holds the history it reads.
+
+Each row is checked against its session as a run would have written it, so that a fork, a truncation or a point
+read back after the import gives what it gave before the export.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from agent_store.db import message_rows
+from agent_store.db.scopes import APP_PREFIX, TEMP_PREFIX, USER_PREFIX
+from agent_store.db.tables import messages_t, responses_t, sessions_t
+from agent_store.errors import InvalidValueError
+
+__all__ = ["KINDS", "check_row", "check_tree", "finish"]
+KINDS = ("mark_history", "state_history", "response", "branch_mark")
+
+
+def check_row(kind: str, values: dict[str, Any], max_bytes: int) -> None:
+    """One row by itself: marks that are the compaction's and columns that say what they say."""
+    if kind in ("mark_history", "branch_mark"):
+        marks = json.loads(values["marks"]) if values.get("marks") is not None else None
+        if marks is not None and (
+            not isinstance(marks, dict) or not set(marks) <= {*message_rows.MARK_KEYS, message_rows.MESSAGE_ID_MARK}
+        ):
+            raise InvalidValueError(f"{kind}.marks must be a JSON object of the compaction's keys")  # fmt: skip
+        same = message_rows.mark_columns(marks, where=kind, max_bytes=max_bytes)
+        if (same["excluded"], same["exclude_reason"]) != (bool(values.get("excluded")), values.get("exclude_reason")):
+            raise InvalidValueError(f"{kind}: excluded and exclude_reason must say what its marks say")
+    if kind == "state_history" and values["key"].startswith((USER_PREFIX, APP_PREFIX, TEMP_PREFIX)):
+        raise InvalidValueError(f"state_history key {values['key']!r}: only a session's own keys have a history")
+    if kind == "state_history" and not values["existed"] and values.get("value") is not None:
+        raise InvalidValueError("state_history: a key that did not exist has no value")
+
+
+async def check_tree(conn: AsyncConnection, session: dict[str, Any], rest: list[tuple[str, dict[str, Any]]]) -> None:
+    """The session's base (if a branch) and its point rows, against the session and what the database holds."""
+    sid, end, version = session["id"], session.get("next_seq") or 0, session.get("version") or 0
+    where = f"import: session {sid!r}"
+    base_seq = session.get("base_seq")
+    own = {row["message_id"]: row["seq"] for kind, row in rest if kind == "message"}
+    if session.get("base_id") is not None:
+        S = sessions_t.c
+        base = (await conn.execute(select(S.user_id, S.next_seq).where(S.id == session["base_id"]))).first()
+        if base is None or base.user_id != session.get("user_id") or base_seq is None or not 0 <= base_seq <= end \
+                or base_seq > base.next_seq:  # fmt: skip
+            raise InvalidValueError(f"{where}: a branch whose base is not here (import its base first), another "
+                                    "user's, or shorter than the branch reads")  # fmt: skip
+    elif base_seq is not None:
+        raise InvalidValueError(f"{where}: base_seq without a base_id")
+    M, R = messages_t.c, responses_t.c
+    for kind, row in rest:
+        if kind == "mark_history" and not (row["message_id"] in own and own[row["message_id"]] < row["horizon"] <= end):
+            raise InvalidValueError(f"{where}: a mark_history row names a message it lacks, or a horizon out of range")
+        if kind in ("mark_history", "branch_mark") and not 0 <= row["version"] <= version:
+            raise InvalidValueError(f"{where}: a {kind} row of a version the session never had")
+        if kind == "state_history" and not 1 <= row["until_version"] <= version:
+            raise InvalidValueError(f"{where}: a state_history row of a version the session never had")
+        if kind == "branch_mark":
+            found = (await conn.execute(select(M.seq).where(M.session_id == session.get("base_id"),
+                                                            M.message_id == row["message_id"]))).first()  # fmt: skip
+            if base_seq is None or not row["horizon"] <= end or (found is not None and found.seq >= base_seq):
+                raise InvalidValueError(f"{where}: a branch_mark row of no branch, or out of range")
+        if kind == "response":
+            if row.get("user_id") != session.get("user_id") or not (base_seq or 0) <= row["seq_end"] <= end \
+                    or row["version"] > version:  # fmt: skip
+                raise InvalidValueError(f"{where}: response {row['response_id']!r} is another user's or out of range")
+            if (await conn.execute(select(R.session_id).where(R.response_id == row["response_id"]))).first():
+                raise InvalidValueError(f"{where}: response id {row['response_id']!r} already names a point here")
+
+
+async def finish(conn: AsyncConnection, session: dict[str, Any]) -> None:
+    """The session keeps its history from now on, if it did before (set last: the import's own state rows are not
+    changes, and the history rows were imported as they were)."""
+    if session.get("keeps_history"):
+        await conn.execute(update(sessions_t).where(sessions_t.c.id == session["id"]).values(keeps_history=True))
