@@ -14,7 +14,8 @@ import agent_store.run.points as points
 from agent_store.db.load_statement import POSITION_STEP
 from agent_store.errors import SessionNotFoundError
 from agent_store.run.checked_commit import HeadMoved, ResponseToRecord
-from agent_store.run.commit import KEY_MAX, Run, run_of
+from agent_store.run.commit import Run, run_of
+from agent_store.run.load import load
 from agent_store.run.read_times import ReadTimes
 
 if TYPE_CHECKING:
@@ -70,14 +71,18 @@ class StoreSessionStore(_SessionStoreBase):
         return None
 
     async def _at(self, point: points.Point) -> Run | None:
-        """A run at ``point``: the session's ordinary load when it is still its head, else the point's view."""
+        """A run at ``point``: the session's ordinary load when it is still its head, else the point's view (the
+        session read without its messages, then the point's history through its chain)."""
         try:
-            run = await self.store.load(point.session_id, user_id=self.user_id, history_limit=self.history_limit)
+            if point.is_head:
+                run = await self.store.load(point.session_id, user_id=self.user_id, history_limit=self.history_limit)
+            else:
+                plain = await load(self.store.db, point.session_id, user_id=self.user_id, agent_id=None,
+                                   history_limit=0, branch_ok=True)  # fmt: skip
+                run = await points.load_point(self.store.db, point, plain, user_id=self.user_id,
+                                              history_limit=self.history_limit)  # fmt: skip
         except SessionNotFoundError:
             return None
-        if run._snapshot.version != point.version or point.session_id != run.storage_id:
-            run = await points.load_point(self.store.db, point, run, user_id=self.user_id,
-                                          history_limit=self.history_limit)  # fmt: skip
         run.point = point
         return run
 
@@ -96,18 +101,18 @@ class StoreSessionStore(_SessionStoreBase):
         parent = run.point.key if run.point is not None else run.storage_id
         run.response = ResponseToRecord(session_id, parent)
         if run._key is None:  # a retry of this set() (this run) finds its first attempt by this run id
-            run._key = f"response:{uuid.uuid4().hex}:{session_id}"[:KEY_MAX]
+            run._key = uuid.uuid4().hex
         snap = run._snapshot
         try:
             await run.commit()
         except HeadMoved:
-            at = run.point or points.Point(parent, run.storage_id, snap.end // POSITION_STEP, snap.version, False)
+            at = run.point or points.Point(parent, run.storage_id, snap.end // POSITION_STEP, snap.version, False, True)
             async with self.store.db.transaction(write=True, doing="branching a conversation") as conn:
                 await points.branch(conn, run, at)
             run.base_id = at.session_id
             await run.commit()
         # The session goes on from the point just made (a later set() continues from it).
-        run.point = points.Point(session_id, run.storage_id, snap.end // POSITION_STEP, snap.version, True)
+        run.point = points.Point(session_id, run.storage_id, snap.end // POSITION_STEP, snap.version, True, True)
         run.response, run._key = None, None
 
     async def delete(self, session_id: str) -> None:

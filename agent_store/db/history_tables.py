@@ -56,10 +56,12 @@ class ResponseRow(Base):
     seq_end: Mapped[int] = mapped_column(Integer)
     version: Mapped[int] = mapped_column(Integer)
     parent_id: Mapped[str | None] = mapped_column(String(ID_MAX))  # the point it continued from
-    run_id: Mapped[str | None] = mapped_column(String(ID_MAX))  # the run that made it (a retry finds it)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
-    __table_args__ = (Index("ix_agent_responses_response_id", "response_id"),)  # one key, one point: see 0017
+    __table_args__ = (
+        Index("ix_agent_responses_response_id", "response_id"),  # one key, one point: see 0017
+        {"sqlite_with_rowid": False},
+    )
 
 
 class StateHistoryRow(Base):

@@ -70,7 +70,7 @@ _FILLED = {
 _IDS = {
     "session": ("id", "user_id", "agent_id", "forked_from", "base_id"), "run": ("run_id",),
     "message": ("message_id", "run_id"), "mark_history": ("message_id",), "branch_mark": ("message_id",),
-    "state_history": ("key",), "response": ("response_id", "user_id", "parent_id", "run_id"),
+    "state_history": ("key",), "response": ("response_id", "user_id", "parent_id"),
     "tool_call": ("call_id",), "user_state": ("user_id",), "state": ("key",),  # "user:" is stored as key ""
     "checkpoint": ("checkpoint_id", "workflow_name", "previous_checkpoint_id"),
     "usage": ("run_id", "user_id", "app_id"),

@@ -31,7 +31,7 @@ MAX_REMEASURES = 3  # commits between a window's reads before it is read whole i
 async def load(
     db: Database, session_id: str, *, user_id: str | None, agent_id: str | None, history_limit: int | None,
     if_expired: str = "error", serialized: bool = False, run_id: str | None = None,
-    answered: frozenset[str] = frozenset(), skip_excluded: bool = False,
+    answered: frozenset[str] = frozenset(), skip_excluded: bool = False, branch_ok: bool = False,
 ) -> Run:  # fmt: skip
     """Read one session in one statement (its own snapshot) and rebuild its ``AgentSession``.
 
@@ -41,7 +41,8 @@ async def load(
     concurrent serialized runs on a session queue instead of conflicting. ``answered``: call ids whose results
     are in the request about to be made (a tool loop in progress), so their calls are not closed as interrupted.
     ``skip_excluded``: read only the messages a compaction left included (what a history provider with
-    ``skip_excluded=True`` hands the model), in the framework's list order.
+    ``skip_excluded=True`` hands the model), in the framework's list order. A branch (0017) is read through its
+    bases (run/points.py), unless ``branch_ok``: then as its own rows only (what a point's view starts from).
     """
     codec.check_id(session_id, "session_id", required=True)
     codec.check_id(user_id, "user_id")
@@ -72,7 +73,7 @@ async def load(
                 await db.release(held, commit=False)  # a rollback's failure is logged there, never raised
             raise
     run._held, run._key, run._read_at = held, run_id, read_at
-    if run.base_id is not None:  # a branch (0017): its history is read through its bases
+    if run.base_id is not None and not branch_ok:  # a branch (0017): its history is read through its bases
         return await _branch_head(db, run, history_limit, serialized, skip_excluded)
     return run
 
@@ -87,7 +88,7 @@ async def _branch_head(
         raise InvalidValueError("a branch of a conversation (a response's session) is loaded whole: serialized and "
                                 "skip_excluded runs are not available on it")  # fmt: skip
     snap = loaded._snapshot
-    head = points.Point(loaded.storage_id, loaded.storage_id, snap.end // POSITION_STEP, snap.version, False)
+    head = points.Point(loaded.storage_id, loaded.storage_id, snap.end // POSITION_STEP, snap.version, False, False)
     key = loaded._key
     run = await points.load_point(db, head, loaded, user_id=loaded.user_id, history_limit=history_limit)
     run._key = key

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import and_, delete, or_, select
+from sqlalchemy import and_, delete, literal, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agent_store.db import codec, message_decode, message_rows
@@ -51,36 +51,36 @@ class Point:
     seq_end: int
     version: int
     recorded: bool  # a response row (it never moves); False: a session's head, read when resolved
+    is_head: bool  # the session is still there, no branch (an ordinary load reads it)
 
 
 async def resolve(db: Database, key: str, user_id: str | None) -> Point | None:
     """The point ``key`` names for ``user_id``: a response of theirs, else None (another user's is None too)."""
-    async with db.transaction(write=False, doing="resolving a response id") as conn:
-        r = responses_t.c
-        found = (await conn.execute(select(r.session_id, r.seq_end, r.version, r.user_id)
-                                    .where(r.response_id == key))).first()  # fmt: skip
+    r = responses_t.c
+    query = select(r.session_id, r.seq_end, r.version, r.user_id, _S.version.label("head"), _S.base_id)
+    query = query.join(sessions_t, _S.id == r.session_id).where(r.response_id == key)
+    rows = await db.one_statement(query, {}, doing="resolving a response id")  # its own snapshot: one round trip
+    found = rows[0] if rows else None
     if found is None or found.user_id != user_id:
         return None
-    return Point(key, found.session_id, int(found.seq_end), int(found.version), recorded=True)
+    is_head = found.head == found.version and found.base_id is None
+    return Point(key, found.session_id, int(found.seq_end), int(found.version), True, is_head)
 
 
 async def chain_of(conn: AsyncConnection, session_id: str) -> list[Any]:
-    """The session's row, then its base's, and so on to the first session of the conversation."""
-    chain: list[Any] = []
-    current: str | None = session_id
-    while current is not None and len(chain) < 10_000:
-        row = (await conn.execute(select(sessions_t).where(_S.id == current))).first()
-        if row is None:
-            break
-        chain.append(row)
-        current = row.base_id
-    return chain
+    """The session's row, then its base's, and so on to the first session of the conversation: one statement."""
+    first = select(_S.id, _S.base_id, _S.base_seq, _S.base_version, literal(0).label("depth"))
+    up: Any = first.where(_S.id == session_id).cte("chain", recursive=True)
+    base = sessions_t.alias("base")
+    up = up.union_all(select(base.c.id, base.c.base_id, base.c.base_seq, base.c.base_version, up.c.depth + 1)
+                      .where(base.c.id == up.c.base_id, up.c.depth < 10_000))  # fmt: skip
+    return list((await conn.execute(select(up).order_by(up.c.depth))).all())
 
 
 async def head_of(db: Database, session_id: str) -> Point | None:
     async with db.transaction(write=False, doing="reading a session's head") as conn:
         row = (await conn.execute(select(_S.next_seq, _S.version).where(_S.id == session_id))).first()
-    return None if row is None else Point(session_id, session_id, int(row.next_seq), int(row.version), False)
+    return None if row is None else Point(session_id, session_id, int(row.next_seq), int(row.version), False, True)
 
 
 def _segments(chain: list[Any], point: Point) -> list[tuple[str, int, int, int]]:

@@ -47,15 +47,14 @@ async def before_writes(db: AsyncConnection, call: OneCall, version: int, head_s
     if call.base_seq is None and call.snapshot.exists and key != sid and not await _key_taken(db, sid):
         await db.execute(responses_t.insert(), {
             "session_id": sid, "response_id": sid, "user_id": call.user_id, "seq_end": head_seq,
-            "version": version - 1, "parent_id": None, "run_id": None, "created_at": now,
+            "version": version - 1, "parent_id": None, "created_at": now,
         })  # fmt: skip
 
 
 async def record(db: AsyncConnection, call: OneCall, version: int, seq_end: int, now: datetime) -> None:
     await db.execute(responses_t.insert(), {
         "session_id": call.session_id, "response_id": call.response.key, "user_id": call.user_id,
-        "seq_end": seq_end, "version": version, "parent_id": call.response.parent, "run_id": call.delta.run_id,
-        "created_at": now,
+        "seq_end": seq_end, "version": version, "parent_id": call.response.parent, "created_at": now,
     })  # fmt: skip
 
 

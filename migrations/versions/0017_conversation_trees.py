@@ -105,8 +105,8 @@ def upgrade() -> None:
         sa.Column("seq_end", sa.Integer(), nullable=False),
         sa.Column("version", sa.Integer(), nullable=False),
         sa.Column("parent_id", sa.String(255), nullable=True),
-        sa.Column("run_id", sa.String(255), nullable=True),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+        sqlite_with_rowid=False,  # the primary key is the table (no second copy of every key)
     )
     # Found by its key (one key, one point: the store checks under a lock on the key; no unique index, as the
     # key is not the distribution column on Citus).
