@@ -68,7 +68,7 @@ def test_the_bench_reads_the_documented_sql() -> None:
 async def test_the_documented_sql_uses_indexes(big: Store) -> None:
     """Every SQL block of the README and the docs pages (tests/helpers.py: DOC_PAGES), by its name."""
     queries = {block.name: block.source for block in doc_blocks("sql")}
-    assert len(queries) == 11
+    assert len(queries) == 12
     # The compaction queries: the model's view and the exclusions are one session's range; the per-session
     # counts, the tool calls per tool and the usage ledger's daily view read their table whole (operators'
     # reports, not hot paths; the ledger's reports by period are checked in test_usage_plans.py).

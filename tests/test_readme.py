@@ -22,6 +22,7 @@ QUICKSTART_URL = "sqlite+aiosqlite:///agent_store.db"
 # Every SQL block, by page and name: the tests below run them on their examples' data (the compaction ones:
 # test_compaction_storage.py), and test_plans.py checks their plans.
 SQL_BLOCKS = {
+    ("README.md", "response-tree"),
     ("README.md", "transcript"),
     ("README.md", "sessions"),
     ("README.md", "matching"),
@@ -48,8 +49,8 @@ def run_cli(*args: str, cwd: Path, url: str | None = None) -> subprocess.Complet
 def test_the_readme_and_the_docs_have_the_blocks_these_tests_run() -> None:
     pages = {"README.md", "docs/SCALING.md"} | {f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")}
     assert set(DOC_PAGES) | {"docs/SCALING.md"} == pages  # a new page's blocks run too
-    assert len(doc_blocks("python")) == len(EXAMPLES) == 16
-    assert {(b.page, b.name) for b in doc_blocks("sql")} == SQL_BLOCKS and len(doc_blocks("sql")) == 11
+    assert len(doc_blocks("python")) == len(EXAMPLES) == 17
+    assert {(b.page, b.name) for b in doc_blocks("sql")} == SQL_BLOCKS and len(doc_blocks("sql")) == 12
 
 
 def run_example(source: str, url: str, cwd: Path) -> list[str]:
@@ -115,6 +116,17 @@ async def test_the_readme_sql_runs_on_the_quick_starts_data(url: str, tmp_path: 
             for r in await conn.run_sync(lambda _: run(state))
         ]
         assert values == [("turns", 2)]
+
+
+async def test_the_readme_response_tree_query_walks_the_example_s_tree(url: str, tmp_path: Path) -> None:
+    run_example(doc_block("README.md", "hosting", "python"), url, tmp_path)
+    async with Store.from_url(url) as store, store.engine.connect() as conn:
+        tree = (await conn.execute(text(doc_block("README.md", "response-tree").strip().rstrip(";")))).all()
+    root = tree[0].session_id
+    # the first response (frozen where it was), the renamed one and the later one on the trunk, the other branch
+    assert [(r.depth, r.parent_id is None) for r in tree] == [(0, True), (0, False), (0, False), (1, False)]
+    assert tree[0].response_id == root and tree[1].parent_id == root == tree[3].parent_id
+    assert tree[2].parent_id == tree[1].response_id and tree[3].base_seq == 2
 
 
 async def test_the_readme_checkpoint_chain_query_runs_on_its_example_s_data(url: str, tmp_path: Path) -> None:
