@@ -101,6 +101,20 @@ class SearchPage(_Model):
     next_cursor: str | None
 
 
+class TreeNode(_Model):
+    """One session of a conversation tree (migration 0017) and one response id on it, if any: the session's depth
+    below the tree's root, where its own history begins (``base_seq``: before it, ``base_id``'s), the response
+    id, the point it continued from (``parent_id``), and the seq after its last message (``seq_end``)."""
+
+    depth: int
+    session_id: str
+    base_id: str | None
+    base_seq: int | None
+    response_id: str | None
+    parent_id: str | None
+    seq_end: int | None
+
+
 class ErasureReport(_Model):
     """What ``erase_user`` removed."""
 

@@ -28,6 +28,8 @@ from agent_store.run.load import load
 from agent_store.run.recording import recording_into
 from agent_store.search import query as search
 
+Progress = Callable[[int], None]  # called with how many were done since the last call
+
 
 class Store:
     """Durable Agent Framework sessions in SQLite or PostgreSQL.
@@ -255,11 +257,7 @@ class Store:
         return await lifecycle.clear(self.db, session_id, user_id)
 
     async def purge_expired(
-        self,
-        *,
-        batch_size: int = 500,
-        batch_messages: int = retention.BATCH_MESSAGES,
-        progress: Callable[[int], None] | None = None,
+        self, *, batch_size: int = 500, batch_messages: int = retention.BATCH_MESSAGES, progress: Progress | None = None
     ) -> int:
         """Delete every expired session, in short transactions of at most ``batch_size`` sessions and
         ``batch_messages`` messages (``progress`` is called with each batch's count); returns how many."""
@@ -275,22 +273,24 @@ class Store:
         return await retention.count_expired(self.db)
 
     async def erase_user(
-        self,
-        user_id: str,
-        *,
-        batch_messages: int = retention.BATCH_MESSAGES,
-        progress: Callable[[int], None] | None = None,
+        self, user_id: str, *, batch_messages: int = retention.BATCH_MESSAGES, progress: Progress | None = None
     ) -> ErasureReport:
         """Delete every session, message and state row of a user, user-scoped memory, workflow checkpoints and
         AG-UI snapshots included, in short transactions (see ``retention.erase_user``); run again if interrupted."""
         return await retention.erase_user(self.db, user_id, batch_messages, progress)
 
     async def fork(
-        self, session_id: str, *, user_id: str | None = None, at_seq: int | None = None, new_id: str | None = None
-    ) -> str:
-        """Copy a session's history (up to ``at_seq``) and state into a new session; returns its id."""
+        self, session_id: str, *, user_id: str | None = None, at_seq: int | None = None, new_id: str | None = None,
+        share: bool = False,
+    ) -> str:  # fmt: skip
+        """Copy a session's history (up to ``at_seq``) and state into a new session; returns its id. ``share``: a
+        branch instead (0017), which reads that history through its base, never copied (edit, regenerate)."""
         new_id = uuid.uuid4().hex if new_id is None else new_id
-        return await branching.fork(self.db, session_id, user_id, at_seq, new_id)
+        return await (branching.branch if share else branching.fork)(self.db, session_id, user_id, at_seq, new_id)
+
+    async def tree(self, session_id: str, *, user_id: str | None = None) -> list[branching.TreeNode]:
+        """The conversation tree from ``session_id`` down: it, its branches and theirs, and each one's response ids."""
+        return await branching.tree(self.db, session_id, user_id)
 
     async def truncate(self, session_id: str, after_seq: int, *, user_id: str | None = None) -> int:
         """Drop the messages after ``after_seq`` (a rewind; tool calls stay with their results)."""
@@ -300,9 +300,7 @@ class Store:
         """JSON Lines of one session of ``user_id``, or of all of that user's sessions and shared state."""
         return transfer.export(self.db, user_id=user_id, session_id=session_id)
 
-    async def import_lines(
-        self, lines: Iterable[str], *, progress: Callable[[int], None] | None = None
-    ) -> TransferReport:
+    async def import_lines(self, lines: Iterable[str], *, progress: Progress | None = None) -> TransferReport:
         """Recreate the sessions of an export; a session that exists already is skipped, never duplicated."""
         return await transfer.import_lines(self.db, lines, progress)
 
@@ -314,8 +312,7 @@ class Store:
         """Delete a session with its messages, state and run log in one transaction; False if there was none."""
         return await lifecycle.delete_session(self.db, session_id, user_id)
 
-    async def close(self) -> None:
-        """Close every pooled connection."""
+    async def close(self) -> None:  # every pooled connection
         await self.db.close()
 
     async def __aenter__(self) -> Store:

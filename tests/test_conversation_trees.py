@@ -133,3 +133,30 @@ async def test_export_and_import_keep_every_point_branch_and_earlier_mark(store:
     cut = await store.load("r0", user_id="u")
     assert [m.additional_properties.get("_excluded") for m in cut.history] == [None, None]
     await cut.discard()
+
+
+async def test_a_shared_fork_branches_at_any_message_and_the_tree_lists_it(store: Store, url: str) -> None:
+    """store.fork(share=True): edit a message or regenerate a reply from any point, without copying the history;
+    store.tree and `agent-store tree` list the branches and response ids."""
+    sessions = await _tree(store)
+    edited = await store.fork("r0", user_id="u", at_seq=0, new_id="edit", share=True)  # keep "to r1" only
+    async with store.session(edited, user_id="u") as session:
+        assert [m.text for m in session.state["in_memory"]["messages"]] == ["to r1"]
+        session.state["in_memory"]["messages"].append(Message(role="user", contents=["edited"]))
+    assert [m.text for m in (await store.load(edited, user_id="u")).history] == ["to r1", "edited"]
+    assert await rows(store, "SELECT count(*) FROM agent_messages WHERE session_id = 'edit'") == [(1,)]  # no copy
+    nodes = await store.tree("r0", user_id="u")
+    assert [(n.depth, n.session_id == "r0") for n in nodes][:4] == [(0, True)] * 4  # r0's four points
+    assert {n.session_id for n in nodes if n.depth == 1} >= {"edit"} and len({n.session_id for n in nodes}) == 3
+    branch = next(n.session_id for n in nodes if n.depth == 1 and n.base_seq == 2)  # b1's, from r2
+    with pytest.raises(InvalidValueError, match="in the history"):
+        await store.fork(branch, user_id="u", at_seq=0, share=True)  # seq 0 is its base's history, not its own
+    assert await sessions.get("b1") is not None
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "agent_store", "tree", "r0", "--user", "u", "--json", "--url", url],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert [n["session_id"] for n in json.loads(done.stdout)] == [n.session_id for n in nodes]

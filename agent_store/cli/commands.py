@@ -11,7 +11,7 @@ import click
 
 from agent_store.cli.checkpoints import checkpoints
 from agent_store.cli.search import search, ui
-from agent_store.cli.sessions import clear, close, delete, fork, sessions, show, truncate, update
+from agent_store.cli.sessions import clear, close, delete, fork, sessions, show, tree, truncate, update
 from agent_store.cli.support import (
     Commands,
     confirm,
@@ -132,6 +132,6 @@ async def stats(url: str | None, as_json: bool) -> None:
     print_table(["ID", "USER", "MESSAGES"], [[b["id"], b["user_id"], b["messages"]] for b in figures["busiest"]])
 
 
-for command in (sessions, show, fork, truncate, clear, close, delete, update, export, import_, purge, erase_user,
+for command in (sessions, show, fork, tree, truncate, clear, close, delete, update, export, import_, purge, erase_user,
                 checkpoints, search, ui, usage, budget, price):  # fmt: skip
     main.add_command(command)

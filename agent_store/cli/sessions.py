@@ -122,13 +122,34 @@ async def show(url: str | None, user_id: str | None, session_id: str, as_json: b
 @session_command(
     click.option("--at-seq", type=int, default=None, help="Copy messages up to this seq (default: all)."),
     click.option("--new-id", default=None, help="Id of the new session (default: a random one)."),
+    click.option("--share", is_flag=True, help="A branch that reads that history through this session, no copy."),
 )
 async def fork(url: str | None, user_id: str | None, session_id: str, at_seq: int | None, new_id: str | None,
-               as_json: bool) -> None:  # fmt: skip
+               share: bool, as_json: bool) -> None:  # fmt: skip
     """Copy a session (up to a message) into a new session: a new branch of the conversation."""
     async with open_store(url) as store:
-        forked = await store.fork(session_id, user_id=user_id, at_seq=at_seq, new_id=new_id)
+        forked = await store.fork(session_id, user_id=user_id, at_seq=at_seq, new_id=new_id, share=share)
     print_json({"id": forked, "from": session_id}) if as_json else click.echo(forked)
+
+
+@session_command()
+async def tree(url: str | None, user_id: str | None, session_id: str, as_json: bool) -> None:
+    """A conversation's tree from SESSION_ID down: its branches (indented) and each one's response ids."""
+    async with open_store(url) as store:
+        nodes = await store.tree(session_id, user_id=user_id)
+    if as_json:
+        print_json([n.model_dump() for n in nodes])
+        return
+    click.echo("SESSION / RESPONSE  BASE_SEQ  SEQ_END  PARENT")
+    shown: set[str] = set()
+    for n in nodes:
+        pad = "  " * n.depth
+        if n.session_id not in shown:
+            shown.add(n.session_id)
+            base = "-" if n.base_seq is None else str(n.base_seq)
+            click.echo(f"{pad}{n.session_id}  {base}")
+        if n.response_id is not None:
+            click.echo(f"{pad}  {n.response_id}  -  {n.seq_end}  {n.parent_id or '-'}")
 
 
 @session_command(

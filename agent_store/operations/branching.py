@@ -33,6 +33,7 @@ from agent_store.db.tables import (
     tool_calls_t,
 )
 from agent_store.errors import InvalidValueError
+from agent_store.models import TreeNode as TreeNode
 from agent_store.operations.lifecycle import owned
 
 S = sessions_t.c
@@ -203,3 +204,49 @@ async def _copy(conn: AsyncConnection, table: Any, source_id: str, new_id: str, 
     if condition is not None:
         query = query.where(condition)
     await conn.execute(insert(table).from_select(["session_id", *[c.name for c in columns]], query))
+
+
+async def branch(db: Database, session_id: str, user_id: str | None, at_seq: int | None, new_id: str) -> str:
+    """A branch of a session at ``at_seq`` (kept paired): a new session of the same user whose history up to there
+    is the source's, read through it (0017), never copied; the source's own state keys copied, fresh stamps."""
+    codec.check_id(new_id, "new_id", required=True)
+    now = datetime.now(UTC)
+    async with db.transaction(write=True, doing="branching a session") as conn:
+        if user_id is not None:
+            await lock_user(conn, user_id, exclusive=False)  # creates one of the user's sessions: see erase_user
+        source = (await conn.execute(select(sessions_t).where(*owned(session_id, user_id)))).first()
+        if source is None:
+            raise not_found(session_id, user_id)
+        last = source.next_seq - 1
+        if at_seq is not None:
+            _check_seq(at_seq, "at_seq", last)
+        cut = await _paired_cut(conn, session_id, last if at_seq is None else at_seq)
+        if source.base_seq is not None and cut + 1 < source.base_seq:
+            raise InvalidValueError(f"at_seq {cut} is in the history {session_id!r} reads from its own base: branch "
+                                    "that session instead")  # fmt: skip
+        row = {"id": new_id, "user_id": source.user_id, "agent_id": source.agent_id, "incarnation": new_stamp(),
+               "version": 0, "next_seq": cut + 1, "created_at": now, "updated_at": now, "base_id": session_id,
+               "base_seq": cut + 1, "base_version": source.version, "keeps_history": True, "title": source.title,
+               "ttl_seconds": source.ttl_seconds, "expires_at": source.expires_at}  # fmt: skip
+        insert = (postgresql if conn.dialect.name == "postgresql" else sqlite).insert(sessions_t)
+        if not (await conn.execute(insert.on_conflict_do_nothing(), row)).rowcount:
+            raise InvalidValueError(f"new_id {new_id!r} is already in use; choose another id")
+        await _copy(conn, state_t, session_id, new_id, None, version=new_stamp())
+    return new_id
+
+
+async def tree(db: Database, session_id: str, user_id: str | None) -> list[TreeNode]:
+    """The tree from ``session_id`` down (README's "response-tree" query, from one session instead of a user's)."""
+    top = select(S.id, S.base_id, S.base_seq, literal(0).label("depth")).where(*owned(session_id, user_id))
+    down: Any = top.cte("tree", recursive=True)
+    child = sessions_t.alias("child")
+    down = down.union_all(select(child.c.id, child.c.base_id, child.c.base_seq, down.c.depth + 1)
+                          .where(child.c.base_id == down.c.id, down.c.depth < 10_000))  # fmt: skip
+    r = responses_t.c
+    query = select(down, r.response_id, r.parent_id, r.seq_end).outerjoin(responses_t, r.session_id == down.c.id)
+    async with db.transaction(write=False, replica=True, doing="reading a conversation tree") as conn:
+        found = (await conn.execute(query.order_by(down.c.depth, down.c.id, r.seq_end, r.response_id))).all()
+    if not found:
+        raise not_found(session_id, user_id)
+    return [TreeNode(depth=n.depth, session_id=n.id, base_id=n.base_id, base_seq=n.base_seq,
+                     response_id=n.response_id, parent_id=n.parent_id, seq_end=n.seq_end) for n in found]  # fmt: skip

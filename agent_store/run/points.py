@@ -20,7 +20,7 @@ from typing import Any
 from sqlalchemy import and_, delete, literal, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from agent_store.db import codec, message_decode, message_rows
+from agent_store.db import codec, erasures, message_decode, message_rows
 from agent_store.db import statements as sql
 from agent_store.db.database import Database
 from agent_store.db.load_statement import POSITION_STEP
@@ -245,8 +245,12 @@ async def branch(conn: AsyncConnection, run: Run, point: Point, now: datetime | 
     """Start a branch at ``point`` for ``run``: a session of its own whose history before ``point.seq_end`` is
     the base's, with the run's loaded own keys as its state (fresh stamps). The run commits there next."""
     now = now or datetime.now(UTC)
+    if run.user_id is not None:  # creates one of the user's sessions: as a fork does, never beside an erasure
+        await sql.lock_user(conn, run.user_id, exclusive=False)
+        if await erasures.erased_since(conn, run.user_id, run._fence_since()):
+            raise sql.not_found(point.session_id, run.user_id)
     base = (await conn.execute(select(sessions_t).where(_S.id == point.session_id))).first()
-    if base is None:
+    if base is None or base.user_id != run.user_id:
         raise sql.not_found(point.session_id, run.user_id)
     new_id = f"{point.key[:200]}~{sql.new_stamp():x}"
     row = {"id": new_id, "user_id": base.user_id, "agent_id": base.agent_id, "incarnation": sql.new_stamp(),
