@@ -160,3 +160,12 @@ async def test_a_shared_fork_branches_at_any_message_and_the_tree_lists_it(store
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert [n["session_id"] for n in json.loads(done.stdout)] == [n.session_id for n in nodes]
+
+
+async def test_a_windowed_store_reads_a_points_tail(store: Store) -> None:
+    """StoreSessionStore(history_limit=N): a point read back is its last N messages (pair-safe), in a branch too."""
+    await _tree(store)
+    windowed = StoreSessionStore(store, user_id="u", history_limit=2)
+    for key, expected in (("r3", ["to r2", "to r3"]), ("r1", ["to r1"]), ("b1", ["to r2", "to b1"])):
+        session = await windowed.get(key)
+        assert session is not None and [m.text for m in session.state["in_memory"]["messages"]] == expected, key
