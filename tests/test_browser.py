@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_framework import Agent, Message, WorkflowCheckpoint, tool
+from agent_framework import Agent, AgentSession, Message, WorkflowCheckpoint, tool
 from conftest import IN_CI
 from helpers import expire_now, rows
 from programs import missing
@@ -292,3 +292,38 @@ async def test_odd_ids_and_encrypted_sessions_still_open(url: str) -> None:
             assert "secret" not in opened.text
             meta = await client.get("/sessions?meta=a=1&meta=b=2&status=active")
             assert meta.status_code == 200 and meta.text.count('name="meta"') == 3  # both kept, one empty
+
+
+async def test_a_served_conversations_tree_opens_every_branch(store: Store) -> None:
+    """A branch's page shows the conversation's tree (its root, every branch, their response ids), each session a
+    link that opens it, and where a branch's own history begins; a plain session shows no tree."""
+    import re
+
+    import httpx
+
+    from agent_store.agent_framework import StoreSessionStore
+    from agent_store.browser.app import create_app
+
+    sessions = StoreSessionStore(store, user_id="u")
+    await sessions.set("r0", AgentSession(session_id="r0"))
+    for key, parent in (("r1", "r0"), ("r2", "r1"), ("b1", "r1")):
+        session = await sessions.get(parent)
+        assert session is not None
+        session.state.setdefault("in_memory", {}).setdefault("messages", []).append(
+            Message(role="user", contents=[f"to {key}"])
+        )
+        await sessions.set(key, session)
+    branch = (await rows(store, "SELECT id FROM agent_sessions WHERE base_id = 'r0'"))[0][0]
+    async with store.session("plain", user_id="u") as session:
+        session.state["n"] = 1
+    transport = httpx.ASGITransport(app=create_app(store))
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
+        html = (await client.get("/session", params={"id": branch, "user": "u"})).text
+        tree = html[html.index('id="tree"') :]
+        assert f"<b>{branch}</b>" in tree and "continues" in tree and "before #1" in tree
+        assert [r for r in ("r0", "r1", "r2", "b1") if f"response {r} " in tree] == ["r0", "r1", "r2", "b1"]
+        links = [link.replace("&amp;", "&") for link in re.findall(r'class="tree-link" href="([^"]*)"', tree)]
+        assert len(links) == 1 and "id=r0" in links[0]
+        root = await client.get(links[0])
+        assert root.status_code == 200 and "to r2" in root.text and "tree-link" in root.text
+        assert 'id="tree"' not in (await client.get("/session", params={"id": "plain", "user": "u"})).text

@@ -12,7 +12,7 @@ from agent_framework._feature_stage import ExperimentalWarning
 
 import agent_store.run.points as points
 from agent_store.db.load_statement import POSITION_STEP
-from agent_store.errors import SessionNotFoundError
+from agent_store.errors import InvalidValueError, SessionNotFoundError
 from agent_store.run.checked_commit import HeadMoved, ResponseToRecord
 from agent_store.run.commit import Run, run_of
 from agent_store.run.load import load
@@ -74,9 +74,13 @@ class StoreSessionStore(_SessionStoreBase):
         """A run at ``point``: the session's ordinary load when it is still its head, else the point's view (the
         session read without its messages, then the point's history through its chain)."""
         try:
+            run = None
             if point.is_head:
                 run = await self.store.load(point.session_id, user_id=self.user_id, history_limit=self.history_limit)
-            else:
+                if run._snapshot.version != point.version:  # another request moved it since it was resolved
+                    await run.discard()
+                    run = None
+            if run is None:
                 plain = await load(self.store.db, point.session_id, user_id=self.user_id, agent_id=None,
                                    history_limit=0, branch_ok=True)  # fmt: skip
                 run = await points.load_point(self.store.db, point, plain, user_id=self.user_id,
@@ -96,6 +100,10 @@ class StoreSessionStore(_SessionStoreBase):
             run = Run.unloaded(self.store.db, session, user_id=self.user_id,
                                read_at=self._absent.earliest(session.session_id))  # fmt: skip
         if session_id == run.storage_id and run.point is None:  # its own id: the head moves
+            named = None if run.exists else await points.resolve(self.store.db, session_id, self.user_id)
+            if named is not None and named.session_id != session_id:  # (its own id, frozen where it began: fine)
+                raise InvalidValueError(f"{session_id!r} is a response id (it names a point, which never changes): "
+                                        "start a conversation under a new id")  # fmt: skip
             await run.commit()
             return
         parent = run.point.key if run.point is not None else run.storage_id
@@ -108,8 +116,8 @@ class StoreSessionStore(_SessionStoreBase):
         except HeadMoved:
             at = run.point or points.Point(parent, run.storage_id, snap.end // POSITION_STEP, snap.version, False, True)
             async with self.store.db.transaction(write=True, doing="branching a conversation") as conn:
-                await points.branch(conn, run, at)
-            run.base_id = at.session_id
+                branched = await points.branch(conn, run, at)
+            points.adopt(run, branched)  # only once the branch is there: a failed attempt leaves the run as it was
             await run.commit()
         # The session goes on from the point just made (a later set() continues from it).
         run.point = points.Point(session_id, run.storage_id, snap.end // POSITION_STEP, snap.version, True, True)

@@ -1,5 +1,5 @@
 """What the transcript browser reads besides the Store's own calls: first user messages for a listing, one
-session's run log and model calls, state panel and branches, a user's workflow checkpoints.
+session's run log and model calls, state panel, forks and its served conversation's tree, a user's workflow checkpoints.
 
 Every read is a read-only transaction (on the replica when there is one); nothing here writes.
 """
@@ -22,6 +22,8 @@ from agent_store.db.tables import (
     usage_t,
     user_state_t,
 )
+from agent_store.operations import branching
+from agent_store.run import points
 
 M, S, R, C = messages_t.c, sessions_t.c, runs_t.c, checkpoints_t.c
 
@@ -60,7 +62,24 @@ async def session_panels(db: Database, session_id: str, user_id: str | None, app
         + [("user:", r.key, r.value, r.version) for r in user]
         + [("app:", r.key, r.value, r.version) for r in app],
         "branches": [(b.id, b.forked_at_seq) for b in branches],
+        "tree": await conversation_tree(db, session_id, user_id),
     }
+
+
+async def conversation_tree(db: Database, session_id: str, user_id: str | None) -> list[Any]:
+    """The served conversation (0017) the session is part of, from its root down (each session once, with its
+    response ids); empty for a session with no base and no branch."""
+    async with db.transaction(write=False, replica=True, doing="reading a conversation tree") as conn:
+        chain = await points.chain_of(conn, session_id)
+        below = (await conn.execute(select(S.id).where(S.base_id == session_id).limit(1))).first()
+    if len(chain) < 2 and below is None:
+        return []
+    nodes: dict[str, dict[str, Any]] = {}
+    for node in await branching.tree(db, chain[-1].id, user_id):
+        entry = nodes.setdefault(node.session_id, {"node": node, "responses": []})
+        if node.response_id is not None:
+            entry["responses"].append((node.response_id, node.seq_end))
+    return list(nodes.values())
 
 
 async def run_calls(db: Database, session_id: str) -> dict[str, list[Any]]:

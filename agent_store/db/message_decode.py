@@ -30,6 +30,7 @@ from agent_store.db.message_rows import (
     TEXT_FROM_COLUMN,
     MessageCipher,
     full_body,
+    give_id,
     with_marks,
 )
 
@@ -54,7 +55,7 @@ def message_from_row(
     message = Message.from_dict(dict(full))
     message.additional_properties[STORE_ID] = identity
     if message.message_id is None:
-        message.id = identity  # type: ignore[attr-defined]  # see message_rows.store_id()
+        give_id(message, identity)  # see message_rows.store_id()
     return message
 
 
@@ -76,7 +77,7 @@ def _plain_text(
     properties[STORE_ID] = identity
     message = _TEMPLATES.build(role, text, author_name, message_id, properties)
     if message_id is None:
-        message.id = identity  # type: ignore[attr-defined]  # see message_rows.store_id()
+        give_id(message, identity)  # see message_rows.store_id()
     return message
 
 

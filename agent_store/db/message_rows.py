@@ -243,8 +243,19 @@ def store_id(message: Message) -> str:
         identity = (NO_ID_PREFIX if message.message_id is None else "") + uuid.uuid4().hex
         message.additional_properties[STORE_ID] = identity
     if message.message_id is None and getattr(message, "id", None) is None:
-        message.id = identity  # type: ignore[attr-defined]  # never sent, never stored (message_record drops it)
+        give_id(message, identity)  # never sent, never stored (message_record drops it)
     return identity
+
+
+# Message() takes no ``id``: out of to_dict() (which reads the instance's DEFAULT_EXCLUDE), or a session's
+# to_dict() / from_dict() round trip fails; the store's id stays in additional_properties, and comes back.
+_ID_HIDDEN = {*Message.DEFAULT_EXCLUDE, "id", "DEFAULT_EXCLUDE"}
+
+
+def give_id(message: Message, identity: str) -> None:
+    """``identity`` as ``message.id``, the handle the framework's de-duplication reads without a message_id."""
+    message.id = identity  # type: ignore[attr-defined]
+    message.DEFAULT_EXCLUDE = _ID_HIDDEN  # type: ignore[misc]  # (shared, never changed)
 
 
 def plain_body(body: Mapping[str, Any], cipher: MessageCipher | None) -> Mapping[str, Any]:

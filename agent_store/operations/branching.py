@@ -214,7 +214,10 @@ async def branch(db: Database, session_id: str, user_id: str | None, at_seq: int
     async with db.transaction(write=True, doing="branching a session") as conn:
         if user_id is not None:
             await lock_user(conn, user_id, exclusive=False)  # creates one of the user's sessions: see erase_user
-        source = (await conn.execute(select(sessions_t).where(*owned(session_id, user_id)))).first()
+        query = select(sessions_t).where(*owned(session_id, user_id))
+        if conn.dialect.name == "postgresql":  # FOR SHARE: a purge skips the source until the branch is in
+            query = query.with_for_update(read=True)
+        source = (await conn.execute(query)).first()
         if source is None:
             raise not_found(session_id, user_id)
         last = source.next_seq - 1
@@ -226,12 +229,14 @@ async def branch(db: Database, session_id: str, user_id: str | None, at_seq: int
                                     "that session instead")  # fmt: skip
         row = {"id": new_id, "user_id": source.user_id, "agent_id": source.agent_id, "incarnation": new_stamp(),
                "version": 0, "next_seq": cut + 1, "created_at": now, "updated_at": now, "base_id": session_id,
-               "base_seq": cut + 1, "base_version": source.version, "keeps_history": True, "title": source.title,
+               "base_seq": cut + 1, "base_version": source.version, "keeps_history": False, "title": source.title,
                "ttl_seconds": source.ttl_seconds, "expires_at": source.expires_at}  # fmt: skip
         insert = (postgresql if conn.dialect.name == "postgresql" else sqlite).insert(sessions_t)
         if not (await conn.execute(insert.on_conflict_do_nothing(), row)).rowcount:
             raise InvalidValueError(f"new_id {new_id!r} is already in use; choose another id")
         await _copy(conn, state_t, session_id, new_id, None, version=new_stamp())
+        # kept from now on (its first keys are not changes: no history row of version 0)
+        await conn.execute(update(sessions_t).where(S.id == new_id).values(keeps_history=True))
     return new_id
 
 

@@ -96,7 +96,9 @@ async def purge_expired(
                 # before it expired cannot commit into it (and revive it) between two batches, its start gone.
                 ids, trimmed = await _take(conn, picked.all(), batch_messages)
                 if ids:  # messages, state, runs and tool calls cascade
-                    await conn.execute(delete(sessions_t).where(S.id.in_(ids)))
+                    # (the condition again, in this statement's snapshot: a branch made since the pick is seen)
+                    no_branch = ~exists().where(_BRANCH.c.base_id == S.id)
+                    await conn.execute(delete(sessions_t).where(S.id.in_(ids), no_branch))
                 if first:  # erasure fences older than any run can be in flight
                     old = datetime.now(UTC) - FENCE_KEPT
                     await conn.execute(delete(erasures_t).where(erasures_t.c.erased_at < old))

@@ -14,10 +14,10 @@ the branch's row and its own keys, never the history), and its commit goes there
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, delete, literal, or_, select
+from sqlalchemy import and_, delete, literal, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agent_store.db import codec, erasures, message_decode, message_rows
@@ -34,10 +34,11 @@ from agent_store.db.tables import (
     state_history_t,
     state_t,
 )
+from agent_store.errors import ConflictError
 from agent_store.run.commit import HISTORY_KEY, Run, StoredSession
 from agent_store.run.delta import IdentifiedHistory, close_tool_pairs, pair_safe_tail
 
-__all__ = ["Point", "branch", "chain_of", "forget", "head_of", "load_point", "resolve"]
+__all__ = ["Branched", "Point", "adopt", "branch", "chain_of", "forget", "head_of", "load_point", "resolve"]
 MARK_COLUMNS = ("marks", "excluded", "exclude_reason", "summarized_by", "pos")
 _S, _M = sessions_t.c, messages_t.c
 
@@ -164,6 +165,7 @@ async def load_point(
                                                     "messages": messages})  # fmt: skip
     viewed = Run(db, session, snap, user_id=user_id, agent_id=run.agent_id)
     viewed.storage_id = point.session_id
+    viewed.base_id = chain[0].base_id if chain else None  # a branch: its compaction of base messages is its own
     viewed._scopes = scopes(point.session_id, user_id, db.settings.app_id)
     viewed._read_at = run._read_at
     viewed.point = point
@@ -241,32 +243,78 @@ async def forget(db: Database, point: Point) -> None:
         await conn.execute(delete(responses_t).where(r.session_id == point.session_id, r.response_id == point.key))
 
 
-async def branch(conn: AsyncConnection, run: Run, point: Point, now: datetime | None = None) -> str:
+@dataclass(frozen=True)
+class Branched:
+    """A branch made in a transaction, for :func:`adopt` once that transaction has committed."""
+
+    session_id: str
+    base_id: str
+    incarnation: int
+    stamp: int
+    own_keys: tuple[str, ...]
+
+
+async def branch(conn: AsyncConnection, run: Run, point: Point, now: datetime | None = None) -> Branched:
     """Start a branch at ``point`` for ``run``: a session of its own whose history before ``point.seq_end`` is
-    the base's, with the run's loaded own keys as its state (fresh stamps). The run commits there next."""
+    the base's, with the run's loaded own keys as its state (fresh stamps). Nothing of ``run`` changes here: its
+    transaction may still fail; :func:`adopt` it after the commit, and the run commits there next."""
     now = now or datetime.now(UTC)
     if run.user_id is not None:  # creates one of the user's sessions: as a fork does, never beside an erasure
         await sql.lock_user(conn, run.user_id, exclusive=False)
         if await erasures.erased_since(conn, run.user_id, run._fence_since()):
             raise sql.not_found(point.session_id, run.user_id)
-    base = (await conn.execute(select(sessions_t).where(_S.id == point.session_id))).first()
+    query = select(sessions_t).where(_S.id == point.session_id)
+    if conn.dialect.name == "postgresql":  # FOR SHARE: a purge skips the base until the branch is in, a cut waits
+        query = query.with_for_update(read=True)
+    base = (await conn.execute(query)).first()
     if base is None or base.user_id != run.user_id:
         raise sql.not_found(point.session_id, run.user_id)
+    await _still_there(conn, run, point, base)
     new_id = f"{point.key[:200]}~{sql.new_stamp():x}"
     row = {"id": new_id, "user_id": base.user_id, "agent_id": base.agent_id, "incarnation": sql.new_stamp(),
            "version": 0, "next_seq": point.seq_end, "created_at": now, "updated_at": now, "base_id": base.id,
-           "base_seq": point.seq_end, "base_version": point.version, "keeps_history": True,
-           "ttl_seconds": base.ttl_seconds, "expires_at": base.expires_at, "title": base.title}  # fmt: skip
+           "base_seq": point.seq_end, "base_version": point.version, "keeps_history": False,
+           "ttl_seconds": base.ttl_seconds, "expires_at": _expiry(run, base, now), "title": base.title}  # fmt: skip
     await conn.execute(sessions_t.insert(), row)
-    snap = run._snapshot
     stamp = sql.new_stamp()
-    own = {k: v for k, v in snap.state_text.items() if not _shared(k)}
+    own = {k: v for k, v in run._snapshot.state_text.items() if not _shared(k)}
     if own:
         await conn.execute(state_t.insert(), [{"session_id": new_id, "key": k, "value": v, "version": stamp,
                                                "updated_at": now} for k, v in own.items()])  # fmt: skip
-    for key in own:
-        snap.state_stamp[key] = stamp
-    snap.exists, snap.incarnation, snap.version = True, row["incarnation"], 0
-    run.storage_id = new_id
-    run._scopes = scopes(new_id, run.user_id, run.db.settings.app_id)
-    return new_id
+    # Its history is kept from now on (its first keys are not changes: no history row of version 0)
+    await conn.execute(update(sessions_t).where(_S.id == new_id).values(keeps_history=True))
+    return Branched(new_id, base.id, row["incarnation"], stamp, tuple(own))
+
+
+def _expiry(run: Run, base: Any, now: datetime) -> datetime | None:
+    """A new branch is activity now: it expires as a commit now would set it (statements.py, ``_expires``)."""
+    ttl = base.ttl_seconds or run.db.settings.idle_ttl_seconds
+    return now + timedelta(seconds=ttl) if ttl else None
+
+
+async def _still_there(conn: AsyncConnection, run: Run, point: Point, base: Any) -> None:
+    """The history ``point`` names is still the base's (under its lock): a truncate or a clear since the run
+    loaded it cut it away, and a branch must never read other messages under the same seqs."""
+    gone = point.seq_end > base.next_seq
+    if not gone and point.recorded:  # a cut past a response deletes it; clear deletes them all
+        r = responses_t.c
+        named = select(r.seq_end, r.version).where(r.session_id == point.session_id, r.response_id == point.key)
+        found = (await conn.execute(named)).first()
+        gone = found is None or (found.seq_end, found.version) != (point.seq_end, point.version)
+    elif not gone and point.seq_end > (base.base_seq or 0):  # a head: its last message is still the one loaded
+        last = (await conn.execute(select(_M.message_id).where(_M.session_id == point.session_id,
+                                                               _M.seq == point.seq_end - 1))).scalar()  # fmt: skip
+        gone = last is None or last not in run._snapshot.message_ids
+    if gone:
+        raise ConflictError(point.session_id, [], reason=f"the history {point.key!r} named was cut (truncate or "
+                                                         "clear) after this run loaded it: load it again")  # fmt: skip
+
+
+def adopt(run: Run, branched: Branched) -> None:
+    """The run commits into the branch from now on (after the branch's transaction committed)."""
+    snap = run._snapshot
+    for key in branched.own_keys:
+        snap.state_stamp[key] = branched.stamp
+    snap.exists, snap.incarnation, snap.version = True, branched.incarnation, 0
+    run.storage_id, run.base_id = branched.session_id, branched.base_id
+    run._scopes = scopes(branched.session_id, run.user_id, run.db.settings.app_id)

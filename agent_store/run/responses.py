@@ -42,6 +42,9 @@ async def before_writes(db: AsyncConnection, call: OneCall, version: int, head_s
     if await _key_taken(db, key):
         raise InvalidValueError(f"response id {key!r} already names a point of a conversation; a point never "
                                 "changes: store the next turn under a new id")  # fmt: skip
+    if key != sid and (await db.execute(select(sessions_t.c.id).where(sessions_t.c.id == key))).first() is not None:
+        raise InvalidValueError(f"response id {key!r} is a conversation's own id (it names its head): store the "
+                                "turn under a new id")  # fmt: skip
     await db.execute(update(sessions_t).where(sessions_t.c.id == sid, sessions_t.c.keeps_history.is_(False))
                      .values(keeps_history=True))  # fmt: skip
     if call.base_seq is None and call.snapshot.exists and key != sid and not await _key_taken(db, sid):
