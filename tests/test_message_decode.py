@@ -20,7 +20,7 @@ from sqlalchemy import text
 from agent_store import Store
 from agent_store.db import message_decode
 from agent_store.db.message_decode import message_from_row
-from agent_store.db.message_rows import MESSAGE_ID_MARK, TEXT_FROM_COLUMN, full_body, with_marks
+from agent_store.db.message_rows import MESSAGE_ID_MARK, TEXT_FROM_COLUMN, full_body, give_id, with_marks
 
 PLAIN = {TEXT_FROM_COLUMN: 1}
 MARKS = st.one_of(
@@ -45,7 +45,7 @@ def generic(body: Any, identity: str, role: str, author_name: str | None, text: 
     message = Message.from_dict(dict(full))
     message.additional_properties["agent_store_id"] = identity
     if message.message_id is None:
-        message.id = identity  # type: ignore[attr-defined]
+        give_id(message, identity)
     return message
 
 
