@@ -125,6 +125,7 @@ class ErasureReport(_Model):
     user_state_rows: int
     checkpoints: int = 0  # workflow checkpoints saved with this user_id
     usage_calls: int = 0  # usage-ledger rows (model calls) of the user's sessions
+    hosted_responses: int = 0  # a Responses server's responses of the user (agent_store.agentserver, 0018)
     batches: int = 0  # transactions it took (the last one deletes the user's own rows and leaves the fence)
 
 

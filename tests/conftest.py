@@ -15,6 +15,10 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Protocol, TypeVar
 
+# Azure Monitor's exporter reports on itself to a Microsoft endpoint unless told not to (agentserver's hosts):
+# nothing a test starts may dial off this machine.
+os.environ.setdefault("APPLICATIONINSIGHTS_STATSBEAT_DISABLED_ALL", "true")
+
 import asyncpg
 import pytest
 from agent_framework import Agent

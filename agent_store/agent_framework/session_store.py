@@ -12,7 +12,7 @@ from agent_framework._feature_stage import ExperimentalWarning
 
 import agent_store.run.points as points
 from agent_store.db.load_statement import POSITION_STEP
-from agent_store.errors import InvalidValueError, SessionNotFoundError
+from agent_store.errors import ConflictError, InvalidValueError, SessionNotFoundError
 from agent_store.run.checked_commit import HeadMoved, ResponseToRecord
 from agent_store.run.commit import Run, run_of
 from agent_store.run.load import load
@@ -22,6 +22,21 @@ if TYPE_CHECKING:
     from agent_store.store import Store
 
 __all__ = ["StoreSessionStore"]
+_SET_BEFORE = "_agent_store_run"  # on a session this store did not hand out: the run its first set() made
+
+
+class _SetBefore:
+    """That run, for this session object only: a copy of the session (the hosting packages deep-copy sessions)
+    or a pickled one starts again from nothing, as a session this store never saw."""
+
+    def __init__(self, run: Run | None) -> None:
+        self.run = run
+
+    def __deepcopy__(self, memo: dict[int, object]) -> _SetBefore:
+        return _SetBefore(None)
+
+    def __reduce__(self) -> tuple[type[_SetBefore], tuple[None]]:
+        return _SetBefore, (None,)
 
 
 # The framework marks SessionStore experimental and warns when it is subclassed, i.e. on importing this module:
@@ -92,13 +107,17 @@ class StoreSessionStore(_SessionStoreBase):
 
     async def set(self, session_id: str, session: AgentSession) -> None:
         SessionStore.validate_session_id(session_id)
-        run = run_of(session)
+        earlier = getattr(session, _SET_BEFORE, None)
+        run = run_of(session) or (earlier.run if isinstance(earlier, _SetBefore) else None)
         if run is None or run.db is not self.store.db:
             # Its contents date from the get() that found nothing; not known otherwise (then an erasure of the
             # user still on record refuses it: it may hold what was read before).
             # The earliest get of the id on record: never later than this caller's own (read_times.py).
             run = Run.unloaded(self.store.db, session, user_id=self.user_id,
                                read_at=self._absent.earliest(session.session_id))  # fmt: skip
+            # Set again (under another key: ResponsesHostServer sets a request's session under its response id,
+            # then its conversation id), it goes on from what this set() committed, not from nothing.
+            setattr(session, _SET_BEFORE, _SetBefore(run))
         if session_id == run.storage_id and run.point is None:  # its own id: the head moves
             named = None if run.exists else await points.resolve(self.store.db, session_id, self.user_id)
             if named is not None and named.session_id != session_id:  # (its own id, frozen where it began: fine)
@@ -107,21 +126,35 @@ class StoreSessionStore(_SessionStoreBase):
             await run.commit()
             return
         parent = run.point.key if run.point is not None else run.storage_id
-        run.response = ResponseToRecord(session_id, parent)
+        following = run.point is not None and run.point.moves  # loaded by a moving key: a conversation's head
+        moves = (following and parent == session_id) or self.names_head(session_id, session)
+        run.response = ResponseToRecord(session_id, parent, moves=moves)
         if run._key is None:  # a retry of this set() (this run) finds its first attempt by this run id
             run._key = uuid.uuid4().hex
         snap = run._snapshot
         try:
             await run.commit()
         except HeadMoved:
+            if moves or following:  # a conversation's turns land in order, or not at all: never a branch
+                run.response, run._key = None, None
+                raise ConflictError(run.storage_id, [], reason=f"another request advanced the conversation "
+                                                               f"{parent if following else session_id!r} after this "
+                                                               "one loaded it: load it again") from None  # fmt: skip
             at = run.point or points.Point(parent, run.storage_id, snap.end // POSITION_STEP, snap.version, False, True)
             async with self.store.db.transaction(write=True, doing="branching a conversation") as conn:
                 branched = await points.branch(conn, run, at)
             points.adopt(run, branched)  # only once the branch is there: a failed attempt leaves the run as it was
             await run.commit()
         # The session goes on from the point just made (a later set() continues from it).
-        run.point = points.Point(session_id, run.storage_id, snap.end // POSITION_STEP, snap.version, True, True)
+        end = snap.end // POSITION_STEP
+        run.point = points.Point(session_id, run.storage_id, end, snap.version, not moves, True, moves)
         run.response, run._key = None, None
+
+    def names_head(self, key: str, session: AgentSession) -> bool:
+        """Whether ``set(key, session)`` names the session's head under a key of its own (a conversation id kept
+        beside the session's id), which then moves with it, rather than a point that never changes. Here: never
+        (a served conversation's id is its session's own id); agentserver/foundry.py's subclass says when."""
+        return False
 
     async def delete(self, session_id: str) -> None:
         SessionStore.validate_session_id(session_id)

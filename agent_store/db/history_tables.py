@@ -3,7 +3,7 @@
 - ``agent_message_marks``: a message's compaction columns before a commit rewrote them (0016, a trigger): a fork
   or a truncation at an earlier seq, and a point read back, put them back.
 - ``agent_responses``: a key (a response id) naming a point: a session, the seq after the point's last message,
-  the session's version then (0017).
+  the session's version then (0017); or, ``moves``, naming the session's head wherever it is (0018).
 - ``agent_state_history``: a session's own key before a change, once a point was recorded on it (0017, triggers).
 - ``agent_branch_marks``: a branch's compaction of its base's messages, from a horizon on (0017).
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import BigInteger, Boolean, ForeignKey, Index, Integer, String, Table
+from sqlalchemy import BigInteger, Boolean, ForeignKey, Index, Integer, String, Table, false
 from sqlalchemy.orm import Mapped, mapped_column
 
 from agent_store.db.column_types import JsonText, UTCDateTime
@@ -57,6 +57,9 @@ class ResponseRow(Base):
     version: Mapped[int] = mapped_column(Integer)
     parent_id: Mapped[str | None] = mapped_column(String(ID_MAX))  # the point it continued from
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    # 0018: the key names the session's head and moves with it (a conversation id kept beside the session's own
+    # id); seq_end and version are where it was last set.
+    moves: Mapped[bool] = mapped_column(Boolean, server_default=false())
 
     __table_args__ = (
         Index("ix_agent_responses_response_id", "response_id"),  # one key, one point: see 0017

@@ -142,7 +142,9 @@ async def _points_after(conn: AsyncConnection, session_id: str, cut: int, base_s
         raise InvalidValueError(f"session {session_id!r} has a branch ({under.id!r}) that continues from a message "
                                 f"after seq {cut}: delete the branch first, or truncate at a later seq")  # fmt: skip
     r, b = responses_t.c, branch_marks_t.c
-    await conn.execute(delete(responses_t).where(r.session_id == session_id, r.seq_end > cut + 1))
+    await conn.execute(delete(responses_t).where(r.session_id == session_id, r.seq_end > cut + 1, r.moves.is_(False)))
+    await conn.execute(update(responses_t).where(r.session_id == session_id, r.seq_end > cut + 1)
+                       .values(seq_end=cut + 1))  # a moving key (0018) stays on the head, wherever it is
     await conn.execute(delete(branch_marks_t).where(b.session_id == session_id, b.horizon > cut))
 
 

@@ -75,7 +75,8 @@ async def check_tree(conn: AsyncConnection, session: dict[str, Any], rest: list[
             if row.get("user_id") != session.get("user_id") or not (base_seq or 0) <= row["seq_end"] <= end \
                     or row["version"] > version:  # fmt: skip
                 raise InvalidValueError(f"{where}: response {row['response_id']!r} is another user's or out of range")
-            if (await conn.execute(select(R.session_id).where(R.response_id == row["response_id"]))).first():
+            owner = R.user_id.is_(None) if row.get("user_id") is None else R.user_id == row["user_id"]  # per user
+            if (await conn.execute(select(R.session_id).where(R.response_id == row["response_id"], owner))).first():
                 raise InvalidValueError(f"{where}: response id {row['response_id']!r} already names a point here")
 
 

@@ -227,7 +227,9 @@ async def clear(db: Database, session_id: str, user_id: str | None) -> int:
         if (await conn.execute(select(S.id).where(S.base_id == session_id).limit(1))).first() is not None:
             raise InvalidValueError(f"session {session_id!r} has branches that read its history: delete them first")
         await conn.execute(delete(message_marks_t).where(message_marks_t.c.session_id == session_id))
-        await conn.execute(delete(responses_t).where(responses_t.c.session_id == session_id))
+        r = responses_t.c
+        await conn.execute(delete(responses_t).where(r.session_id == session_id, r.moves.is_(False)))
+        await conn.execute(update(responses_t).where(r.session_id == session_id).values(seq_end=0))  # moving keys
         return int((await conn.execute(delete(messages_t).where(messages_t.c.session_id == session_id))).rowcount)
 
 

@@ -18,12 +18,15 @@ import agent_store.telemetry as telemetry
 from agent_store.db import codec
 from agent_store.db.database import Database
 from agent_store.db.erasures import FENCE_KEPT, user_key
+from agent_store.db.hosted_tables import CHECKPOINT_CONTEXT
 from agent_store.db.statements import lock_user
 from agent_store.db.tables import (
     budgets_t,
     checkpoint_workflows_t,
     checkpoints_t,
     erasures_t,
+    hosted_items_t,
+    hosted_responses_t,
     messages_t,
     sessions_t,
     state_t,
@@ -158,7 +161,7 @@ async def erase_user(
                     n["usage_calls"] += await _count(conn, usage_t, batch)
                     await conn.execute(delete(sessions_t).where(batch))  # messages, state, runs, calls cascade
                 elif not trimmed:
-                    user_rows, checkpoints = await _erase_user_rows(conn, user_id)
+                    user_rows, checkpoints, n["hosted_responses"] = await _erase_user_rows(conn, user_id)
             n["batches"] += 1
             n["messages"] += trimmed
             if not ids and not trimmed:
@@ -176,18 +179,24 @@ async def _count(conn: AsyncConnection, table: Table, sessions: ColumnElement[bo
     return int(found.scalar_one())
 
 
-async def _erase_user_rows(conn: AsyncConnection, user_id: str) -> tuple[int, int]:
-    """The user's rows outside sessions, and the fence (the erasure's last transaction): (user: keys, checkpoints)."""
+async def _erase_user_rows(conn: AsyncConnection, user_id: str) -> tuple[int, int, int]:
+    """The user's rows outside sessions, and the fence (the erasure's last transaction): (user: keys, checkpoints,
+    hosted responses)."""
     user_rows = (await conn.execute(delete(user_state_t).where(user_state_t.c.user_id == user_id))).rowcount
-    checkpoints = (await conn.execute(delete(checkpoints_t).where(checkpoints_t.c.user_id == user_id))).rowcount
-    await conn.execute(delete(checkpoint_workflows_t).where(checkpoint_workflows_t.c.user_id == user_id))
+    prefix = user_id + CHECKPOINT_CONTEXT  # the user's checkpoints, and theirs per hosted workflow context (0018)
+    deleted = [(await conn.execute(delete(owner.table).where((owner == user_id) | (func.substr(owner, 1, len(prefix))
+                                                                                   == prefix)))).rowcount
+               for owner in (checkpoints_t.c.user_id, checkpoint_workflows_t.c.user_id)]  # fmt: skip
+    checkpoints = deleted[0]
+    hosted = (await conn.execute(delete(hosted_responses_t).where(hosted_responses_t.c.user_id == user_id))).rowcount
+    await conn.execute(delete(hosted_items_t).where(hosted_items_t.c.user_id == user_id))  # (links cascade)
     await conn.execute(delete(ui_snapshots_t).where(ui_snapshots_t.c.scope == user_id))  # AG-UI: scope = user
     await conn.execute(delete(budgets_t).where(budgets_t.c.scope == "user", budgets_t.c.subject == user_id))
     # A fence for runs still in flight: they loaded before now and may not write for this user after it.
     fence = {"user_key": user_key(user_id), "erased_at": datetime.now(UTC)}
     upsert = (postgresql if conn.dialect.name == "postgresql" else sqlite).insert(erasures_t)
     await conn.execute(upsert.on_conflict_do_update(index_elements=["user_key"], set_=fence), fence)
-    return user_rows, checkpoints
+    return user_rows, checkpoints, hosted
 
 
 async def purge_checkpoints(db: Database, older_than: timedelta, *, keep_latest: bool, batch_size: int) -> int:

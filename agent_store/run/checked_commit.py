@@ -38,10 +38,12 @@ class HeadMoved(Exception):
 
 @dataclass(frozen=True)
 class ResponseToRecord:
-    """A key to record with the commit, naming the point it makes (0017), and the point it continued from."""
+    """A key to record with the commit, naming the point it makes (0017), and the point it continued from;
+    ``moves``: the key names the session's head from now on, wherever it goes (0018)."""
 
     key: str
     parent: str | None
+    moves: bool = False
 
 
 class Landed(Exception):

@@ -53,19 +53,29 @@ class Point:
     version: int
     recorded: bool  # a response row (it never moves); False: a session's head, read when resolved
     is_head: bool  # the session is still there, no branch (an ordinary load reads it)
+    moves: bool = False  # a key naming the session's head wherever it goes (0018): a turn from it never branches
 
 
 async def resolve(db: Database, key: str, user_id: str | None) -> Point | None:
-    """The point ``key`` names for ``user_id``: a response of theirs, else None (another user's is None too)."""
+    """The point ``key`` names for ``user_id``: a response of theirs, else None (keys are per user: another user's
+    is not seen)."""
     r = responses_t.c
-    query = select(r.session_id, r.seq_end, r.version, r.user_id, _S.version.label("head"), _S.base_id)
-    query = query.join(sessions_t, _S.id == r.session_id).where(r.response_id == key)
+    query = select(r.session_id, r.seq_end, r.version, r.user_id, r.moves, _S.version.label("head"),
+                   _S.next_seq, _S.base_id).join(sessions_t, _S.id == r.session_id).where(r.response_id == key,
+                                                                                        _mine(r.user_id, user_id))
     rows = await db.one_statement(query, {}, doing="resolving a response id")  # its own snapshot: one round trip
     found = rows[0] if rows else None
     if found is None or found.user_id != user_id:
         return None
+    if found.moves:  # the session's head, as it is now
+        return Point(key, found.session_id, int(found.next_seq), int(found.head), False, found.base_id is None, True)
     is_head = found.head == found.version and found.base_id is None
     return Point(key, found.session_id, int(found.seq_end), int(found.version), True, is_head)
+
+
+def _mine(column: Any, user_id: str | None) -> Any:
+    """A key is its user's (0018): two users may each have a conversation "conv_1"."""
+    return column.is_(None) if user_id is None else column == user_id
 
 
 async def chain_of(conn: AsyncConnection, session_id: str) -> list[Any]:

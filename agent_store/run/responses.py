@@ -29,17 +29,25 @@ RESPONSE_LOCK = 4  # advisory lock class of a response key (SESSION_LOCK, USER_L
 assert RESPONSE_LOCK != SESSION_LOCK
 
 
-async def _key_taken(db: AsyncConnection, key: str) -> bool:
+async def _key_row(db: AsyncConnection, key: str, user_id: str | None) -> Any:
+    """The row ``key`` names for ``user_id`` (keys are per user since 0018), under the key's lock."""
     if db.dialect.name == "postgresql":  # one key, one point: concurrent writers of one key queue here
         await db.execute(select(func.pg_advisory_xact_lock(RESPONSE_LOCK, func.hashtext(key))))
     r = responses_t.c
-    return (await db.execute(select(r.session_id).where(r.response_id == key))).first() is not None
+    mine = r.user_id.is_(None) if user_id is None else r.user_id == user_id
+    return (await db.execute(select(r.session_id, r.moves).where(r.response_id == key, mine))).first()
+
+
+async def _key_taken(db: AsyncConnection, key: str, user_id: str | None) -> bool:
+    return await _key_row(db, key, user_id) is not None
 
 
 async def before_writes(db: AsyncConnection, call: OneCall, version: int, head_seq: int, now: datetime) -> None:
-    """Lock and check the key, keep the session's history, freeze its own id at the head it had (see above)."""
+    """Lock and check the key, keep the session's history, freeze its own id at the head it had (see above).
+    A moving key (0018) may already name this session's head: it moves with this commit."""
     key, sid = call.response.key, call.session_id
-    if await _key_taken(db, key):
+    if (found := await _key_row(db, key, call.user_id)) is not None and not (call.response.moves and found.moves
+                                                               and found.session_id == sid):  # fmt: skip
         raise InvalidValueError(f"response id {key!r} already names a point of a conversation; a point never "
                                 "changes: store the next turn under a new id")  # fmt: skip
     if key != sid and (await db.execute(select(sessions_t.c.id).where(sessions_t.c.id == key))).first() is not None:
@@ -47,7 +55,7 @@ async def before_writes(db: AsyncConnection, call: OneCall, version: int, head_s
                                 "turn under a new id")  # fmt: skip
     await db.execute(update(sessions_t).where(sessions_t.c.id == sid, sessions_t.c.keeps_history.is_(False))
                      .values(keeps_history=True))  # fmt: skip
-    if call.base_seq is None and call.snapshot.exists and key != sid and not await _key_taken(db, sid):
+    if call.base_seq is None and call.snapshot.exists and key != sid and not await _key_taken(db, sid, call.user_id):
         await db.execute(responses_t.insert(), {
             "session_id": sid, "response_id": sid, "user_id": call.user_id, "seq_end": head_seq,
             "version": version - 1, "parent_id": None, "created_at": now,
@@ -55,9 +63,15 @@ async def before_writes(db: AsyncConnection, call: OneCall, version: int, head_s
 
 
 async def record(db: AsyncConnection, call: OneCall, version: int, seq_end: int, now: datetime) -> None:
+    r, key = responses_t.c, call.response.key
+    if call.response.moves and (await db.execute(
+        update(responses_t).where(r.session_id == call.session_id, r.response_id == key, r.moves.is_(True))
+        .values(seq_end=seq_end, version=version)
+    )).rowcount:  # fmt: skip
+        return
     await db.execute(responses_t.insert(), {
-        "session_id": call.session_id, "response_id": call.response.key, "user_id": call.user_id,
-        "seq_end": seq_end, "version": version, "parent_id": call.response.parent, "created_at": now,
+        "session_id": call.session_id, "response_id": key, "user_id": call.user_id, "seq_end": seq_end,
+        "version": version, "parent_id": call.response.parent, "created_at": now, "moves": call.response.moves,
     })  # fmt: skip
 
 

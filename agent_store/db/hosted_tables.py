@@ -1,0 +1,87 @@
+"""A Responses server's own store (migration 0018): what ``azure-ai-agentserver-responses`` keeps through a
+``ResponseProviderProtocol`` (agent_store/agentserver/responses.py).
+
+- ``agent_hosted_responses``: a response envelope (without its output items), partitioned by the request's user;
+  ``deleted_at`` set by a delete (the row stays: later responses' history reads through it). Its history is either
+  its own rows in ``agent_hosted_links`` or, when it is the end of another response's history (a chain, or a
+  conversation's latest response, as the server asks for it), ``history_from`` / ``history_skip`` / ``history_len``:
+  the items of that response's history, input and output, from ``history_skip``, ``history_len`` of them.
+- ``agent_hosted_items``: an item (input or output), stored once per user, by its id.
+- ``agent_hosted_links``: a response's items in order, by kind (``h`` its own history rows, ``i`` input, ``o`` output).
+
+Every row is a user's: ``erase_user`` deletes them.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, cast
+
+from sqlalchemy import BigInteger, ForeignKeyConstraint, Index, Integer, String, Table
+from sqlalchemy.orm import Mapped, mapped_column
+
+from agent_store.db.column_types import JsonText, UTCDateTime
+from agent_store.db.schema_base import ID_MAX, Base
+
+# A user's workflow checkpoints for one hosted workflow context (agentserver/foundry.py): the owner column is the
+# user id, this, and a hash of the context id, so erase_user finds them by prefix.
+CHECKPOINT_CONTEXT = "\x1fcontext:"
+
+
+class HostedResponseRow(Base):
+    __tablename__ = "agent_hosted_responses"
+
+    user_id: Mapped[str] = mapped_column(String(ID_MAX), primary_key=True)  # "": a request with no user
+    response_id: Mapped[str] = mapped_column(String(ID_MAX), primary_key=True)
+    conversation_id: Mapped[str | None] = mapped_column(String(ID_MAX))
+    previous_id: Mapped[str | None] = mapped_column(String(ID_MAX))
+    status: Mapped[str | None] = mapped_column(String(64))
+    envelope: Mapped[Any] = mapped_column(JsonText())  # the response, its "output" emptied (items are rows)
+    history_from: Mapped[str | None] = mapped_column(String(ID_MAX))
+    history_skip: Mapped[int] = mapped_column(Integer)
+    history_len: Mapped[int] = mapped_column(Integer)
+    created_seq: Mapped[int] = mapped_column(BigInteger)  # a conversation's order
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    deleted_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+    __table_args__ = (
+        Index("ix_agent_hosted_responses_conversation", "user_id", "conversation_id", "created_seq"),
+        Index("ix_agent_hosted_responses_history_from", "user_id", "history_from"),
+        {"sqlite_with_rowid": False},
+    )
+
+
+class HostedItemRow(Base):
+    __tablename__ = "agent_hosted_items"
+
+    user_id: Mapped[str] = mapped_column(String(ID_MAX), primary_key=True)
+    item_id: Mapped[str] = mapped_column(String(ID_MAX), primary_key=True)
+    type: Mapped[str | None] = mapped_column(String(64))
+    body: Mapped[Any] = mapped_column(JsonText())
+
+    __table_args__ = ({"sqlite_with_rowid": False},)
+
+
+class HostedLinkRow(Base):
+    __tablename__ = "agent_hosted_links"
+
+    user_id: Mapped[str] = mapped_column(String(ID_MAX), primary_key=True)
+    response_id: Mapped[str] = mapped_column(String(ID_MAX), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(1), primary_key=True)  # h, i, o
+    pos: Mapped[int] = mapped_column(Integer, primary_key=True)
+    item_id: Mapped[str] = mapped_column(String(ID_MAX))
+
+    __table_args__ = (
+        ForeignKeyConstraint(
+            ["user_id", "response_id"],
+            ["agent_hosted_responses.user_id", "agent_hosted_responses.response_id"],
+            ondelete="CASCADE",
+        ),
+        {"sqlite_with_rowid": False},
+    )
+
+
+hosted_responses_t = cast(Table, HostedResponseRow.__table__)
+hosted_items_t = cast(Table, HostedItemRow.__table__)
+hosted_links_t = cast(Table, HostedLinkRow.__table__)
