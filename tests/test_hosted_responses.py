@@ -13,6 +13,7 @@ from azure.ai.agentserver.responses.store import ResponseAlreadyExistsError
 from helpers import rows
 
 from agent_store import InvalidValueError, Store
+from agent_store.agentserver.history import MAX_HOPS
 from agent_store.agentserver.responses import StoreResponseProvider
 
 ALICE, BOB = PlatformContext(user_id_key="alice"), PlatformContext(user_id_key="bob")
@@ -124,14 +125,15 @@ async def test_history_follows_the_chain_and_the_conversation(provider: StoreRes
 
 
 async def test_a_chain_stores_each_item_once_and_no_history_rows(provider: StoreResponseProvider, store: Store) -> None:
-    """50 chained turns with the server's window of 20: links are two per response, items two per response."""
+    """50 chained turns with the server's window of 20: two item links per response, each item once, and a window
+    of history rows only every MAX_HOPS responses (a reading follows at most MAX_HOPS pointers)."""
     previous = None
     for n in range(50):
         history = await turn(provider, f"r{n}", previous, limit=20)
         assert len(history) == min(2 * n, 20)
         previous = f"r{n}"
     assert await rows(store, "SELECT kind, count(*) FROM agent_hosted_links GROUP BY kind ORDER BY kind") == [
-        ("i", 50), ("o", 50)]  # fmt: skip
+        ("h", 20 * (49 // MAX_HOPS)), ("i", 50), ("o", 50)]  # fmt: skip
     assert await rows(store, "SELECT count(*) FROM agent_hosted_items") == [(100,)]
     assert await provider.get_history_item_ids("r49", None, 4) == ["r48-in", "r48-out", "r49-in", "r49-out"]
     listed = await provider.get_input_items("r49", limit=100, ascending=True)

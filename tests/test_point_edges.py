@@ -222,3 +222,14 @@ async def test_a_loaded_session_survives_the_frameworks_own_round_trip(store: St
     head = await store.load("r0", user_id="u")
     assert [m.text for m in head.history] == ["to r1", "again"]
     await head.discard()
+
+
+async def test_resolving_keys_compiles_one_statement_not_one_per_call(store: Store) -> None:
+    """The driver path caches compiled SQL by statement: a statement built per call grew it with every key
+    resolved (a leak in a long-lived server); resolve's statement is built once."""
+    sessions = StoreSessionStore(store, user_id="u")
+    await sessions.get("warm")
+    before = len(store.db.driver._sql)
+    for n in range(40):
+        assert await sessions.get(f"unknown-{n}") is None
+    assert len(store.db.driver._sql) == before

@@ -4,9 +4,9 @@ A response's *full* list is its history, then its input, then its output, each i
 request continuing from it is given, cut to the server's limit. The server hands ``create_response`` that history
 explicitly; when it is the end of another response's full list (a ``previous_response_id`` chain, or a
 conversation's latest response), the row points there instead of repeating the ids (``history_from``, from
-``history_skip``, ``history_len`` ids), so a chain of N responses stores O(N) links, not O(N^2). Reading walks the
-pointers: one recursive statement for the rows, one for their links, then lists built from the oldest up (no
-recursion in Python: chains may be deep).
+``history_skip``, ``history_len`` ids), except every ``MAX_HOPS``-th, which keeps rows of its own: a chain stores
+its items' links and a window's every ``MAX_HOPS`` responses, not a window per response. Reading walks at most
+``MAX_HOPS`` pointers: one recursive statement for the rows and their links, then lists built oldest first.
 
 A row's full list must never change once another row points at it: before its output ids change (an update) or
 it is created again after a delete, the rows pointing at it get their history as rows of their own
@@ -18,13 +18,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import and_, bindparam, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agent_store.db.tables import hosted_links_t, hosted_responses_t
 
-__all__ = ["Spec", "compress", "full_lists", "link_rows", "materialize_children", "specs"]
+__all__ = ["MAX_HOPS", "Spec", "compress", "full_lists", "link_rows", "materialize_children", "specs", "specs_from",
+           "walk"]
 R, L = hosted_responses_t.c, hosted_links_t.c
+# A reading follows at most this many pointers: every MAX_HOPS-th response of a chain keeps its history as rows of
+# its own (a window of W ids: W/MAX_HOPS links per response, amortized), so a read is bounded, not O(chain).
+MAX_HOPS = 16
 
 
 @dataclass
@@ -43,27 +47,46 @@ def dedup(ids: list[str]) -> list[str]:
     return list(dict.fromkeys(ids))
 
 
-async def specs(conn: AsyncConnection, user: str, starts: list[str]) -> dict[str, Spec]:
-    """The rows of ``starts`` and of every row their history points through, with their links: two statements."""
-    if not starts:
-        return {}
-    seed = select(R.response_id, R.history_from).where(R.user_id == user, R.response_id.in_(starts))
-    walk: Any = seed.cte("walk", recursive=True)
+def _walk_statement(one: bool) -> Any:
+    """The rows of ``starts`` (``one``: of ``start``) and every row their history points through (recursive), each
+    with its links in order: built once (its compiled form is cached by the statement), bound per call."""
+    user: Any = bindparam("user")
+    seed = R.response_id == bindparam("start") if one else R.response_id.in_(bindparam("starts", expanding=True))
+    walk: Any = select(R.response_id, R.history_from).where(R.user_id == user, seed)
+    walk = walk.cte("walk", recursive=True)
     up = hosted_responses_t.alias("up")
     walk = walk.union(select(up.c.response_id, up.c.history_from)
                       .where(up.c.user_id == user, up.c.response_id == walk.c.history_from))  # fmt: skip
-    rows = (await conn.execute(
-        select(R.response_id, R.history_from, R.history_skip, R.history_len, R.deleted_at)
-        .where(R.user_id == user, R.response_id.in_(select(walk.c.response_id)))
-    )).all()  # fmt: skip
-    out = {r.response_id: Spec(r.response_id, r.history_from, r.history_skip, r.history_len, r.deleted_at is not None)
-           for r in rows}  # fmt: skip
-    for ids in _chunks(list(out)):
-        links = await conn.execute(select(L.response_id, L.kind, L.item_id)
-                                   .where(L.user_id == user, L.response_id.in_(ids)).order_by(L.response_id, L.kind,
-                                                                                              L.pos))  # fmt: skip
-        for link in links:
-            out[link.response_id].links.setdefault(link.kind, []).append(link.item_id)
+    joined = hosted_responses_t.outerjoin(hosted_links_t, and_(L.user_id == R.user_id, L.response_id == R.response_id))
+    return (select(R.response_id, R.history_from, R.history_skip, R.history_len, R.deleted_at, L.kind, L.item_id)
+            .select_from(joined).where(R.user_id == user, R.response_id.in_(select(walk.c.response_id)))
+            .order_by(R.response_id, L.kind, L.pos))  # fmt: skip
+
+
+_WALK, _WALK_ONE = _walk_statement(False), _walk_statement(True)
+
+
+def walk(user: str, starts: list[str]) -> tuple[Any, dict[str, Any]]:
+    """The statement and its parameters (a database's one_statement takes the one-start form only)."""
+    if len(starts) == 1:
+        return _WALK_ONE, {"user": user, "start": starts[0]}
+    return _WALK, {"user": user, "starts": list(dict.fromkeys(starts))}
+
+
+async def specs(conn: AsyncConnection, user: str, starts: list[str]) -> dict[str, Spec]:
+    """The rows of ``starts`` and of every row their history points through, with their links: one statement."""
+    return specs_from(list(await conn.execute(*walk(user, starts))) if starts else [])
+
+
+def specs_from(rows: list[Any]) -> dict[str, Spec]:
+    out: dict[str, Spec] = {}
+    for r in rows:
+        spec = out.get(r.response_id)
+        if spec is None:
+            spec = out[r.response_id] = Spec(r.response_id, r.history_from, r.history_skip, r.history_len,
+                                             r.deleted_at is not None)  # fmt: skip
+        if r.kind is not None:
+            spec.links.setdefault(r.kind, []).append(r.item_id)
     return out
 
 
@@ -109,13 +132,24 @@ async def compress(conn: AsyncConnection, user: str, history: list[str], candida
     named = [c for c in dict.fromkeys(candidates) if c is not None]
     if not history or not named:
         return None, 0
-    lists = full_lists(await specs(conn, user, named), named)
+    found = await specs(conn, user, named)
+    lists = full_lists(found, named)
     for candidate in named:
         full = lists[candidate]
         skip = len(full) - len(history)
         if skip >= 0 and full[skip:] == history:
+            if _hops(found, candidate) >= MAX_HOPS - 1:  # a reading would walk too far: rows of its own instead
+                return None, 0
             return candidate, skip
     return None, 0
+
+
+def _hops(found: dict[str, Spec], rid: str) -> int:
+    """How many pointers a reading of ``rid``'s list follows before rows of their own."""
+    hops, at = 0, found.get(rid)
+    while at is not None and at.history_from is not None:
+        hops, at = hops + 1, found.get(at.history_from)
+    return hops
 
 
 def link_rows(user: str, response_id: str, kind: str, ids: list[str]) -> list[dict[str, Any]]:

@@ -25,9 +25,8 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from azure.ai.agentserver.responses.store import ResponseAlreadyExistsError
-from sqlalchemy import and_, delete, select, update
+from sqlalchemy import and_, bindparam, delete, select, update
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agent_store.agentserver import history as chains
@@ -89,26 +88,27 @@ class StoreResponseProvider:
         assert rid is not None
         inputs = self._items(input_items or [], where=f"response {rid!r}: input")
         history = [str(i) for i in history_item_ids or []]
-        conversation = _conversation_of(response)
+        conversation, previous = _conversation_of(response), response.get("previous_response_id")
+        codec.check_id(conversation, "conversation id")
+        codec.check_id(previous, "previous_response_id")
         now = datetime.now(UTC)
         async with self.db.transaction(write=True, doing="storing a response") as conn:
-            there = (await conn.execute(select(R.deleted_at).where(R.user_id == user, R.response_id == rid)
-                                        .with_for_update())).first()  # fmt: skip
-            if there is not None and there.deleted_at is None:
-                raise ResponseAlreadyExistsError(rid)
             latest = await self._latest(conn, user, conversation) if conversation else None
-            source, skip = await chains.compress(conn, user, history, [response.get("previous_response_id"), latest])
-            if there is not None:  # created again after a delete: what pointed at it keeps what it read
+            source, skip = await chains.compress(conn, user, history, [previous, latest])
+            row = {"user_id": user, "response_id": rid, "conversation_id": conversation, "previous_id": previous,
+                   "status": _status(response), "envelope": envelope, "history_from": source, "history_skip": skip,
+                   "history_len": len(history), "created_seq": time.time_ns(), "created_at": now, "updated_at": now,
+                   "deleted_at": None}  # fmt: skip
+            insert = (postgresql if conn.dialect.name == "postgresql" else sqlite).insert(hosted_responses_t)
+            if not (await conn.execute(insert.on_conflict_do_nothing(), row)).rowcount:  # there: alive or deleted
+                there = (await conn.execute(select(R.deleted_at).where(R.user_id == user, R.response_id == rid)
+                                            .with_for_update())).first()  # fmt: skip
+                if there is None or there.deleted_at is None:  # (None: deleted meanwhile by an erasure)
+                    raise ResponseAlreadyExistsError(rid)
+                # Created again after a delete: what pointed at it keeps what it read.
                 await chains.materialize_children(conn, user, rid)
                 await conn.execute(delete(hosted_responses_t).where(R.user_id == user, R.response_id == rid))
-            row = {"user_id": user, "response_id": rid, "conversation_id": conversation,
-                   "previous_id": response.get("previous_response_id"), "status": _status(response),
-                   "envelope": envelope, "history_from": source, "history_skip": skip, "history_len": len(history),
-                   "created_seq": time.time_ns(), "created_at": now, "updated_at": now, "deleted_at": None}  # fmt: skip
-            try:
                 await conn.execute(hosted_responses_t.insert(), row)
-            except IntegrityError as exc:  # another process created it first (PostgreSQL: after our read)
-                raise ResponseAlreadyExistsError(rid) from exc
             await self._put_items(conn, user, [*inputs, *outputs])
             links = chains.link_rows(user, rid, "h", history) if source is None else []
             links += chains.link_rows(user, rid, "i", [i for i, _, _ in inputs])
@@ -159,13 +159,8 @@ class StoreResponseProvider:
         user = partition(context)
         if not _usable(response_id):
             raise KeyError(f"response '{response_id}' not found")
-        joined = hosted_responses_t.outerjoin(
-            hosted_links_t, and_(L.user_id == R.user_id, L.response_id == R.response_id, L.kind == "o")
-        ).outerjoin(hosted_items_t, and_(T.user_id == L.user_id, T.item_id == L.item_id))
-        query = select(R.envelope, R.deleted_at, T.body).select_from(joined)
-        async with self.db.transaction(write=False, doing="reading a response") as conn:
-            rows = (await conn.execute(query.where(R.user_id == user, R.response_id == response_id)
-                                       .order_by(L.pos))).all()  # fmt: skip
+        rows = await self.db.one_statement(_ONE_RESPONSE, {"user": user, "rid": response_id},
+                                           doing="reading a response")  # fmt: skip  # its own snapshot
         if not rows or rows[0].deleted_at is not None:
             raise KeyError(f"response '{response_id}' not found")
         return {**rows[0].envelope, "output": [r.body for r in rows if r.body is not None]}
@@ -212,15 +207,18 @@ class StoreResponseProvider:
         """The full list of ``previous_response_id``, then of every response of ``conversation_id`` in the order
         they were created (deleted ones skipped), each id once; the last ``limit`` (-1: all)."""
         user = partition(context)
-        async with self.db.transaction(write=False, doing="reading a response's history") as conn:
-            starts = [previous_response_id] if previous_response_id and _usable(previous_response_id) else []
-            members: list[str] = []
-            if conversation_id and _usable(conversation_id):
+        starts = [previous_response_id] if previous_response_id and _usable(previous_response_id) else []
+        members: list[str] = []
+        if conversation_id and _usable(conversation_id):
+            async with self.db.transaction(write=False, doing="reading a conversation's history") as conn:
                 members = list((await conn.execute(
                     select(R.response_id).where(R.user_id == user, R.conversation_id == conversation_id,
                                                 R.deleted_at.is_(None)).order_by(R.created_seq, R.response_id)
                 )).scalars())  # fmt: skip
-            found = await chains.specs(conn, user, [*starts, *members])
+                found = await chains.specs(conn, user, [*starts, *members])
+        else:  # a chain: one statement, its own snapshot
+            found = chains.specs_from(await self.db.one_statement(*chains.walk(user, starts), doing="reading a "
+                                                                  "response's history") if starts else [])  # fmt: skip
         starts = [s for s in starts if s in found and not found[s].deleted]
         lists = chains.full_lists(found, [*starts, *members])
         resolved = chains.dedup([i for rid in [*starts, *members] for i in lists[rid]])
@@ -272,6 +270,18 @@ class StoreResponseProvider:
             select(R.response_id).where(R.user_id == user, R.conversation_id == conversation, R.deleted_at.is_(None))
             .order_by(R.created_seq.desc(), R.response_id.desc()).limit(1)
         )).scalar()  # fmt: skip
+
+
+def _one_response() -> Any:
+    """A response's envelope with its output items in order: one statement, built once (bound per call)."""
+    joined = hosted_responses_t.outerjoin(
+        hosted_links_t, and_(L.user_id == R.user_id, L.response_id == R.response_id, L.kind == "o")
+    ).outerjoin(hosted_items_t, and_(T.user_id == L.user_id, T.item_id == L.item_id))
+    query = select(R.envelope, R.deleted_at, T.body).select_from(joined)
+    return query.where(R.user_id == bindparam("user"), R.response_id == bindparam("rid")).order_by(L.pos)
+
+
+_ONE_RESPONSE = _one_response()
 
 
 def _conversation_of(response: Mapping[str, Any]) -> str | None:

@@ -23,6 +23,8 @@ from agent_store.errors import StorageUnavailableError
 T = TypeVar("T")
 
 
+CACHED = 256  # compiled statements kept (the store has a few dozen)
+
 class DriverPath:
     """Compiled statements and their row types, per engine (one dialect)."""
 
@@ -35,6 +37,9 @@ class DriverPath:
         """(SQL text, parameter order, values of the statement's own literals)."""
         found = self._sql.get(statement)
         if found is None:
+            if len(self._sql) >= CACHED:  # statements are built once and reused; a caller that builds one per call
+                self._sql.clear()  # must not grow this without bound
+                self._rows.clear()
             compiled = statement.compile(dialect=self.dialect)
             found = self._sql[statement] = (compiled.string, list(compiled.positiontup or ()), dict(compiled.params))
         return found

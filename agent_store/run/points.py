@@ -17,29 +17,27 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, delete, literal, or_, select, update
+from sqlalchemy import bindparam, delete, literal, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+import agent_store.run.point_reads as reads
 from agent_store.db import codec, erasures, message_decode, message_rows
 from agent_store.db import statements as sql
 from agent_store.db.database import Database
 from agent_store.db.load_statement import POSITION_STEP
 from agent_store.db.scopes import scopes
 from agent_store.db.tables import (
-    branch_marks_t,
-    message_marks_t,
     messages_t,
     responses_t,
     sessions_t,
-    state_history_t,
     state_t,
 )
 from agent_store.errors import ConflictError
 from agent_store.run.commit import HISTORY_KEY, Run, StoredSession
 from agent_store.run.delta import IdentifiedHistory, close_tool_pairs, pair_safe_tail
+from agent_store.run.point_reads import MARK_COLUMNS
 
 __all__ = ["Branched", "Point", "adopt", "branch", "chain_of", "forget", "head_of", "load_point", "resolve"]
-MARK_COLUMNS = ("marks", "excluded", "exclude_reason", "summarized_by", "pos")
 _S, _M = sessions_t.c, messages_t.c
 
 
@@ -59,11 +57,8 @@ class Point:
 async def resolve(db: Database, key: str, user_id: str | None) -> Point | None:
     """The point ``key`` names for ``user_id``: a response of theirs, else None (keys are per user: another user's
     is not seen)."""
-    r = responses_t.c
-    query = select(r.session_id, r.seq_end, r.version, r.user_id, r.moves, _S.version.label("head"),
-                   _S.next_seq, _S.base_id).join(sessions_t, _S.id == r.session_id).where(r.response_id == key,
-                                                                                        _mine(r.user_id, user_id))
-    rows = await db.one_statement(query, {}, doing="resolving a response id")  # its own snapshot: one round trip
+    query = _RESOLVE_NONE if user_id is None else _RESOLVE
+    rows = await db.one_statement(query, {"key": key, "user": user_id}, doing="resolving a response id")  # one trip
     found = rows[0] if rows else None
     if found is None or found.user_id != user_id:
         return None
@@ -73,9 +68,16 @@ async def resolve(db: Database, key: str, user_id: str | None) -> Point | None:
     return Point(key, found.session_id, int(found.seq_end), int(found.version), True, is_head)
 
 
-def _mine(column: Any, user_id: str | None) -> Any:
-    """A key is its user's (0018): two users may each have a conversation "conv_1"."""
-    return column.is_(None) if user_id is None else column == user_id
+def _resolving(with_user: bool) -> Any:
+    """A key's row and its session's head, for a user (a key is its user's since 0018: two users may each have a
+    conversation "conv_1"), or for no user: built once, bound per call (the driver path caches by statement)."""
+    r = responses_t.c
+    query = select(r.session_id, r.seq_end, r.version, r.user_id, r.moves, _S.version.label("head"), _S.next_seq,
+                   _S.base_id).join(sessions_t, _S.id == r.session_id).where(r.response_id == bindparam("key"))
+    return query.where(r.user_id == bindparam("user") if with_user else r.user_id.is_(None))
+
+
+_RESOLVE, _RESOLVE_NONE = _resolving(True), _resolving(False)
 
 
 async def chain_of(conn: AsyncConnection, session_id: str) -> list[Any]:
@@ -94,17 +96,6 @@ async def head_of(db: Database, session_id: str) -> Point | None:
     return None if row is None else Point(session_id, session_id, int(row.next_seq), int(row.version), False, True)
 
 
-def _segments(chain: list[Any], point: Point) -> list[tuple[str, int, int, int]]:
-    """(session, first seq, end seq, version) of each session's part of the history, the viewed one first: a base's
-    part ends where its branch begins, as it was at the version the branch continued from."""
-    out, end, version = [], point.seq_end, point.version
-    for row in chain:
-        low = int(row.base_seq or 0) if row.base_id is not None else 0
-        out.append((row.id, low, end, version))
-        end, version = low, int(row.base_version or 0)
-    return out
-
-
 async def load_point(
     db: Database, point: Point, loaded: Run, *, user_id: str | None, history_limit: int | None
 ) -> Run:  # fmt: skip
@@ -115,13 +106,10 @@ async def load_point(
     run = loaded
     snap = run._snapshot
     async with db.transaction(write=False, doing="loading a response") as conn:
-        chain = await chain_of(conn, point.session_id)
-        segments = _segments(chain, point)
-        ranges = [and_(_M.session_id == sid, _M.seq >= low, _M.seq < end) for sid, low, end, _ in segments if end > low]
-        rows = (await conn.execute(select(messages_t).where(or_(*ranges)))).all() if ranges else []
-        at_cut = await _marks_at_cut(conn, segments)
-        overrides = await _overrides(conn, segments)
-        own = await _own_state(conn, point)
+        chain, rows = await reads.chain_and_messages(conn, point)
+        segments = reads.segments(chain, point)
+        at_cut, overrides = await reads.columns_in_view(conn, segments)
+        own = await reads.own_state(conn, point)
     conversation = chain[-1].id if chain else point.session_id
     session = StoredSession(session_id=conversation, service_session_id=snap.service_session_id)
     for key, value in session_state_shared(run).items():
@@ -191,59 +179,6 @@ def _shared(key: str) -> bool:
 def session_state_shared(run: Run) -> dict[str, Any]:
     """The loaded ``user:`` and ``app:`` keys (shared across sessions: a point does not freeze them)."""
     return {k: v for k, v in run.session.state.items() if _shared(k)}
-
-
-async def _marks_at_cut(conn: AsyncConnection, segments: list[Any]) -> dict[Any, dict[str, Any]]:
-    """Each message's compaction columns as they were at its session's version in this view: the first row kept
-    by a rewrite after that version (0016); absent if none came after."""
-    k = message_marks_t.c
-    found = (await conn.execute(
-        select(message_marks_t).where(or_(*[and_(k.session_id == sid, k.version > version)
-                                           for sid, _, _, version in segments]))
-        .order_by(k.session_id, k.message_id, k.version, k.horizon)
-    )).all()  # fmt: skip
-    out: dict[Any, dict[str, Any]] = {}
-    for row in found:
-        out.setdefault((row.session_id, row.message_id), {name: getattr(row, name) for name in MARK_COLUMNS})
-    return out
-
-
-async def _overrides(conn: AsyncConnection, segments: list[Any]) -> dict[Any, dict[str, Any]]:
-    """A branch's compaction of its base's messages as it was at its version in this view: its latest row."""
-    b = branch_marks_t.c
-    found = (await conn.execute(
-        select(branch_marks_t).where(or_(*[and_(b.session_id == sid, b.version <= version)
-                                           for sid, _, _, version in segments]))
-        .order_by(b.session_id, b.message_id, b.version)
-    )).all()  # fmt: skip
-    return {(row.session_id, row.message_id): {name: getattr(row, name) for name in MARK_COLUMNS} for row in found}
-
-
-async def _own_state(conn: AsyncConnection, point: Point) -> dict[str, tuple[Any, str, int]]:
-    """The session's own keys at ``point.version`` (canonical JSON text, stamp): the current rows, each taken
-    back to the first value kept by a change after that version (``existed`` false: the key was not there)."""
-    s, h = state_t.c, state_history_t.c
-    current = {
-        row.key: (row.value, int(row.version))
-        for row in (await conn.execute(select(s.key, s.value, s.version).where(s.session_id == point.session_id))).all()
-    }
-    later = (await conn.execute(
-        select(h.key, h.value, h.existed, h.until_version)
-        .where(h.session_id == point.session_id, h.until_version > point.version)
-        .order_by(h.key, h.until_version)
-    )).all()  # fmt: skip
-    values: dict[str, Any] = {key: value for key, (value, _) in current.items()}
-    seen: set[str] = set()
-    for row in later:
-        if row.key in seen:
-            continue
-        seen.add(row.key)
-        if row.existed:
-            values[row.key] = row.value
-        else:
-            values.pop(row.key, None)
-    return {key: (value, codec.dumps(value, where=f"state[{key!r}]", max_bytes=2**62), current.get(key, (None, 0))[1])
-            for key, value in values.items()}  # fmt: skip
 
 
 async def forget(db: Database, point: Point) -> None:
