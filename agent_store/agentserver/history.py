@@ -57,10 +57,11 @@ def _walk_statement(one: bool) -> Any:
     up = hosted_responses_t.alias("up")
     walk = walk.union(select(up.c.response_id, up.c.history_from)
                       .where(up.c.user_id == user, up.c.response_id == walk.c.history_from))  # fmt: skip
-    joined = hosted_responses_t.outerjoin(hosted_links_t, and_(L.user_id == R.user_id, L.response_id == R.response_id))
+    # Driven from the walk (a few rows): each row and its links by their keys, whatever the tables' statistics say.
+    joined = walk.join(hosted_responses_t, and_(R.user_id == user, R.response_id == walk.c.response_id)).outerjoin(
+        hosted_links_t, and_(L.user_id == user, L.response_id == walk.c.response_id))  # fmt: skip
     return (select(R.response_id, R.history_from, R.history_skip, R.history_len, R.deleted_at, L.kind, L.item_id)
-            .select_from(joined).where(R.user_id == user, R.response_id.in_(select(walk.c.response_id)))
-            .order_by(R.response_id, L.kind, L.pos))  # fmt: skip
+            .select_from(joined).order_by(R.response_id, L.kind, L.pos))  # fmt: skip
 
 
 _WALK, _WALK_ONE = _walk_statement(False), _walk_statement(True)

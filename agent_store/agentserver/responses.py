@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from azure.ai.agentserver.responses.store import ResponseAlreadyExistsError
-from sqlalchemy import and_, bindparam, delete, select, update
+from sqlalchemy import and_, bindparam, delete, func, literal_column, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -196,8 +196,11 @@ class StoreResponseProvider:
     async def get_items(self, item_ids: Iterable[str], *, context: PlatformContext | None = None) -> list[Any]:
         """Items by id, in the order asked; None for an id not stored (in this partition)."""
         user, wanted = partition(context), [str(i) for i in item_ids]
-        async with self.db.transaction(write=False, doing="reading response items") as conn:
-            found = await self._bodies(conn, user, wanted)
+        usable = list(dict.fromkeys(i for i in wanted if _usable(i)))
+        pg = self.db.dialect == "postgresql"
+        found = {r.item_id: r.body for r in await self.db.one_statement(
+            _ITEMS[pg], {"user": user, "ids": usable if pg else codec.dumps(usable, where="item ids", max_bytes=2**62)},
+            doing="reading response items")} if usable else {}  # fmt: skip  # one statement, its own snapshot
         return [found.get(i) for i in wanted]
 
     async def get_history_item_ids(
@@ -282,6 +285,12 @@ def _one_response() -> Any:
 
 
 _ONE_RESPONSE = _one_response()
+# Items by id, one statement with the ids as one parameter (a list on PostgreSQL, a JSON array on SQLite).
+_ITEMS = {
+    True: select(T.item_id, T.body).where(T.user_id == bindparam("user"), T.item_id == func.any(bindparam("ids"))),
+    False: select(T.item_id, T.body).where(T.user_id == bindparam("user"), T.item_id.in_(
+        select(literal_column("value")).select_from(func.json_each(bindparam("ids"))))),
+}
 
 
 def _conversation_of(response: Mapping[str, Any]) -> str | None:
