@@ -225,3 +225,27 @@ async def test_bad_input_is_a_typed_error_and_writes_nothing(provider: StoreResp
         await provider.create_response(["not", "a", "response"], None, None)
     assert await rows(store, "SELECT count(*) FROM agent_hosted_responses") == [(0,)]
     assert await rows(store, "SELECT count(*) FROM agent_hosted_items") == [(0,)]
+
+
+async def test_a_response_created_while_its_parent_changes_keeps_what_it_was_given(
+    provider: StoreResponseProvider, store: Store
+) -> None:
+    """The parent's output changes in a transaction still open (update_response's) while a child is created from
+    its old list: the child waits for it (PostgreSQL: a share lock on the parent; SQLite: the writer's lock), so it
+    never points at a list that is not the one it was given."""
+    from sqlalchemy import text
+
+    await turn(provider, "p", None)
+    given = await provider.get_history_item_ids("p", None, -1)
+    async with store.engine.connect() as other:
+        await other.begin()
+        if other.dialect.name == "postgresql":
+            await other.execute(text("SELECT 1 FROM agent_hosted_responses WHERE response_id = 'p' FOR UPDATE"))
+        await other.execute(text("UPDATE agent_hosted_links SET item_id = 'changed' WHERE response_id = 'p' AND "
+                                 "kind = 'o'"))  # fmt: skip
+        child = asyncio.create_task(provider.create_response(response("c", previous="p"), [said("c-in")], given))
+        await asyncio.sleep(0.5)
+        assert not child.done()  # it waits for the parent's transaction
+        await other.commit()
+    await child
+    assert await provider.get_history_item_ids("c", None, -1) == [*given, "c-in"]

@@ -133,6 +133,9 @@ async def compress(conn: AsyncConnection, user: str, history: list[str], candida
     named = [c for c in dict.fromkeys(candidates) if c is not None]
     if not history or not named:
         return None, 0
+    if conn.dialect.name == "postgresql":  # an update of a candidate's output waits until this row points at it
+        await conn.execute(select(R.response_id).where(R.user_id == user, R.response_id.in_(named))
+                           .with_for_update(read=True))  # fmt: skip
     found = await specs(conn, user, named)
     lists = full_lists(found, named)
     for candidate in named:
