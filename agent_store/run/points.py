@@ -105,11 +105,10 @@ async def load_point(
     commit must branch (``Run.point`` says from where), unless the point is still the session's head."""
     run = loaded
     snap = run._snapshot
-    async with db.transaction(write=False, doing="loading a response") as conn:
-        chain, rows = await reads.chain_and_messages(conn, point)
-        segments = reads.segments(chain, point)
-        at_cut, overrides = await reads.columns_in_view(conn, segments)
-        own = await reads.own_state(conn, point)
+    chain, rows = await reads.chain_and_messages(db, point)  # three statements, each its own round trip
+    segments = reads.segments(chain, point)
+    at_cut, overrides = await reads.columns_in_view(db, point)
+    own = await reads.own_state(db, point)
     conversation = chain[-1].id if chain else point.session_id
     session = StoredSession(session_id=conversation, service_session_id=snap.service_session_id)
     for key, value in session_state_shared(run).items():
