@@ -233,3 +233,17 @@ async def test_resolving_keys_compiles_one_statement_not_one_per_call(store: Sto
     for n in range(40):
         assert await sessions.get(f"unknown-{n}") is None
     assert len(store.db.driver._sql) == before
+
+
+async def test_search_finds_a_shared_message_once_under_the_session_that_holds_it(store: Store) -> None:
+    """A branch shares its base's messages: a search finds each once, where it is stored (the base), the branch's
+    own under the branch, and another user's search finds none of them."""
+    sessions = StoreSessionStore(store, user_id="u")
+    await _chain(sessions, "r0", "r1", "r2")
+    await _branch_of(sessions, "r1", "b1")
+    (branch,) = [s for (s,) in await rows(store, "SELECT id FROM agent_sessions WHERE base_id = 'r0'")]
+    shared = await store.search("r1", user_id="u")
+    assert [(h.session_id, h.seq) for h in shared.items] == [("r0", 0)]
+    own = await store.search("b1", user_id="u")
+    assert [(h.session_id, h.seq) for h in own.items] == [(branch, 1)]
+    assert (await store.search("b1", user_id="someone")).items == []
