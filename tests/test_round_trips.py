@@ -167,3 +167,43 @@ async def test_a_run_is_two_round_trips_on_postgresql(pg_url: str) -> None:
             assert counts == [2, 2, 2]  # also behind PgBouncer (CI's second pass): unnamed statements, one request each
     finally:
         await proxy.stop()
+
+
+async def test_any_point_reads_back_in_two_round_trips_on_postgresql(pg_url: str) -> None:
+    """get(response id) is the key's lookup and one statement, wherever the point is: the head of its session, a
+    point the head moved past, a branch, a branch's own head by its session id, flat in the number of branches
+    (issue 38). And each reads the history it names."""
+    from agent_framework import AgentSession
+
+    from agent_store.agent_framework import StoreSessionStore
+
+    proxy = LostReplyProxy("127.0.0.1", make_url(pg_url).port or 5432)
+    port = await proxy.start()
+    try:
+        async with Store.from_url(pg_url.replace(f":{make_url(pg_url).port}/", f":{port}/"), pool_size=1) as store:
+            await store.migrate()
+            sessions = StoreSessionStore(store, user_id="u")
+            await sessions.set("t0", AgentSession(session_id="t0"))
+            parents = {"t1": "t0", "t2": "t1", "t3": "t2", **{f"b{n}": "t1" for n in range(12)}, "c1": "b3"}
+            for key, parent in parents.items():
+                session = await sessions.get(parent)
+                assert session is not None
+                session.state.setdefault("in_memory", {}).setdefault("messages", []).append(
+                    Message(role="user", contents=[f"to {key}"])
+                )
+                session.state[f"at_{key}"] = True
+                await sessions.set(key, session)
+            branch = (await rows(store, "SELECT session_id FROM agent_responses WHERE response_id = 'c1'"))[0][0]
+            expected = {"t3": ["to t1", "to t2", "to t3"], "t1": ["to t1"], "b5": ["to t1", "to b5"],
+                        "c1": ["to t1", "to b3", "to c1"], branch: ["to t1", "to b3", "to c1"]}  # fmt: skip
+            for key, texts in expected.items():
+                await sessions.get(key)  # warm: the statements are prepared on the connection
+                before = proxy.round_trips
+                session = await sessions.get(key)
+                trips = proxy.round_trips - before
+                assert session is not None and [m.text for m in session.state["in_memory"]["messages"]] == texts
+                assert trips == 2, (key, trips)
+                marked = sorted(k for k in session.state if k.startswith("at_"))  # the point's state, as it was
+                assert marked == sorted("at_" + text.removeprefix("to ") for text in texts), key
+    finally:
+        await proxy.stop()

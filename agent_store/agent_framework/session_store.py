@@ -15,7 +15,6 @@ from agent_store.db.load_statement import POSITION_STEP
 from agent_store.errors import ConflictError, InvalidValueError, SessionNotFoundError
 from agent_store.run.checked_commit import HeadMoved, ResponseToRecord
 from agent_store.run.commit import Run, run_of
-from agent_store.run.load import load
 from agent_store.run.read_times import ReadTimes
 
 if TYPE_CHECKING:
@@ -87,7 +86,7 @@ class StoreSessionStore(_SessionStoreBase):
 
     async def _at(self, point: points.Point) -> Run | None:
         """A run at ``point``: the session's ordinary load when it is still its head, else the point's view (the
-        session read without its messages, then the point's history through its chain)."""
+        session's row and the point's history through its chain, in one statement)."""
         try:
             run = None
             if point.is_head:
@@ -96,9 +95,7 @@ class StoreSessionStore(_SessionStoreBase):
                     await run.discard()
                     run = None
             if run is None:
-                plain = await load(self.store.db, point.session_id, user_id=self.user_id, agent_id=None,
-                                   history_limit=0, branch_ok=True)  # fmt: skip
-                run = await points.load_point(self.store.db, point, plain, user_id=self.user_id,
+                run = await points.load_point(self.store.db, point, user_id=self.user_id, agent_id=None,
                                               history_limit=self.history_limit)  # fmt: skip
         except SessionNotFoundError:
             return None

@@ -72,10 +72,11 @@ _S, _M = sessions_t.c, messages_t.c
 _PLAIN_TEXT_SQL = f"'{dumps({TEXT_FROM_COLUMN: 1}, where='a plain text body')}'"  # as message_rows stores it
 
 
-def _branch(kind: int, **given: Any) -> list[Any]:
-    """One SELECT's column list: the given expressions, typed NULL for the rest."""
+def _branch(kind: int, extra: dict[str, Any] | None = None, **given: Any) -> list[Any]:
+    """One SELECT's column list: the given expressions, typed NULL for the rest (``extra``: more columns, after
+    these, for a statement that adds rows of other kinds: run/point_reads.py)."""
     columns = [literal_column(str(kind), Integer).label("kind")]
-    for name, type_ in _COLUMNS.items():
+    for name, type_ in (_COLUMNS | extra if extra else _COLUMNS).items():
         value = given.get(name)
         columns.append((cast(null(), type_) if value is None else value).label(name))
     return columns
@@ -90,33 +91,46 @@ def position(columns: Any = _M) -> Any:
     return func.coalesce(columns.pos, columns.seq * literal_column(str(POSITION_STEP), BigInteger))  # a bigint
 
 
-def _body() -> Any:
+def body() -> Any:
     """A message's body, NULL for a plain text one (``{"$text": 1}``, most of them): message_decode.py builds
     those from their columns, so the driver need not decode the same small document once per message."""
     plain = cast(literal_column(_PLAIN_TEXT_SQL), JsonText())  # jsonb equality on PostgreSQL, text on SQLite
     return case((_M.body == plain, null()), else_=_M.body)
 
 
-@functools.cache
-def _statement(with_user: bool, window: str, included_only: bool) -> Any:
-    """``window``: "all" (every message), "limit" (the last ``:limit`` before next_seq), "start" (from ``:start``)."""
-    owned = _S.user_id == bindparam("uid") if with_user else _S.user_id.is_(None)
+def session_parts(with_user: bool, own_state: bool = True, extra: dict[str, Any] | None = None) -> list[Any]:
+    """The session's row (``:sid``) and its state: its own keys unless not ``own_state``, ``app:``, ``user:``."""
     session = select(*_branch(
-        SESSION, key=_S.user_id, other=_S.agent_id, doc=_S.service_session_id, n1=_S.incarnation, n2=_S.version,
-        n3=_S.next_seq, t1=_S.closed_at, t2=_S.expires_at, author=_S.base_id,
+        SESSION, extra, key=_S.user_id, other=_S.agent_id, doc=_S.service_session_id, n1=_S.incarnation,
+        n2=_S.version, n3=_S.next_seq, t1=_S.closed_at, t2=_S.expires_at, author=_S.base_id,
     )).where(_S.id == bindparam("sid"))  # fmt: skip
-    branches = [session]
+    parts = [session]
     for prefix, table, owner, param in (
-        ("", state_t, "session_id", "sid"),
+        *([("", state_t, "session_id", "sid")] if own_state else []),
         (APP_PREFIX, app_state_t, "app_id", "app"),
         *([(USER_PREFIX, user_state_t, "user_id", "uid")] if with_user else []),
     ):
         t = table.c
-        branches.append(
-            select(*_branch(STATE, key=t.key, other=_text(prefix), doc=t.value, n1=t.version)).where(
-                t[owner] == bindparam(param)
-            )
-        )
+        parts.append(select(*_branch(STATE, extra, key=t.key, other=_text(prefix), doc=t.value, n1=t.version))
+                     .where(t[owner] == bindparam(param)))  # fmt: skip
+    return parts
+
+
+def budget_part(with_user: bool, extra: dict[str, Any] | None = None) -> Any:
+    """The budgets the run will be charged to (the user's, the app's; migration 0014): a spent one refuses it."""
+    b = budgets_t.c
+    owners = (b.scope == "app") & (b.subject == bindparam("app"))
+    if with_user:
+        owners = owners | ((b.scope == "user") & (b.subject == bindparam("uid")))
+    return select(*_branch(BUDGET, extra, key=b.scope, other=b.period, n1=b.token_limit, n2=b.used,
+                           t1=b.period_start, author=b.subject)).where(owners)  # fmt: skip
+
+
+@functools.cache
+def _statement(with_user: bool, window: str, included_only: bool) -> Any:
+    """``window``: "all" (every message), "limit" (the last ``:limit`` before next_seq), "start" (from ``:start``)."""
+    owned = _S.user_id == bindparam("uid") if with_user else _S.user_id.is_(None)
+    branches = session_parts(with_user)
     # Messages only of a session this user owns (another user's transcript is never read, not even to refuse).
     first: Any = literal_column("0")
     if window == "limit":
@@ -161,7 +175,7 @@ def _statement(with_user: bool, window: str, included_only: bool) -> Any:
     # made from its first runs), the message-id index ties with it on cost and can win: a window of 20 then
     # reads the session's every message (the bench's 5,000-message window ran at 2 ms instead of 0.7).
     columns = _branch(
-        MESSAGE, key=_M.message_id, other=_M.role, doc=_body(), n1=_M.seq, n3=position(), author=_M.author_name,
+        MESSAGE, key=_M.message_id, other=_M.role, doc=body(), n1=_M.seq, n3=position(), author=_M.author_name,
         text=_M.text, marks=_M.marks, links=None if included_only else _M.summary_of,
     )  # fmt: skip
     if not included_only:
@@ -177,19 +191,7 @@ def _statement(with_user: bool, window: str, included_only: bool) -> Any:
         placed = select(*columns).where(_M.session_id == bindparam("sid"), _M.seq >= start, _M.excluded == false())
         placed = placed.where(_M.seq < included_from, _M.pos.is_not(None)).order_by(_M.seq)
         branches += [select(*upper.subquery("upper").c), select(*placed.subquery("placed").c)]
-    # The budgets the run will be charged to (the user's, the app's; migration 0014): a spent one refuses it.
-    b = budgets_t.c
-    owners = (b.scope == "app") & (b.subject == bindparam("app"))
-    if with_user:
-        owners = owners | ((b.scope == "user") & (b.subject == bindparam("uid")))
-    branches.append(
-        select(
-            *_branch(
-                BUDGET, key=b.scope, other=b.period, n1=b.token_limit, n2=b.used, t1=b.period_start, author=b.subject
-            )
-        ).where(owners)
-    )
-    union = union_all(*branches)
+    union = union_all(*branches, budget_part(with_user))
     return union.order_by(union.selected_columns.kind, union.selected_columns.n3, union.selected_columns.n1)
 
 

@@ -15,14 +15,14 @@ from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 import agent_store.telemetry as telemetry
-from agent_store.db import codec, ledger, message_decode, message_rows
+from agent_store.db import codec, message_decode, message_rows
 from agent_store.db import statements as sql
 from agent_store.db.database import Database
-from agent_store.db.load_statement import BUDGET, MESSAGE, POSITION_STEP, SESSION, STATE, load_statement
-from agent_store.errors import InvalidValueError, SessionClosedError, SessionExpiredError
-from agent_store.run.commit import HISTORY_KEY, KEY_MAX, Run, StoredSession
+from agent_store.db.load_statement import MESSAGE, POSITION_STEP, SESSION, load_statement
+from agent_store.errors import InvalidValueError, SessionExpiredError
+from agent_store.run.commit import HISTORY_KEY, KEY_MAX, Run
 from agent_store.run.delta import IdentifiedHistory, close_tool_pairs, pair_safe_tail
-from agent_store.run.snapshot import Snapshot
+from agent_store.run.session_row import checked_session
 
 SEQ_MAX = 2**31 - 1  # seq is a 32-bit integer column
 MAX_REMEASURES = 3  # commits between a window's reads before it is read whole instead
@@ -31,7 +31,7 @@ MAX_REMEASURES = 3  # commits between a window's reads before it is read whole i
 async def load(
     db: Database, session_id: str, *, user_id: str | None, agent_id: str | None, history_limit: int | None,
     if_expired: str = "error", serialized: bool = False, run_id: str | None = None,
-    answered: frozenset[str] = frozenset(), skip_excluded: bool = False, branch_ok: bool = False,
+    answered: frozenset[str] = frozenset(), skip_excluded: bool = False,
 ) -> Run:  # fmt: skip
     """Read one session in one statement (its own snapshot) and rebuild its ``AgentSession``.
 
@@ -42,7 +42,7 @@ async def load(
     are in the request about to be made (a tool loop in progress), so their calls are not closed as interrupted.
     ``skip_excluded``: read only the messages a compaction left included (what a history provider with
     ``skip_excluded=True`` hands the model), in the framework's list order. A branch (0017) is read through its
-    bases (run/points.py), unless ``branch_ok``: then as its own rows only (what a point's view starts from).
+    bases (run/points.py).
     """
     codec.check_id(session_id, "session_id", required=True)
     codec.check_id(user_id, "user_id")
@@ -73,7 +73,7 @@ async def load(
                 await db.release(held, commit=False)  # a rollback's failure is logged there, never raised
             raise
     run._held, run._key, run._read_at = held, run_id, read_at
-    if run.base_id is not None and not branch_ok:  # a branch (0017): its history is read through its bases
+    if run.base_id is not None:  # a branch (0017): its history is read through its bases
         return await _branch_head(db, run, history_limit, serialized, skip_excluded)
     return run
 
@@ -89,9 +89,9 @@ async def _branch_head(
                                 "skip_excluded runs are not available on it")  # fmt: skip
     snap = loaded._snapshot
     head = points.Point(loaded.storage_id, loaded.storage_id, snap.end // POSITION_STEP, snap.version, False, False)
-    key = loaded._key
-    run = await points.load_point(db, head, loaded, user_id=loaded.user_id, history_limit=history_limit)
-    run._key = key
+    run = await points.load_point(db, head, user_id=loaded.user_id, agent_id=loaded.agent_id,
+                                  history_limit=history_limit)  # fmt: skip
+    run._key, run._read_at = loaded._key, loaded._read_at  # read_at: the earlier read's (the erasure fence)
     return run
 
 
@@ -129,25 +129,7 @@ async def _read(
         if not (first is not None and first.n1 < lowest and (mid_turn or _orphan_results(found, cipher))):
             break
         start = first.n1
-    if row is not None:
-        if row.key != user_id or row.other not in (None, agent_id):
-            raise sql.not_found(session_id, user_id)  # the same answer as for an unused id
-        if row.t2 is not None and row.t2 <= datetime.now(UTC):  # first: if_expired="restart" also replaces a
-            raise SessionExpiredError(f"session {session_id!r} expired at {row.t2.isoformat()}")  # half-purged one
-        if row.t1 is not None:
-            raise SessionClosedError(f"session {session_id!r} was closed at {row.t1.isoformat()}")
-    ledger.refuse_if_spent([r for r in rows if r.kind == BUDGET], datetime.now(UTC))
-    snap = Snapshot()
-    session = StoredSession(session_id=session_id)
-    for state in (r for r in rows if r.kind == STATE):
-        full_key = state.other + state.key
-        snap.state_text[full_key] = codec.dumps(state.doc, where=f"state[{full_key!r}]", max_bytes=2**62)
-        snap.state_stamp[full_key] = state.n1
-        session.state[full_key] = codec.decode_state(state.doc, key=full_key)
-    if row is not None:
-        snap.exists, snap.incarnation, snap.version = True, row.n1, row.n2
-        snap.service_session_id = session.service_session_id = row.doc
-        snap.end = row.n3 * POSITION_STEP
+    snap, session = checked_session(rows, session_id, user_id, agent_id)
     messages = [_message(message, cipher) for message in found]
     if window is None and history_limit is not None:  # the whole history was read: its pair-safe tail
         messages = pair_safe_tail(messages, history_limit) if history_limit else []

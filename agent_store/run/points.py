@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, delete, literal, select, update
+from sqlalchemy import bindparam, delete, literal, select, union_all, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 import agent_store.run.point_reads as reads
@@ -25,7 +25,7 @@ from agent_store.db import codec, erasures, message_decode, message_rows
 from agent_store.db import statements as sql
 from agent_store.db.database import Database
 from agent_store.db.load_statement import POSITION_STEP
-from agent_store.db.scopes import scopes
+from agent_store.db.scopes import APP_PREFIX, USER_PREFIX, scopes
 from agent_store.db.tables import (
     messages_t,
     responses_t,
@@ -35,7 +35,7 @@ from agent_store.db.tables import (
 from agent_store.errors import ConflictError
 from agent_store.run.commit import HISTORY_KEY, Run, StoredSession
 from agent_store.run.delta import IdentifiedHistory, close_tool_pairs, pair_safe_tail
-from agent_store.run.point_reads import MARK_COLUMNS
+from agent_store.run.session_row import checked_session
 
 __all__ = ["Branched", "Point", "adopt", "branch", "chain_of", "forget", "head_of", "load_point", "resolve"]
 _S, _M = sessions_t.c, messages_t.c
@@ -55,13 +55,16 @@ class Point:
 
 
 async def resolve(db: Database, key: str, user_id: str | None) -> Point | None:
-    """The point ``key`` names for ``user_id``: a response of theirs, else None (keys are per user: another user's
-    is not seen)."""
+    """The point ``key`` names for ``user_id``: a response of theirs, or a branch of theirs by its own id (its
+    head: read through its bases, with no second lookup), else None (keys are per user: another user's is not
+    seen)."""
     query = _RESOLVE_NONE if user_id is None else _RESOLVE
     rows = await db.one_statement(query, {"key": key, "user": user_id}, doing="resolving a response id")  # one trip
     found = rows[0] if rows else None
     if found is None or found.user_id != user_id:
         return None
+    if found.by_id:  # a branch's own id: its head
+        return Point(key, key, int(found.next_seq), int(found.head), False, False)
     if found.moves:  # the session's head, as it is now
         return Point(key, found.session_id, int(found.next_seq), int(found.head), False, found.base_id is None, True)
     is_head = found.head == found.version and found.base_id is None
@@ -70,11 +73,19 @@ async def resolve(db: Database, key: str, user_id: str | None) -> Point | None:
 
 def _resolving(with_user: bool) -> Any:
     """A key's row and its session's head, for a user (a key is its user's since 0018: two users may each have a
-    conversation "conv_1"), or for no user: built once, bound per call (the driver path caches by statement)."""
+    conversation "conv_1"), or for no user; else a branch session of theirs named by its own id: built once,
+    bound per call (the driver path caches by statement)."""
     r = responses_t.c
-    query = select(r.session_id, r.seq_end, r.version, r.user_id, r.moves, _S.version.label("head"), _S.next_seq,
-                   _S.base_id).join(sessions_t, _S.id == r.session_id).where(r.response_id == bindparam("key"))
-    return query.where(r.user_id == bindparam("user") if with_user else r.user_id.is_(None))
+    keyed = select(literal(False).label("by_id"), r.session_id, r.seq_end, r.version, r.user_id, r.moves,
+                   _S.version.label("head"), _S.next_seq, _S.base_id).join(sessions_t, _S.id == r.session_id)
+    keyed = keyed.where(r.response_id == bindparam("key"),
+                        r.user_id == bindparam("user") if with_user else r.user_id.is_(None))
+    branch = select(literal(True), _S.id, _S.next_seq, _S.version, _S.user_id, literal(False), _S.version,
+                    _S.next_seq, _S.base_id).where(_S.id == bindparam("key"), _S.base_id.is_not(None),
+                                                   _S.user_id == bindparam("user") if with_user
+                                                   else _S.user_id.is_(None))  # fmt: skip
+    union = union_all(keyed, branch)
+    return union.order_by(union.selected_columns.by_id)
 
 
 _RESOLVE, _RESOLVE_NONE = _resolving(True), _resolving(False)
@@ -97,87 +108,66 @@ async def head_of(db: Database, session_id: str) -> Point | None:
 
 
 async def load_point(
-    db: Database, point: Point, loaded: Run, *, user_id: str | None, history_limit: int | None
+    db: Database, point: Point, *, user_id: str | None, agent_id: str | None, history_limit: int | None
 ) -> Run:  # fmt: skip
-    """A run on the history ``point`` names, as it was then: messages through the chain of bases, each with the
-    compaction columns it had at the point, and the session's own keys at its version. ``loaded``: a load of the
-    point's session (ownership, expiry, closure and budgets checked; the shared keys read), rebuilt here. Its
-    commit must branch (``Run.point`` says from where), unless the point is still the session's head."""
-    run = loaded
-    snap = run._snapshot
-    chain, rows = await reads.chain_and_messages(db, point)  # three statements, each its own round trip
-    segments = reads.segments(chain, point)
-    at_cut, overrides = await reads.columns_in_view(db, point)
-    own = await reads.own_state(db, point)
-    conversation = chain[-1].id if chain else point.session_id
+    """A run on the history ``point`` names, as it was then, in one statement (point_reads.py): the session's row
+    (ownership, expiry, closure and budgets checked as on a load) and shared keys, the messages through the chain
+    of bases, each with the compaction columns it had at the point, and the session's own keys at its version.
+    Its commit must branch (``Run.point`` says from where), unless the point is still the session's head."""
+    read_at = datetime.now(UTC)  # before the read: an erasure from then on fences the run (as a load's)
+    view = await reads.read_view(db, point, user_id)
+    snap, shared = checked_session(view.loaded, point.session_id, user_id, agent_id)
+    if not snap.exists:
+        raise sql.not_found(point.session_id, user_id)
+    segments = reads.segments(view.chain, point)
+    conversation = view.chain[-1].key if view.chain else point.session_id
     session = StoredSession(session_id=conversation, service_session_id=snap.service_session_id)
-    for key, value in session_state_shared(run).items():
-        session.state[key] = value
-    snap.state_text = {k: v for k, v in snap.state_text.items() if _shared(k)}
-    snap.state_stamp = {k: v for k, v in snap.state_stamp.items() if _shared(k)}
-    for key, (value, text, stamp) in own.items():
+    session.state.update(shared.state)  # user: and app: keys (shared across sessions: a point does not freeze them)
+    for key, (value, text, stamp) in view.own.items():
         snap.state_text[key], snap.state_stamp[key] = text, stamp
         session.state[key] = codec.decode_state(value, key=key)
     owner = {sid: i for i, (sid, _, _, _) in enumerate(segments)}
     decoded = []
-    for row in rows:
-        columns = {name: getattr(row, name) for name in MARK_COLUMNS}
-        columns.update(at_cut.get((row.session_id, row.message_id), {}))
-        for level in range(owner[row.session_id]):  # a branch nearer the point overrides its base's columns
-            if (found := overrides.get((segments[level][0], row.message_id))) is not None:
+    for row in view.messages:
+        columns = reads.mark_columns(row)
+        columns.update(view.at_cut.get((row.sid, row.key), {}))
+        for level in range(owner[row.sid]):  # a branch nearer the point overrides its base's columns
+            if (found := view.overrides.get((segments[level][0], row.key))) is not None:
                 columns.update(found)
                 break
-        position = columns["pos"] if columns["pos"] is not None else int(row.seq) * POSITION_STEP
+        position = columns["pos"] if columns["pos"] is not None else int(row.n1) * POSITION_STEP
         decoded.append((position, row, columns))
     decoded.sort(key=lambda item: item[0])
     cipher = db.settings.message_cipher
     messages = []
-    snap.message_ids, snap.places, snap.marks = set(), {}, {}
     for position, row, columns in decoded:
-        marks = message_rows.with_links(columns["marks"], row.summary_of)
-        messages.append(
-            message_decode.message_from_row(
-                row.body,
-                cipher,
-                identity=row.message_id,
-                role=row.role,
-                author_name=row.author_name,
-                text=row.text,
-                marks=marks,
-            )
-        )
-        snap.message_ids.add(row.message_id)
-        snap.places[row.message_id] = position
+        marks = message_rows.with_links(columns["marks"], row.links)
+        messages.append(message_decode.message_from_row(row.doc, cipher, identity=row.key, role=row.other,
+                                                        author_name=row.author, text=row.text, marks=marks))
+        snap.message_ids.add(row.key)
+        snap.places[row.key] = position
         if marks:
-            snap.marks[row.message_id] = marks
+            snap.marks[row.key] = marks
     if history_limit is not None:
         messages = pair_safe_tail(messages, history_limit) if history_limit else []
         snap.windowed = len(messages) < len(decoded)
     snap.version, snap.end = point.version, point.seq_end * POSITION_STEP
-    snap.places_known = True
     messages, synthetic = close_tool_pairs(messages, frozenset())
     snap.message_ids |= synthetic
     history = session.state.get(HISTORY_KEY)
     session.state[HISTORY_KEY] = IdentifiedHistory({**(history if isinstance(history, dict) else {}),
                                                     "messages": messages})  # fmt: skip
-    viewed = Run(db, session, snap, user_id=user_id, agent_id=run.agent_id)
+    viewed = Run(db, session, snap, user_id=user_id, agent_id=agent_id)
     viewed.storage_id = point.session_id
-    viewed.base_id = chain[0].base_id if chain else None  # a branch: its compaction of base messages is its own
+    viewed.base_id = view.chain[0].author if view.chain else None  # a branch: its compaction of its base's is its own
     viewed._scopes = scopes(point.session_id, user_id, db.settings.app_id)
-    viewed._read_at = run._read_at
+    viewed._read_at = read_at
     viewed.point = point
     return viewed
 
 
 def _shared(key: str) -> bool:
-    from agent_store.db.scopes import APP_PREFIX, USER_PREFIX
-
     return key.startswith((USER_PREFIX, APP_PREFIX))
-
-
-def session_state_shared(run: Run) -> dict[str, Any]:
-    """The loaded ``user:`` and ``app:`` keys (shared across sessions: a point does not freeze them)."""
-    return {k: v for k, v in run.session.state.items() if _shared(k)}
 
 
 async def forget(db: Database, point: Point) -> None:
