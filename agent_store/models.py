@@ -135,6 +135,7 @@ class TransferReport(_Model):
     imported: int
     skipped: int
     checkpoints: int = 0  # workflow checkpoints written (those whose id existed are skipped)
+    hosted_responses: int = 0  # a Responses server's responses written (those there already are skipped)
 
 
 class UsageLine(_Model):

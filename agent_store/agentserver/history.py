@@ -21,14 +21,12 @@ from typing import Any
 from sqlalchemy import and_, bindparam, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from agent_store.db.hosted_tables import MAX_HOPS
 from agent_store.db.tables import hosted_links_t, hosted_responses_t
 
 __all__ = ["MAX_HOPS", "Spec", "compress", "full_lists", "link_rows", "materialize_children", "specs", "specs_from",
            "walk"]
 R, L = hosted_responses_t.c, hosted_links_t.c
-# A reading follows at most this many pointers: every MAX_HOPS-th response of a chain keeps its history as rows of
-# its own (a window of W ids: W/MAX_HOPS links per response, amortized), so a read is bounded, not O(chain).
-MAX_HOPS = 16
 
 
 @dataclass

@@ -52,7 +52,7 @@ from agent_store.db.tables import (
     user_state_t,
 )
 from agent_store.errors import InvalidValueError
-from agent_store.operations import import_trees
+from agent_store.operations import import_trees, transfer_hosted
 
 __all__ = ["TABLES", "check_usage", "row_values"]
 
@@ -60,7 +60,7 @@ TABLES: dict[str, Table] = {
     "session": sessions_t, "state": state_t, "run": runs_t, "message": messages_t, "tool_call": tool_calls_t,
     "user_state": user_state_t, "checkpoint": checkpoints_t, "usage": usage_t, "mark_history": message_marks_t,
     "state_history": state_history_t, "response": responses_t, "branch_mark": branch_marks_t,  # import_trees.py
-}  # fmt: skip
+    **transfer_hosted.KINDS}  # fmt: skip
 # Columns the import fills in itself (fresh stamps, the session a row belongs to, the checkpoint's new seq).
 _FILLED = {
     "session": {"incarnation"}, "state": {"session_id", "version"}, "run": {"session_id"},

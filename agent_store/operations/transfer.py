@@ -47,7 +47,7 @@ from agent_store.db.tables import (
 )
 from agent_store.errors import ConflictError, InvalidValueError
 from agent_store.models import TransferReport
-from agent_store.operations import import_trees
+from agent_store.operations import import_trees, transfer_hosted
 from agent_store.operations.import_rows import TABLES, row_values
 
 FORMAT = "agent_store.jsonl"
@@ -99,6 +99,9 @@ async def export(db: Database, *, user_id: str | None, session_id: str | None = 
             yield _line("user_state", _to_json(user_state_t, row))
     if session_id is None:
         async for line in _export_checkpoints(db, user_id or ""):
+            written += 1
+            yield line
+        async for line in transfer_hosted.export(db, user_id, lambda kind, t, row: _line(kind, _to_json(t, row))):
             written += 1
             yield line
     yield json.dumps({"kind": "trailer", "sessions": sessions, "lines": written + 1})
@@ -178,6 +181,7 @@ async def import_lines(
     imported = skipped = checkpoints = 0
     pending: list[tuple[str, dict[str, Any]]] = []
     restoring: set[tuple[Any, Any]] = set()  # (user, workflow) whose checkpoints this import writes
+    hosted = transfer_hosted.Imported()
     async with db.transaction(write=True, doing="importing sessions") as conn:
 
         async def flush() -> None:
@@ -214,6 +218,7 @@ async def import_lines(
                 continue
             if kind == "trailer":
                 await flush()
+                await hosted.check(conn)
                 trailer = record
                 if record.get("lines") != number or record.get("sessions") != imported + skipped:
                     raise InvalidValueError("import: the trailer's counts do not match the file; nothing was imported")
@@ -224,8 +229,11 @@ async def import_lines(
                 values = row_values(kind, row, db.settings)
             except InvalidValueError as exc:
                 raise InvalidValueError(f"import: line {number}: {exc}; nothing was imported") from exc
-            if kind in ("session", "user_state", "checkpoint"):
+            if kind in ("session", "user_state", "checkpoint", *transfer_hosted.KINDS):
                 await flush()
+            if kind in transfer_hosted.KINDS:
+                await hosted.add(conn, kind, values)
+                continue
             if kind == "checkpoint":
                 checkpoints += await _insert_checkpoint(conn, values, restoring)
                 continue
@@ -239,7 +247,8 @@ async def import_lines(
             raise InvalidValueError(
                 f"import: the file ends at line {number} without its trailer (truncated?); nothing was imported"
             )
-    return TransferReport(imported=imported, skipped=skipped, checkpoints=checkpoints)
+    return TransferReport(imported=imported, skipped=skipped, checkpoints=checkpoints,
+                          hosted_responses=len(hosted.responses))  # fmt: skip
 
 
 async def _insert_checkpoint(conn: AsyncConnection, row: dict[str, Any], restoring: set[tuple[Any, Any]]) -> bool:
