@@ -191,6 +191,11 @@ async def test_the_connection_killed_during_a_commit(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
                 database,
             )
+            for _ in range(500):  # a terminated backend exits a moment later: until then the call could still use it
+                left = "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()"
+                if not await admin.fetchval(left, database):
+                    break
+                await asyncio.sleep(0.01)
         else:
             once = {"done": False}
 

@@ -11,6 +11,7 @@ from agent_framework import AgentSession, SessionStore
 from agent_framework._feature_stage import ExperimentalWarning
 
 import agent_store.run.points as points
+from agent_store.db.cut_points import GONE
 from agent_store.db.load_statement import POSITION_STEP
 from agent_store.errors import ConflictError, InvalidValueError, SessionNotFoundError
 from agent_store.run.checked_commit import HeadMoved, ResponseToRecord
@@ -71,6 +72,9 @@ class StoreSessionStore(_SessionStoreBase):
         SessionStore.validate_session_id(session_id)
         read_at = datetime.now(UTC)
         point = await points.resolve(self.store.db, session_id, self.user_id)
+        if point is not None and point.seq_end == GONE:  # a frozen own id whose history was cut: no longer there
+            self._absent.read(session_id, read_at)
+            return None
         if point is not None:
             run = await self._at(point)
             if run is not None:
@@ -88,19 +92,17 @@ class StoreSessionStore(_SessionStoreBase):
         """A run at ``point``: the session's ordinary load when it is still its head, else the point's view (the
         session's row and the point's history through its chain, in one statement)."""
         try:
-            run = None
             if point.is_head:
                 run = await self.store.load(point.session_id, user_id=self.user_id, history_limit=self.history_limit)
-                if run._snapshot.version != point.version:  # another request moved it since it was resolved
-                    await run.discard()
-                    run = None
-            if run is None:
-                run = await points.load_point(self.store.db, point, user_id=self.user_id, agent_id=None,
-                                              history_limit=self.history_limit)  # fmt: skip
+                if run._snapshot.version == point.version:
+                    run.point = point
+                    return run
+                await run.discard()  # another request moved it since it was resolved: the point's view
+            # (A branch's head by its own id has no point: a set() under that id moves its head, as a session's.)
+            return await points.load_point(self.store.db, point, user_id=self.user_id, agent_id=None,
+                                           history_limit=self.history_limit)  # fmt: skip
         except SessionNotFoundError:
             return None
-        run.point = point
-        return run
 
     async def set(self, session_id: str, session: AgentSession) -> None:
         SessionStore.validate_session_id(session_id)
@@ -125,7 +127,8 @@ class StoreSessionStore(_SessionStoreBase):
         parent = run.point.key if run.point is not None else run.storage_id
         following = run.point is not None and run.point.moves  # loaded by a moving key: a conversation's head
         moves = (following and parent == session_id) or self.names_head(session_id, session)
-        run.response = ResponseToRecord(session_id, parent, moves=moves)
+        run.response = ResponseToRecord(session_id, parent, moves=moves,
+                                        claims=None if moves or following else self.claims(session_id, session))
         if run._key is None:  # a retry of this set() (this run) finds its first attempt by this run id
             run._key = uuid.uuid4().hex
         snap = run._snapshot
@@ -147,6 +150,11 @@ class StoreSessionStore(_SessionStoreBase):
         run.point = points.Point(session_id, run.storage_id, end, snap.version, not moves, True, moves)
         run.response, run._key = None, None
 
+    def claims(self, key: str, session: AgentSession) -> str | None:
+        """A key naming a conversation's head that ``set(key, session)`` takes in the same commit (its first
+        turn): here never; agentserver/foundry.py's subclass says when."""
+        return None
+
     def names_head(self, key: str, session: AgentSession) -> bool:
         """Whether ``set(key, session)`` names the session's head under a key of its own (a conversation id kept
         beside the session's id), which then moves with it, rather than a point that never changes. Here: never
@@ -156,7 +164,7 @@ class StoreSessionStore(_SessionStoreBase):
     async def delete(self, session_id: str) -> None:
         SessionStore.validate_session_id(session_id)
         point = await points.resolve(self.store.db, session_id, self.user_id)
-        if point is not None and point.session_id != session_id:
-            await points.forget(self.store.db, point)  # a response: its point goes, the history stays
+        if point is not None and point.recorded:  # a response (its session's own id too, once frozen as one):
+            await points.forget(self.store.db, point)  # its point goes, the history stays
             return
         await self.store.delete(session_id, user_id=self.user_id)

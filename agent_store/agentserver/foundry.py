@@ -49,6 +49,14 @@ class ConversationSessionStore(StoreSessionStore):
         # id before the agent runs: a response id that is not found ends the request instead).
         return key == session.state.get(_SOURCE_CONVERSATION) or self._absent.earliest(key) is not None
 
+    def claims(self, key: str, session: AgentSession) -> str | None:
+        # A conversation's first turn, set under its response id first: it takes the conversation id in the same
+        # commit, so of two requests starting one conversation, the second conflicts having written nothing.
+        conversation = session.state.get(_SOURCE_CONVERSATION)
+        if isinstance(conversation, str) and conversation != key and self._absent.earliest(conversation) is not None:
+            return conversation
+        return None
+
     async def set(self, session_id: str, session: AgentSession) -> None:
         try:
             await super().set(session_id, session)

@@ -58,8 +58,9 @@ async def lock_session(db: AsyncConnection, session_id: str) -> int | None:
     return found.scalar_one_or_none()
 
 
-async def create_session(db: AsyncConnection, row: dict[str, Any]) -> None:
-    await db.execute(_insert(db, sessions_t).on_conflict_do_nothing(), row)
+async def create_session(db: AsyncConnection, row: dict[str, Any]) -> bool:
+    """Whether the row went in (False: the id was there: another run created it, or it was never gone)."""
+    return bool((await db.execute(_insert(db, sessions_t).on_conflict_do_nothing(), row)).rowcount)
 
 
 async def wait_for_creation(db: AsyncConnection, session_id: str, incarnation: int) -> None:

@@ -21,6 +21,7 @@ from sqlalchemy.dialects.postgresql import UUID
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agent_store.db import codec, message_rows, rewrites
+from agent_store.db.cut_points import GONE, cut_points
 from agent_store.db.database import Database
 from agent_store.db.statements import lock_user, new_stamp, not_found
 from agent_store.db.tables import (
@@ -141,10 +142,8 @@ async def _points_after(conn: AsyncConnection, session_id: str, cut: int, base_s
     if under is not None:
         raise InvalidValueError(f"session {session_id!r} has a branch ({under.id!r}) that continues from a message "
                                 f"after seq {cut}: delete the branch first, or truncate at a later seq")  # fmt: skip
-    r, b = responses_t.c, branch_marks_t.c
-    await conn.execute(delete(responses_t).where(r.session_id == session_id, r.seq_end > cut + 1, r.moves.is_(False)))
-    await conn.execute(update(responses_t).where(r.session_id == session_id, r.seq_end > cut + 1)
-                       .values(seq_end=cut + 1))  # a moving key (0018) stays on the head, wherever it is
+    b = branch_marks_t.c
+    await cut_points(conn, session_id, cut + 1)
     await conn.execute(delete(branch_marks_t).where(b.session_id == session_id, b.horizon > cut))
 
 
@@ -250,7 +249,8 @@ async def tree(db: Database, session_id: str, user_id: str | None) -> list[TreeN
     down = down.union_all(select(child.c.id, child.c.base_id, child.c.base_seq, down.c.depth + 1)
                           .where(child.c.base_id == down.c.id, down.c.depth < 10_000))  # fmt: skip
     r = responses_t.c
-    query = select(down, r.response_id, r.parent_id, r.seq_end).outerjoin(responses_t, r.session_id == down.c.id)
+    query = select(down, r.response_id, r.parent_id, r.seq_end).outerjoin(
+        responses_t, and_(r.session_id == down.c.id, r.seq_end != GONE))  # fmt: skip
     async with db.transaction(write=False, replica=True, doing="reading a conversation tree") as conn:
         found = (await conn.execute(query.order_by(down.c.depth, down.c.id, r.seq_end, r.response_id))).all()
     if not found:

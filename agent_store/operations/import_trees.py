@@ -18,6 +18,7 @@ from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agent_store.db import message_rows
+from agent_store.db.cut_points import GONE
 from agent_store.db.scopes import APP_PREFIX, TEMP_PREFIX, USER_PREFIX
 from agent_store.db.tables import messages_t, responses_t, sessions_t
 from agent_store.errors import InvalidValueError
@@ -72,8 +73,9 @@ async def check_tree(conn: AsyncConnection, session: dict[str, Any], rest: list[
             if base_seq is None or not row["horizon"] <= end or (found is not None and found.seq >= base_seq):
                 raise InvalidValueError(f"{where}: a branch_mark row of no branch, or out of range")
         if kind == "response":
-            if row.get("user_id") != session.get("user_id") or not (base_seq or 0) <= row["seq_end"] <= end \
-                    or row["version"] > version:  # fmt: skip
+            gone = (row["seq_end"], row["version"], row["response_id"]) == (GONE, GONE, sid)  # cut_points.py
+            if row.get("user_id") != session.get("user_id") or row["version"] > version or not (
+                    gone or (base_seq or 0) <= row["seq_end"] <= end):  # fmt: skip
                 raise InvalidValueError(f"{where}: response {row['response_id']!r} is another user's or out of range")
             owner = R.user_id.is_(None) if row.get("user_id") is None else R.user_id == row["user_id"]  # per user
             if (await conn.execute(select(R.session_id).where(R.response_id == row["response_id"], owner))).first():

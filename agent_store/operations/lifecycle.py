@@ -15,10 +15,11 @@ from sqlalchemy import ColumnElement, and_, delete, func, literal, or_, select, 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agent_store.db import codec, message_rows
+from agent_store.db.cut_points import cut_points
 from agent_store.db.database import Database
 from agent_store.db.scopes import owner_is
 from agent_store.db.statements import delete_with_branches, not_found
-from agent_store.db.tables import JsonText, message_marks_t, messages_t, responses_t, sessions_t
+from agent_store.db.tables import JsonText, message_marks_t, messages_t, sessions_t
 from agent_store.errors import InvalidValueError, SessionExpiredError
 from agent_store.models import MessageRecord, SessionInfo, SessionPage
 
@@ -227,9 +228,7 @@ async def clear(db: Database, session_id: str, user_id: str | None) -> int:
         if (await conn.execute(select(S.id).where(S.base_id == session_id).limit(1))).first() is not None:
             raise InvalidValueError(f"session {session_id!r} has branches that read its history: delete them first")
         await conn.execute(delete(message_marks_t).where(message_marks_t.c.session_id == session_id))
-        r = responses_t.c
-        await conn.execute(delete(responses_t).where(r.session_id == session_id, r.moves.is_(False)))
-        await conn.execute(update(responses_t).where(r.session_id == session_id).values(seq_end=0))  # moving keys
+        await cut_points(conn, session_id, None)
         return int((await conn.execute(delete(messages_t).where(messages_t.c.session_id == session_id))).rowcount)
 
 

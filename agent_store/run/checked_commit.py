@@ -44,6 +44,7 @@ class ResponseToRecord:
     key: str
     parent: str | None
     moves: bool = False
+    claims: str | None = None  # a moving key taken with it (a conversation's first turn); another's: a conflict
 
 
 class Landed(Exception):
@@ -89,10 +90,11 @@ async def write(
     # A retry of a run that found no session, whose first COMMIT may have landed, and no session is there: it
     # never re-creates one (it may have been deleted or erased since), bound to the incarnation it drew.
     bound = snap.incarnation if snap.exists else delta.incarnation if maybe_landed else None
+    joined = False  # a session this run found absent, there now: made by another run since (or never read)
     if not snap.exists and not maybe_landed:
         row = {"id": sid, "user_id": call.user_id, "agent_id": call.agent_id, "incarnation": delta.incarnation,
                "version": 0, "next_seq": 0, "created_at": now, "updated_at": now}  # fmt: skip
-        await sql.create_session(db, row)
+        joined = not await sql.create_session(db, row)
     ttl = settings.idle_ttl_seconds
     incarnation, version, next_seq = await sql.bump_session(
         db, session_id=sid, user_id=call.user_id, agent_id=call.agent_id,
@@ -106,8 +108,11 @@ async def write(
     if check_landed and (landed := await runlog.run_recorded(db, sid, delta.run_id)) is not None:
         raise Landed(landed, incarnation)  # under the row lock: an attempt still in flight has finished by now
     if call.response is not None:  # before any state write: from here on the session keeps its history
-        if snap.exists and version != snap.version + 1:
-            raise HeadMoved()  # the point this run continues from is not the session's head any more
+        if (snap.exists and version != snap.version + 1) or joined:
+            # The point this run continues from is not the session's head any more; or the run began from no
+            # history (a get() that found nothing) and the id has one now: a response's history is what its
+            # model saw, never another run's turns before it.
+            raise HeadMoved()
         await responses.before_writes(db, call, version, next_seq - len(delta.messages), now)
     for scope in call.scopes:
         keys = [k for k in delta.changed_keys if scope_of(k, call.scopes) is scope]

@@ -17,12 +17,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, delete, literal, select, union_all, update
+from sqlalchemy import bindparam, literal, select, union_all, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 import agent_store.run.point_reads as reads
 from agent_store.db import codec, erasures, message_decode, message_rows
 from agent_store.db import statements as sql
+from agent_store.db.cut_points import GONE, forget_point
 from agent_store.db.database import Database
 from agent_store.db.load_statement import POSITION_STEP
 from agent_store.db.scopes import APP_PREFIX, USER_PREFIX, scopes
@@ -63,6 +64,8 @@ async def resolve(db: Database, key: str, user_id: str | None) -> Point | None:
     found = rows[0] if rows else None
     if found is None or found.user_id != user_id:
         return None
+    if found.seq_end == GONE and not found.by_id:  # a frozen own id whose history was cut: it names nothing
+        return Point(key, found.session_id, GONE, GONE, True, False)
     if found.by_id:  # a branch's own id: its head
         return Point(key, key, int(found.next_seq), int(found.head), False, False)
     if found.moves:  # the session's head, as it is now
@@ -162,7 +165,8 @@ async def load_point(
     viewed.base_id = view.chain[0].author if view.chain else None  # a branch: its compaction of its base's is its own
     viewed._scopes = scopes(point.session_id, user_id, db.settings.app_id)
     viewed._read_at = read_at
-    viewed.point = point
+    # A session's head by its own id (a branch's) is no point: a commit under that id moves the head.
+    viewed.point = point if point.recorded or point.moves or point.key != point.session_id else None
     return viewed
 
 
@@ -172,9 +176,8 @@ def _shared(key: str) -> bool:
 
 async def forget(db: Database, point: Point) -> None:
     """Delete a response's key (the history it named stays: other points and branches share it)."""
-    r = responses_t.c
     async with db.transaction(write=True, doing="deleting a response") as conn:
-        await conn.execute(delete(responses_t).where(r.session_id == point.session_id, r.response_id == point.key))
+        await forget_point(conn, point.session_id, point.key)
 
 
 @dataclass(frozen=True)

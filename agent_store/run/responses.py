@@ -21,7 +21,7 @@ from agent_store.db import message_rows
 from agent_store.db import statements as sql
 from agent_store.db.database import SESSION_LOCK
 from agent_store.db.tables import branch_marks_t, responses_t, sessions_t
-from agent_store.errors import InvalidValueError
+from agent_store.errors import ConflictError, InvalidValueError
 from agent_store.run.one_call import OneCall
 
 __all__ = ["before_writes", "branch_rewrites", "record"]
@@ -48,11 +48,20 @@ async def before_writes(db: AsyncConnection, call: OneCall, version: int, head_s
     key, sid = call.response.key, call.session_id
     if (found := await _key_row(db, key, call.user_id)) is not None and not (call.response.moves and found.moves
                                                                and found.session_id == sid):  # fmt: skip
+        if call.response.moves and found.moves:  # two requests started one conversation: this one came second
+            raise ConflictError(sid, [], reason=f"another request started the conversation {key!r} first: load it "
+                                                "again")  # fmt: skip
         raise InvalidValueError(f"response id {key!r} already names a point of a conversation; a point never "
                                 "changes: store the next turn under a new id")  # fmt: skip
     if key != sid and (await db.execute(select(sessions_t.c.id).where(sessions_t.c.id == key))).first() is not None:
         raise InvalidValueError(f"response id {key!r} is a conversation's own id (it names its head): store the "
                                 "turn under a new id")  # fmt: skip
+    if (claims := call.response.claims) is not None:  # a conversation's first turn takes its id, or conflicts
+        there = await _key_row(db, claims, call.user_id)
+        other = (await db.execute(select(sessions_t.c.id).where(sessions_t.c.id == claims))).first()
+        if (there is not None and not (there.moves and there.session_id == sid)) or (other and claims != sid):
+            raise ConflictError(sid, [], reason=f"another request started the conversation {claims!r} first: "
+                                                "load it again")  # fmt: skip
     await db.execute(update(sessions_t).where(sessions_t.c.id == sid, sessions_t.c.keeps_history.is_(False))
                      .values(keeps_history=True))  # fmt: skip
     if call.base_seq is None and call.snapshot.exists and key != sid and not await _key_taken(db, sid, call.user_id):
@@ -63,15 +72,24 @@ async def before_writes(db: AsyncConnection, call: OneCall, version: int, head_s
 
 
 async def record(db: AsyncConnection, call: OneCall, version: int, seq_end: int, now: datetime) -> None:
-    r, key = responses_t.c, call.response.key
-    if call.response.moves and (await db.execute(
+    await _record(db, call, call.response.key, call.response.moves, call.response.parent, version, seq_end, now)
+    if call.response.claims is not None:
+        await _record(db, call, call.response.claims, True, call.response.key, version, seq_end, now)
+
+
+async def _record(
+    db: AsyncConnection, call: OneCall, key: str, moves: bool, parent: str | None, version: int, seq_end: int,
+    now: datetime,
+) -> None:  # fmt: skip
+    r = responses_t.c
+    if moves and (await db.execute(
         update(responses_t).where(r.session_id == call.session_id, r.response_id == key, r.moves.is_(True))
         .values(seq_end=seq_end, version=version)
     )).rowcount:  # fmt: skip
         return
     await db.execute(responses_t.insert(), {
         "session_id": call.session_id, "response_id": key, "user_id": call.user_id, "seq_end": seq_end,
-        "version": version, "parent_id": call.response.parent, "created_at": now, "moves": call.response.moves,
+        "version": version, "parent_id": parent, "created_at": now, "moves": moves,
     })  # fmt: skip
 
 

@@ -1,0 +1,40 @@
+"""What a cut (truncate, clear) or a delete does to the keys naming points of a session (0017, 0018).
+
+A response key past the cut goes with the messages it named. A session's own id frozen as a point (the first
+request of a served conversation is stored under its response id, which is frozen where the head was once
+another key is recorded on the session) stays, naming nothing (``GONE``): without its row, that id would fall
+back to naming the session's head, a different history. A moving key (0018) stays on the head.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import delete, true, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from agent_store.db.tables import responses_t
+
+__all__ = ["GONE", "cut_points", "forget_point"]
+GONE = -1  # seq_end and version of a frozen own id whose history was cut or which was deleted
+_R = responses_t.c
+
+
+async def cut_points(conn: AsyncConnection, session_id: str, after: int | None) -> None:
+    """The points past seq ``after`` (every one: None) lose their history; moving keys move to ``after`` (0)."""
+    past: Any = _R.seq_end > after if after is not None else true()
+    mine = (_R.session_id == session_id, past)
+    await conn.execute(update(responses_t).where(*mine, _R.response_id == session_id, _R.moves.is_(False))
+                       .values(seq_end=GONE, version=GONE))  # fmt: skip
+    await conn.execute(delete(responses_t).where(*mine, _R.response_id != session_id, _R.moves.is_(False)))
+    await conn.execute(update(responses_t).where(*mine, _R.moves.is_(True)).values(seq_end=after or 0))
+
+
+async def forget_point(conn: AsyncConnection, session_id: str, key: str) -> None:
+    """A response key is deleted (the history it named stays: other points and branches share it); a frozen own
+    id stays, naming nothing."""
+    named = (_R.session_id == session_id, _R.response_id == key)
+    if key == session_id:
+        await conn.execute(update(responses_t).where(*named).values(seq_end=GONE, version=GONE))
+    else:
+        await conn.execute(delete(responses_t).where(*named))
