@@ -27,6 +27,8 @@ from agent_store.errors import (
     SessionExpiredError,
     SessionNotFoundError,
     StorageUnavailableError,
+    StreamLostError,
+    StreamNotFoundError,
 )
 from agent_store.models import (
     BudgetInfo,
@@ -68,6 +70,8 @@ __all__ = [
     "SessionPage",
     "StorageUnavailableError",
     "Store",
+    "StreamLostError",
+    "StreamNotFoundError",
     "TransferReport",
     "UsageLine",
     "retry_on_conflict",

@@ -66,6 +66,15 @@ class SessionNotFoundError(AgentStoreError, LookupError):
     """No session with this id exists for the given user (and agent)."""
 
 
+class StreamNotFoundError(AgentStoreError, LookupError):
+    """No streamed run with this id in the journal for the given user (never started, purged, or erased)."""
+
+
+class StreamLostError(AgentStoreError):
+    """A journal writer no longer holds its run: the run was ended elsewhere (marked ``incomplete`` once its lease
+    ran out, or finished); nothing of the batch was written."""
+
+
 class SessionClosedError(AgentStoreError):
     """The session was closed with ``close_session``: its transcript stays readable, runs are refused."""
 

@@ -19,6 +19,7 @@ from agent_store.db.database import Database, Settings
 from agent_store.db.engine import make_engine
 from agent_store.db.warm_up import open_and_ready
 from agent_store.errors import ConfigurationError, InvalidValueError
+from agent_store.journal import Journal
 from agent_store.models import ErasureReport, MessageRecord, SearchPage, SessionInfo, SessionPage, TransferReport
 from agent_store.operations import branching, lifecycle, retention, stats, transfer
 from agent_store.operations.usage import UsageLedger
@@ -115,6 +116,10 @@ class Store:
             raise InvalidValueError(f"for_runs must be True or False, not {for_runs!r}")
         commits = (lambda conn: priming.prime_commits(self.db, conn)) if for_runs else None
         return await open_and_ready(self.db, connections, commits)
+
+    def journal(self, **options: Any) -> Journal:
+        """A run journal on this store (journal/facade.py): ``worker_id``, ``batch_events``, ``lease_s``, ..."""
+        return Journal(self.db, **options)
 
     async def migrate(self, revision: str = "head") -> None:
         """Upgrade the schema to ``revision`` with the shipped migrations (same as ``alembic upgrade``).

@@ -112,6 +112,7 @@ async def test_every_command_answers_in_json(filled: Store, url: str, tmp_path: 
         "imported": 0,
         "skipped": 2,
         "checkpoints": 0,
+        "hosted_responses": 0,
     }
     demo = json.loads(ok(cli("demo", "--json", url=f"sqlite+aiosqlite:///{tmp_path}/demo.db", cwd=tmp_path)))
     assert demo["ok"] is True and any("李明" in line for line in demo["output"])

@@ -26,7 +26,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "agent_store"
 LAYER = {
     "errors": 0, "models": 0, "telemetry": 0, "offline": 0,
     "db": 1,
-    "run": 2, "operations": 2, "search": 2,
+    "run": 2, "operations": 2, "search": 2, "journal": 2,
     "store": 3, "retry": 3,
     "agent_framework": 4, "cli": 4, "browser": 4,
     "__init__": 5, "__main__": 5, "agentserver": 5,

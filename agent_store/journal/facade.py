@@ -1,0 +1,149 @@
+"""A run's journal (migration 0019): ``store.journal``. One run's data flow:
+
+    writer = await store.journal.start(stream_id, user_id=..., kind="agui")   # the stream row, in_progress
+    async with writer:                                    # completed at the end; failed / cancelled on raise
+        async for event in the run:
+            await writer.append(event)                    # numbered 1, 2, 3, ...; sent in batches (writer.py)
+            if writer.cancel_requested: break             # asked from any worker: journal.cancel(stream_id)
+    ...
+    async for event in store.journal.follow(stream_id, user_id=..., after=n):   # any worker: after n, then live
+        ...
+
+A worker that starts (``recover()``) marks every run whose lease ran out ``incomplete``, and its own (a
+restarted worker's, by its ``worker_id``) too: none is left ``in_progress`` after its worker died.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import insert, or_, select, update
+
+from agent_store.db import codec
+from agent_store.db.database import Database
+from agent_store.db.journal_tables import streams_t
+from agent_store.errors import InvalidValueError, StreamNotFoundError
+from agent_store.journal.listen import Wakeups
+from agent_store.journal.statements import READ
+from agent_store.journal.writer import StreamWriter
+
+__all__ = ["Journal", "JournalEvent"]
+T = streams_t.c
+LOST = "its worker stopped before the run ended (its lease ran out, or the worker restarted)"
+
+
+@dataclass(frozen=True)
+class JournalEvent:
+    seq: int
+    event: Any
+
+
+class Journal:
+    """A store's run journal. ``worker_id``: this worker's stable name (a restarted worker recovers its own runs at
+    once); by default host and process id, unique to this process."""
+
+    def __init__(self, db: Database, *, worker_id: str | None = None, batch_events: int = 64, batch_ms: int = 50,
+                 lease_s: float = 30.0, ttl_s: float = 86_400.0, poll_s: float = 0.1,
+                 listen_url: str | None = None) -> None:  # fmt: skip
+        codec.check_id(worker_id, "worker_id")
+        self.db = db
+        self.owner = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.batch_events, self.batch_ms, self.lease_s, self.ttl_s = batch_events, batch_ms, lease_s, ttl_s
+        self.heartbeat_s = min(lease_s / 3, 2.0)
+        self.max_event_bytes = db.settings.max_value_bytes
+        self.poll_s = poll_s
+        self.wakeups = Wakeups(db, listen_url)
+
+    async def start(self, stream_id: str, *, user_id: str | None, kind: str = "updates",
+                    conversation_id: str | None = None) -> StreamWriter:  # fmt: skip
+        """A new streamed run, ``in_progress``, written by this worker (a stream id is used once per user)."""
+        codec.check_id(stream_id, "stream_id", required=True)
+        codec.check_id(user_id, "user_id")
+        codec.check_id(conversation_id, "conversation_id")
+        if not isinstance(kind, str) or not 0 < len(kind) <= 32:
+            raise InvalidValueError(f"kind must be a name of 1 to 32 characters, not {kind!r}"[:200])
+        now, user = datetime.now(UTC), user_id or ""
+        row = {"user_id": user, "stream_id": stream_id, "conversation_id": conversation_id, "kind": kind,
+               "status": "in_progress", "last_seq": 0, "owner": self.owner, "cancel_requested": False,
+               "lease_until": now + timedelta(seconds=self.lease_s), "created_at": now, "updated_at": now,
+               "expires_at": now + timedelta(seconds=self.ttl_s)}  # fmt: skip
+        async with self.db.transaction(write=True, doing="starting a run's journal") as conn:
+            there = select(T.stream_id).where(T.user_id == user, T.stream_id == stream_id)
+            if (await conn.execute(there)).first() is not None:
+                raise InvalidValueError(f"stream {stream_id!r} exists already: a run's stream id is used once")
+            await conn.execute(insert(streams_t), row)
+        writer = StreamWriter(self, user, stream_id)
+        writer.start_heartbeat()
+        return writer
+
+    async def read(self, stream_id: str, *, user_id: str | None, after: int = 0,
+                   limit: int = 500) -> tuple[list[JournalEvent], dict[str, Any]]:  # fmt: skip
+        """The events after ``after`` (at most ``limit``) and the run's row (status, last_seq, lease_until, ...)."""
+        codec.check_id(stream_id, "stream_id", required=True)
+        codec.check_int(after, "after", low=0, high=codec.INT64)
+        codec.check_int(limit, "limit", low=1, high=100_000)
+        params = {"user": user_id or "", "sid": stream_id, "after": after, "n": limit}
+        rows = await self.db.one_statement(READ, params, doing="reading a run's journal")
+        if not rows:
+            raise StreamNotFoundError(f"no stream {stream_id!r} for this user")
+        head = rows[0]
+        info = {"status": head.status, "last_seq": int(head.last_seq), "lease_until": head.lease_until,
+                "error": head.error, "kind": head.kind, "conversation_id": head.conversation_id}  # fmt: skip
+        return [JournalEvent(int(r.seq), r.event) for r in rows if r.seq is not None], info
+
+    async def follow(self, stream_id: str, *, user_id: str | None, after: int = 0) -> AsyncIterator[JournalEvent]:
+        """Every event after ``after``, then each new one as it is written, until the run has ended and all are
+        read. A run whose writer's lease ran out is marked ``incomplete`` here, and the following ends."""
+        user = user_id or ""
+        async with self.wakeups.watch(user, stream_id) as woken:
+            while True:
+                events, info = await self.read(stream_id, user_id=user_id, after=after)
+                for item in events:
+                    yield item
+                    after = item.seq
+                if info["status"] != "in_progress" and after >= info["last_seq"]:
+                    return
+                if events:
+                    continue
+                lease = info["lease_until"]
+                if lease is not None and lease < datetime.now(UTC):
+                    await self.recover(stream_id=stream_id, user_id=user_id)
+                    continue
+                woken.clear()
+                # Woken by a NOTIFY (PostgreSQL), or read again after a while anyway: a lost wake-up is latency.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(woken.wait(), 1.0 if self.wakeups.live else self.poll_s)
+
+    async def cancel(self, stream_id: str, *, user_id: str | None) -> bool:
+        """Ask the run to stop (its writer sees it with its next batch or heartbeat); False if it has ended."""
+        async with self.db.transaction(write=True, doing="cancelling a run") as conn:
+            done = await conn.execute(update(streams_t).where(T.user_id == (user_id or ""), T.stream_id == stream_id,
+                                                              T.status == "in_progress")
+                                      .values(cancel_requested=True, updated_at=datetime.now(UTC)))  # fmt: skip
+        if not done.rowcount:
+            await self.read(stream_id, user_id=user_id, limit=1)  # not found: StreamNotFoundError
+        return bool(done.rowcount)
+
+    async def recover(self, *, stream_id: str | None = None, user_id: str | None = None) -> int:
+        """Mark ``incomplete`` every run whose writer is gone: its lease ran out, or it is this worker's own (a
+        worker that restarted under its ``worker_id`` has no live run yet). Returns how many."""
+        now = datetime.now(UTC)
+        gone = or_(T.lease_until < now, T.owner == self.owner)
+        query = update(streams_t).where(T.status == "in_progress", gone)
+        if stream_id is not None:
+            query = query.where(T.user_id == (user_id or ""), T.stream_id == stream_id, T.lease_until < now)
+        query = query.values(status="incomplete", error=LOST, owner=None, lease_until=None, updated_at=now)
+        async with self.db.transaction(write=True, doing="recovering runs") as conn:
+            return int((await conn.execute(query)).rowcount)
+
+    async def close(self) -> None:
+        await self.wakeups.close()
+

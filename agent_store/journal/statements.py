@@ -1,0 +1,58 @@
+"""The journal's statements (migration 0019), built once and bound per call.
+
+A batch on PostgreSQL is one statement, sent with no transaction around it (one round trip): the stream row
+moves to the batch's last sequence number (only if it still stands where this writer left it: this owner,
+``in_progress``, ``last_seq`` the batch's first minus one), then the events go in only if it did, then a NOTIFY
+wakes the readers. On SQLite the same three steps are one transaction. Either way a batch lands whole or not at
+all, after the one before it, and never after its run was ended elsewhere.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from sqlalchemy import BigInteger, String, Text, and_, bindparam, cast, exists, func, insert, select, update
+from sqlalchemy.dialects.postgresql import JSONB
+
+from agent_store.db.journal_tables import NOTIFY_CHANNEL, stream_events_t, streams_t
+
+__all__ = ["READ", "batch_statement", "move_statement"]
+T, E = streams_t.c, stream_events_t.c
+_MINE = (T.user_id == bindparam("user"), T.stream_id == bindparam("sid"), T.owner == bindparam("owner"),
+         T.status == "in_progress", T.last_seq == bindparam("prev", type_=BigInteger))  # fmt: skip
+
+
+def move_statement() -> Any:
+    """The stream row's move to the batch's end (status: ``in_progress``, or the run's final one)."""
+    return (update(streams_t).where(*_MINE)
+            .values(last_seq=bindparam("last", type_=BigInteger), status=bindparam("status"),
+                    error=bindparam("error"), owner=bindparam("next_owner"), lease_until=bindparam("lease"),
+                    updated_at=bindparam("now"), expires_at=bindparam("expires"))
+            .returning(T.cancel_requested))  # fmt: skip
+
+
+@functools.cache
+def batch_statement() -> Any:
+    """PostgreSQL: the move, the events (``batch``: one JSON array, numbered from ``prev + 1``), the NOTIFY."""
+    moved = move_statement().cte("moved")
+    events = func.jsonb_array_elements(cast(bindparam("batch", type_=Text), JSONB))
+    numbered = events.table_valued("value", with_ordinality="n").render_derived()
+    rows = select(cast(bindparam("user"), String), cast(bindparam("sid"), String),
+                  bindparam("prev", type_=BigInteger) + numbered.c.n, numbered.c.value)
+    written = insert(stream_events_t).from_select(["user_id", "stream_id", "seq", "event"],
+                                                  rows.where(exists(select(moved.c.cancel_requested))))
+    notify = func.pg_notify(NOTIFY_CHANNEL, bindparam("payload", type_=Text))
+    return select(moved.c.cancel_requested, notify.label("notified")).add_cte(written.cte("written"))
+
+
+def _read() -> Any:
+    """A stream's row and its events after ``after`` (at most ``n``; sequence numbers have no gap, so a range)."""
+    window = and_(E.user_id == T.user_id, E.stream_id == T.stream_id, E.seq > bindparam("after", type_=BigInteger),
+                  E.seq <= bindparam("after", type_=BigInteger) + bindparam("n", type_=BigInteger))  # fmt: skip
+    query = select(T.status, T.last_seq, T.lease_until, T.error, T.kind, T.conversation_id, E.seq, E.event)
+    query = query.select_from(streams_t.outerjoin(stream_events_t, window))
+    return query.where(T.user_id == bindparam("user"), T.stream_id == bindparam("sid")).order_by(E.seq)
+
+
+READ = _read()
