@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
@@ -48,6 +49,7 @@ class StreamWriter:
         self.journal, self.user, self.stream_id = journal, user, stream_id
         self.last_seq = 0  # the last sequence number given out
         self.cancel_requested = False  # a cancel was asked elsewhere (seen with the last batch)
+        self.on_cancel: Callable[[], Any] | None = None  # called once, when a batch first brings a cancel
         self._sent = 0  # the last sequence number known written
         self._pending: list[str] = []
         self._lock = asyncio.Lock()
@@ -140,6 +142,8 @@ class StreamWriter:
                     return
                 raise StreamLostError(f"stream {self.stream_id!r} is no longer this writer's (its lease ran out "
                                       "and it was marked incomplete, or it was ended): the batch was not written")
+            if found and not self.cancel_requested and self.on_cancel is not None:
+                self.on_cancel()
             self.cancel_requested = bool(found)
             return
 

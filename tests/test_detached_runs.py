@@ -1,0 +1,96 @@
+"""Runs that go on without their client (issue 39), on both backends: started in the background with the real
+Agent, followed from another Store, cancelled from another Store mid-run, failed; the run's transcript is its own
+one commit (nothing of a cancelled or failed run)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from agent_framework import Agent
+
+from agent_store import Store, StreamNotFoundError
+from agent_store.journal import start_detached
+from agent_store.offline import OfflineChatClient
+
+
+async def follow(url: str, stream: str) -> list[Any]:
+    async with Store.from_url(url) as other:
+        journal = other.journal()
+        try:
+            return [e.event async for e in journal.follow(stream, user_id="u")]
+        finally:
+            await journal.close()
+
+
+async def test_a_detached_run_goes_on_and_any_client_reads_it(store: Store, url: str) -> None:
+    agent = Agent(client=OfflineChatClient(), name="Assistant")
+
+    async def events() -> AsyncIterator[Any]:
+        async with store.session("chat", user_id="u") as session:
+            async for update in agent.run("我叫李明", session=session, stream=True):
+                yield update
+
+    journal = store.journal(batch_ms=10)
+    task = await start_detached(journal, "run-1", user_id="u", events=events, conversation_id="chat")
+    seen = await asyncio.wait_for(follow(url, "run-1"), 20)  # a client elsewhere, from the start
+    assert await task == "completed"
+    assert "".join(c["text"] for e in seen for c in e["contents"]) == "你好，李明！很高兴认识你。"
+    run = await store.load("chat", user_id="u")  # the transcript: the run's own commit
+    assert [m.text for m in run.history] == ["我叫李明", "你好，李明！很高兴认识你。"]
+    await run.discard()
+    await journal.close()
+
+
+async def test_a_cancel_from_another_worker_stops_the_run_and_commits_nothing(store: Store, url: str) -> None:
+    reached = asyncio.Event()
+
+    async def events() -> AsyncIterator[Any]:
+        async with store.session("slow", user_id="u") as session:
+            session.state["steps"] = 0
+            for step in range(1000):
+                session.state["steps"] = step
+                yield {"type": "step", "n": step}
+                if step == 3:
+                    reached.set()
+                await asyncio.sleep(0.05)  # a long tool loop
+
+    journal = store.journal(batch_events=1, lease_s=1.5)
+    task = await start_detached(journal, "slow-run", user_id="u", events=events)
+    await asyncio.wait_for(reached.wait(), 10)
+    async with Store.from_url(url) as other:
+        assert await other.journal().cancel("slow-run", user_id="u")
+    assert await asyncio.wait_for(task, 10) == "cancelled"
+    events_seen, info = await journal.read("slow-run", user_id="u")
+    assert info["status"] == "cancelled" and len(events_seen) < 1000
+    assert [e.seq for e in events_seen] == list(range(1, len(events_seen) + 1))
+    with pytest.raises(LookupError):  # nothing of the cancelled run was committed: no session
+        await _must_exist(store, "slow")
+    await journal.close()
+
+
+async def _must_exist(store: Store, session_id: str) -> None:
+    run = await store.load(session_id, user_id="u")
+    exists = run.exists
+    await run.discard()
+    if not exists:
+        raise LookupError(session_id)
+
+
+async def test_a_failing_run_is_failed_in_the_journal(store: Store, url: str) -> None:
+    async def events() -> AsyncIterator[Any]:
+        yield {"type": "step", "n": 1}
+        raise RuntimeError("the model service said no")
+
+    journal = store.journal(batch_ms=10)
+    task = await start_detached(journal, "bad", user_id="u", events=events)
+    with pytest.raises(RuntimeError):
+        await task
+    assert await follow(url, "bad") == [{"type": "step", "n": 1}]
+    _, info = await journal.read("bad", user_id="u")
+    assert (info["status"], info["error"]) == ("failed", "RuntimeError")
+    with pytest.raises(StreamNotFoundError):
+        await journal.read("bad", user_id="someone else")
+    await journal.close()
