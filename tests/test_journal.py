@@ -70,6 +70,9 @@ async def test_a_batch_is_one_round_trip_on_postgresql(pg_url: str) -> None:
             before = proxy.round_trips
             await writer.finish()  # nothing queued: the status alone, one more
             assert proxy.round_trips - before == 1
+            before = proxy.round_trips
+            await (await journal.start("r2", user_id="u")).finish()  # a run's row: one statement; its end: one
+            assert proxy.round_trips - before == 2
             await journal.close()
     finally:
         await proxy.stop()
@@ -79,39 +82,29 @@ async def test_a_lost_batch_reply_neither_loses_nor_doubles(store: Store, url: s
     journal = store.journal(batch_events=5, batch_ms=60_000)
     writer = await journal.start("r", user_id="u")
     db, lost = store.db, {"armed": True}
-    real_fetch, real_transaction = db.driver.fetch, db.transaction
+    real_fetch, real_hop = db.driver.fetch, db.in_sqlite_thread
 
-    async def fetch_then_lose(conn: Any, statement: Any, params: Any, *, lost_as: str = "", **kw: Any) -> Any:
+    async def fetch_then_lose(conn: Any, statement: Any, params: Any, **kw: Any) -> Any:
         result = await real_fetch(conn, statement, params, **kw)
         if lost["armed"] and "agent_stream_events" in str(statement):
             lost["armed"] = False
             raise StorageUnavailableError("writing a run's journal failed: the reply was lost (connection lost)")
         return result
 
-    def transaction_then_lose(*args: Any, **kwargs: Any) -> Any:
-        inner = real_transaction(*args, **kwargs)
-        if kwargs.get("doing") != "writing a run's journal" or not lost["armed"]:
-            return inner
+    async def hop_then_lose(work: Any, *, doing: str, committing: Any) -> Any:
+        result = await real_hop(work, doing=doing, committing=committing)  # committed ...
+        if lost["armed"] and doing == "writing a run's journal":
+            lost["armed"] = False
+            raise StorageUnavailableError("the reply was lost (connection lost)")  # ... but never heard
+        return result
 
-        class Lost:
-            async def __aenter__(self) -> Any:
-                return await inner.__aenter__()
-
-            async def __aexit__(self, *exc: Any) -> None:
-                await inner.__aexit__(*exc)  # committed ...
-                lost["armed"] = False
-                raise StorageUnavailableError("the reply was lost (connection lost)")  # ... but never heard
-
-        return Lost()
-
-    db.driver.fetch = fetch_then_lose  # type: ignore[method-assign]
-    db.transaction = transaction_then_lose  # type: ignore[method-assign]
+    db.driver.fetch, db.in_sqlite_thread = fetch_then_lose, hop_then_lose  # type: ignore[method-assign]
     try:
         for n in range(12):
             await writer.append({"n": n})
         await writer.finish()
     finally:
-        db.driver.fetch, db.transaction = real_fetch, real_transaction  # type: ignore[method-assign]
+        db.driver.fetch, db.in_sqlite_thread = real_fetch, real_hop  # type: ignore[method-assign]
     assert not lost["armed"]
     assert [event["n"] for _, event in await follow_all(url, "r")] == list(range(12))
     await journal.close()

@@ -94,7 +94,7 @@ class DriverPath:
         """SQLite hands back text for JSON and timestamps: the columns' own SQLAlchemy types convert them."""
         found = self._rows.get(statement)
         if found is None:
-            columns = list(statement.selected_columns)
+            columns = list(statement.exported_columns)  # a SELECT's columns, or an INSERT's RETURNING
             processors = [c.type.dialect_impl(self.dialect).result_processor(self.dialect, None) for c in columns]
             converters = [(i, f) for i, f in enumerate(processors) if f is not None]
             found = self._rows[statement] = (namedtuple("Row", [c.name for c in columns]), converters)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import socket
 import uuid
@@ -25,7 +26,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import insert, or_, select, update
+from sqlalchemy import bindparam, or_, update
+from sqlalchemy.dialects import postgresql, sqlite
 
 from agent_store.db import codec
 from agent_store.db.database import Database
@@ -38,6 +40,14 @@ from agent_store.journal.writer import StreamWriter
 __all__ = ["Journal", "JournalEvent"]
 T = streams_t.c
 LOST = "its worker stopped before the run ended (its lease ran out, or the worker restarted)"
+
+
+@functools.cache
+def _starting(dialect: str) -> Any:
+    """A run's row, unless its id is taken: one statement (on the driver path, no transaction around it)."""
+    values = {column.name: bindparam(column.name, type_=column.type) for column in streams_t.c}
+    made = (postgresql if dialect == "postgresql" else sqlite).insert(streams_t).values(values)
+    return made.on_conflict_do_nothing().returning(T.stream_id)
 
 
 @dataclass(frozen=True)
@@ -75,11 +85,10 @@ class Journal:
                "status": "in_progress", "last_seq": 0, "owner": self.owner, "cancel_requested": False,
                "lease_until": now + timedelta(seconds=self.lease_s), "created_at": now, "updated_at": now,
                "expires_at": now + timedelta(seconds=self.ttl_s)}  # fmt: skip
-        async with self.db.transaction(write=True, doing="starting a run's journal") as conn:
-            there = select(T.stream_id).where(T.user_id == user, T.stream_id == stream_id)
-            if (await conn.execute(there)).first() is not None:
-                raise InvalidValueError(f"stream {stream_id!r} exists already: a run's stream id is used once")
-            await conn.execute(insert(streams_t), row)
+        made = await self.db.one_statement(_starting(self.db.dialect), row, doing="starting a run's journal",
+                                           committing=lambda: None)  # one round trip  # fmt: skip
+        if not made:
+            raise InvalidValueError(f"stream {stream_id!r} exists already: a run's stream id is used once")
         writer = StreamWriter(self, user, stream_id)
         writer.start_heartbeat()
         return writer

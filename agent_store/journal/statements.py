@@ -17,7 +17,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 
 from agent_store.db.journal_tables import NOTIFY_CHANNEL, stream_events_t, streams_t
 
-__all__ = ["READ", "batch_statement", "move_statement"]
+__all__ = ["READ", "SqliteBatch", "batch_statement", "move_statement"]
 T, E = streams_t.c, stream_events_t.c
 _MINE = (T.user_id == bindparam("user"), T.stream_id == bindparam("sid"), T.owner == bindparam("owner"),
          T.status == "in_progress", T.last_seq == bindparam("prev", type_=BigInteger))  # fmt: skip
@@ -56,3 +56,32 @@ def _read() -> Any:
 
 
 READ = _read()
+
+
+# SQLite: the same batch in one hop to the connection's thread (as run/commit_sqlite.py commits a run).
+_MOVE_SQLITE = """UPDATE agent_streams SET last_seq = :last, status = :status, error = :error, owner = :next_owner,
+    lease_until = :lease, updated_at = :now, expires_at = :expires
+WHERE user_id = :user AND stream_id = :sid AND owner = :owner AND status = 'in_progress' AND last_seq = :prev
+RETURNING cancel_requested"""
+_EVENT_SQLITE = "INSERT INTO agent_stream_events (user_id, stream_id, seq, event) VALUES (?, ?, ?, ?)"
+
+
+class SqliteBatch:
+    """``__call__(sqlite3 connection)``: the batch's transaction, in the connection's thread; its outcome as
+    ``_one_batch`` gives it (whether a cancel is asked; None if the stream row was not where it was left)."""
+
+    def __init__(self, params: dict[str, Any], rows: list[tuple[str, str, int, str]]) -> None:
+        self.params, self.rows = params, rows
+
+    def __call__(self, conn: Any) -> bool | None:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            moved = conn.execute(_MOVE_SQLITE, self.params).fetchone()
+            if moved is not None and self.rows:
+                conn.executemany(_EVENT_SQLITE, self.rows)
+            conn.execute("COMMIT" if moved is not None else "ROLLBACK")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        return None if moved is None else bool(moved[0])

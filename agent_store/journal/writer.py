@@ -16,16 +16,20 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
+import aiosqlite
 from sqlalchemy import insert, select
 
 from agent_store.db import codec
+from agent_store.db.column_types import UTCDateTime
 from agent_store.db.database import Database
+from agent_store.db.driver_path import DriverPath
 from agent_store.db.journal_tables import STATUSES, stream_events_t, streams_t
 from agent_store.errors import InvalidValueError, StorageUnavailableError, StreamLostError
-from agent_store.journal.statements import batch_statement, move_statement
+from agent_store.journal.statements import SqliteBatch, batch_statement, move_statement
 
 __all__ = ["StreamWriter"]
 T = streams_t.c
+_SQLITE_HOP = DriverPath.sqlite_thread_available(aiosqlite.Connection)  # else a SQLAlchemy transaction
 
 
 class Journal(Protocol):
@@ -155,6 +159,13 @@ class StreamWriter:
             rows = await db.one_statement(batch_statement(), {**params, "batch": "[" + ",".join(batch) + "]",
                                                               "payload": payload}, doing="writing a run's journal")
             return bool(rows[0].cancel_requested) if rows else None
+        if _SQLITE_HOP:  # one hop to the connection's thread: the transaction whole
+            to_text = UTCDateTime().bind_processor(db.engine.dialect)
+            times = {k: to_text(params[k]) if to_text and params[k] is not None else params[k]
+                     for k in ("lease", "now", "expires")}  # fmt: skip
+            rows = [(self.user, self.stream_id, params["prev"] + n, text) for n, text in enumerate(batch, start=1)]
+            work = SqliteBatch({**params, **times}, rows)
+            return await db.in_sqlite_thread(work, doing="writing a run's journal", committing=lambda: None)
         async with db.transaction(write=True, doing="writing a run's journal") as conn:
             moved = (await conn.execute(move_statement(), params)).first()
             if moved is None:
