@@ -8,6 +8,7 @@
     usage_recorder.py     UsageRecorder: each model call into the usage ledger (the providers add it themselves)
     search_tool.py        SearchHistoryProvider: a tool that searches the user's past conversations
     ag_ui.py              StoreThreadSnapshotStore for AG-UI front ends (the ag-ui extra; imported on its own)
+    ag_ui_resume.py       resumable AG-UI runs: detached, journaled, replayed from any worker (ditto)
 
 Inside ``store.session(...)`` the seams join the run: what they write is committed with the run's messages and
 state in its one transaction. They use the Store and the run protocol below them.

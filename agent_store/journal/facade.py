@@ -26,12 +26,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, or_, update
+from sqlalchemy import bindparam, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from agent_store.db import codec
 from agent_store.db.database import Database
-from agent_store.db.journal_tables import streams_t
+from agent_store.db.journal_tables import NOTIFY_CHANNEL, streams_t
 from agent_store.errors import InvalidValueError, StreamNotFoundError
 from agent_store.journal.listen import Wakeups
 from agent_store.journal.statements import READ
@@ -91,6 +91,7 @@ class Journal:
             raise InvalidValueError(f"stream {stream_id!r} exists already: a run's stream id is used once")
         writer = StreamWriter(self, user, stream_id)
         writer.start_heartbeat()
+        await self.wakeups.listen_for(user, stream_id, writer)
         return writer
 
     async def read(self, stream_id: str, *, user_id: str | None, after: int = 0,
@@ -132,11 +133,14 @@ class Journal:
                     await asyncio.wait_for(woken.wait(), 1.0 if self.wakeups.live else self.poll_s)
 
     async def cancel(self, stream_id: str, *, user_id: str | None) -> bool:
-        """Ask the run to stop (its writer sees it with its next batch or heartbeat); False if it has ended."""
+        """Ask the run to stop; False if it has ended. Its writer hears it at once on PostgreSQL (a NOTIFY), else
+        with its next batch or heartbeat."""
         async with self.db.transaction(write=True, doing="cancelling a run") as conn:
             done = await conn.execute(update(streams_t).where(T.user_id == (user_id or ""), T.stream_id == stream_id,
                                                               T.status == "in_progress")
                                       .values(cancel_requested=True, updated_at=datetime.now(UTC)))  # fmt: skip
+            if done.rowcount and conn.dialect.name == "postgresql":  # its writer's worker hears it at once
+                await conn.execute(select(func.pg_notify(NOTIFY_CHANNEL, f"cancel {user_id or ''}\x1f{stream_id}")))
         if not done.rowcount:
             await self.read(stream_id, user_id=user_id, limit=1)  # not found: StreamNotFoundError
         return bool(done.rowcount)

@@ -5,6 +5,7 @@ LISTENs and wakes the readers of that run. LISTEN holds its connection between t
 transaction mode cannot give: behind it (``pgbouncer=true``), readers poll, unless ``listen_url`` names the server
 directly (NOTIFY itself passes through PgBouncer: it is sent inside the batch's statement). A reader never relies on
 a wake-up alone: it also reads again at least every ``poll`` (a missed NOTIFY costs latency, never an event).
+A cancel is a NOTIFY too: a writer of this worker hears it at once (else with its next batch or heartbeat).
 SQLite: readers poll.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import weakref
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -29,6 +31,8 @@ class Wakeups:
     def __init__(self, db: Database, listen_url: str | None) -> None:
         self.db, self.listen_url = db, listen_url
         self.waiting: dict[tuple[str, str], set[asyncio.Event]] = {}
+        # This worker's live writers, told at once of a cancel asked on any worker (a NOTIFY "cancel ...").
+        self.writers: weakref.WeakValueDictionary[tuple[str, str], Any] = weakref.WeakValueDictionary()
         self._conn: Any = None
         self._opening = asyncio.Lock()
 
@@ -74,9 +78,19 @@ class Wakeups:
                             type(exc).__name__)  # fmt: skip
                 await self.close()
 
+    async def listen_for(self, user: str, stream_id: str, writer: Any) -> None:
+        """Tell ``writer.cancel_seen()`` of a cancel asked anywhere, as it is asked (PostgreSQL, when listening)."""
+        self.writers[(user, stream_id)] = writer
+        if self._can_listen() and not self.live:
+            await self._open()
+
     def _notified(self, connection: Any, pid: int, channel: str, payload: str) -> None:
-        _, _, key = payload.partition(" ")
+        head, _, key = payload.partition(" ")
         user, _, stream_id = key.partition("\x1f")
+        if head == "cancel":
+            if (writer := self.writers.get((user, stream_id))) is not None:
+                writer.cancel_seen()
+            return
         for woken in self.waiting.get((user, stream_id), ()):
             woken.set()
 

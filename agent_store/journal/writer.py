@@ -76,6 +76,14 @@ class StreamWriter:
         else:
             await self.finish("failed", error=type(exc).__name__)
 
+    def cancel_seen(self) -> None:
+        """A cancel was asked (a batch brought it, or a NOTIFY): ``on_cancel`` is called once."""
+        if self.cancel_requested or self._ended:
+            return
+        self.cancel_requested = True
+        if self.on_cancel is not None:
+            self.on_cancel()
+
     def start_heartbeat(self) -> None:
         self._beat = asyncio.get_running_loop().create_task(self._heartbeat())
 
@@ -146,9 +154,8 @@ class StreamWriter:
                     return
                 raise StreamLostError(f"stream {self.stream_id!r} is no longer this writer's (its lease ran out "
                                       "and it was marked incomplete, or it was ended): the batch was not written")
-            if found and not self.cancel_requested and self.on_cancel is not None:
-                self.on_cancel()
-            self.cancel_requested = bool(found)
+            if found:
+                self.cancel_seen()
             return
 
     async def _one_batch(self, params: dict[str, Any], batch: list[str]) -> bool | None:
