@@ -201,3 +201,74 @@ async def test_bad_input_is_a_typed_error_and_writes_nothing(store: Store) -> No
         await writer.finish("in_progress")
     assert await rows(store, "SELECT seq FROM agent_stream_events") == [(1,)]
     await journal.close()
+
+
+async def test_an_end_during_a_heartbeat_keeps_every_event(store: Store) -> None:
+    """finish() as the heartbeat sends the queued events (an outside review's case: they were lost)."""
+    journal = store.journal(batch_events=1000, batch_ms=60_000, lease_s=0.6)
+
+    async def one(n: int) -> tuple[str, int, int]:
+        writer = await journal.start(f"hb-{n}", user_id="u")
+        for _ in range(3):
+            await writer.append({"n": n})
+        await asyncio.sleep(0.19 + n % 5 * 0.005)  # about when the heartbeat (0.2 s) goes
+        await writer.finish()
+        events, info = await journal.read(f"hb-{n}", user_id="u")
+        return info["status"], len(events), info["last_seq"]
+
+    assert set(await asyncio.gather(*(one(n) for n in range(20)))) == {("completed", 3, 3)}
+    await journal.close()
+
+
+async def test_a_flush_cut_short_or_a_database_away_keeps_the_numbers(store: Store, monkeypatch: Any) -> None:
+    import agent_store.journal.writer as writer_module
+
+    journal = store.journal(batch_events=2, batch_ms=60_000, lease_s=30)
+    writer = await journal.start("r", user_id="u")
+    assert [await writer.append({"e": n}) for n in (1, 2, 3)] == [1, 2, 3]
+    with pytest.raises(TimeoutError):  # the caller gives up on a flush: its batch stays queued
+        await asyncio.wait_for(writer.flush(), 0.0001)
+    real, away = writer_module.send_batch, {"tries": 4}
+
+    async def unreachable(*args: Any) -> Any:
+        if away["tries"]:
+            away["tries"] -= 1
+            raise StorageUnavailableError("writing a run's journal failed: connection refused")
+        return await real(*args)
+
+    monkeypatch.setattr(writer_module, "send_batch", unreachable)
+    assert [await writer.append({"e": n}) for n in (4, 5)] == [4, 5]  # its flush fails: logged, kept queued
+    await writer.finish()
+    events, info = await journal.read("r", user_id="u")
+    assert [(e.seq, e.event["e"]) for e in events] == [(n, n) for n in range(1, 6)] and info["status"] == "completed"
+    await journal.close()
+
+
+async def test_breaking_out_on_a_cancel_ends_the_run_cancelled(store: Store) -> None:
+    journal = store.journal(batch_events=1)
+    async with await journal.start("c", user_id="u") as writer:
+        await journal.cancel("c", user_id="u")
+        for n in range(100):
+            await writer.append({"n": n})
+            if writer.cancel_requested:
+                break
+    assert (await journal.read("c", user_id="u"))[1]["status"] == "cancelled"
+    await journal.close()
+
+
+async def test_closing_a_journal_ends_a_writer_left_open(store: Store) -> None:
+    journal = store.journal(lease_s=0.6)
+    writer = await journal.start("left", user_id="u")
+    await writer.append({"n": 1})
+    await journal.close()
+    events, info = await store.journal().read("left", user_id="u")
+    assert info["status"] == "incomplete" and [e.seq for e in events] == [1]
+    assert writer._beat is not None and writer._beat.done()  # its heartbeat stopped
+
+
+@pytest.mark.parametrize("options", [{"batch_events": 0}, {"batch_events": "64"}, {"lease_s": 0},
+                                     {"lease_s": float("nan")}, {"ttl_s": -1}, {"batch_ms": -1}, {"poll_s": 0},
+                                     {"worker_id": ""}])  # fmt: skip
+async def test_bad_options_are_typed_errors(store: Store, options: dict[str, Any]) -> None:
+    with pytest.raises(InvalidValueError):
+        store.journal(**options)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import os
 import socket
 import uuid
@@ -32,12 +33,13 @@ from sqlalchemy.dialects import postgresql, sqlite
 from agent_store.db import codec
 from agent_store.db.database import Database
 from agent_store.db.journal_tables import NOTIFY_CHANNEL, streams_t
-from agent_store.errors import InvalidValueError, StreamNotFoundError
+from agent_store.errors import AgentStoreError, InvalidValueError, StreamNotFoundError
 from agent_store.journal.listen import Wakeups
 from agent_store.journal.statements import READ
 from agent_store.journal.writer import StreamWriter
 
 __all__ = ["Journal", "JournalEvent"]
+log = logging.getLogger("agent_store.journal")
 T = streams_t.c
 LOST = "its worker stopped before the run ended (its lease ran out, or the worker restarted)"
 
@@ -60,11 +62,19 @@ class Journal:
     """A store's run journal. ``worker_id``: this worker's stable name (a restarted worker recovers its own runs at
     once); by default host and process id, unique to this process."""
 
-    def __init__(self, db: Database, *, worker_id: str | None = None, batch_events: int = 64, batch_ms: int = 50,
+    def __init__(self, db: Database, *, worker_id: str | None = None, batch_events: int = 64, batch_ms: float = 50,
                  lease_s: float = 30.0, ttl_s: float = 86_400.0, poll_s: float = 0.1,
                  listen_url: str | None = None) -> None:  # fmt: skip
         codec.check_id(worker_id, "worker_id")
+        codec.check_int(batch_events, "batch_events", low=1, high=10_000)
+        for name, value, top in (("batch_ms", batch_ms, 60_000), ("lease_s", lease_s, 86_400), ("ttl_s", ttl_s, 1e9),
+                                 ("poll_s", poll_s, 60)):  # fmt: skip
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= top:
+                raise InvalidValueError(f"{name} must be a number above 0 and at most {top}, not {value!r}"[:200])
+        if lease_s < 0.3:
+            raise InvalidValueError(f"lease_s must be at least 0.3 s (a third of it between heartbeats), not {lease_s}")
         self.db = db
+        self.live: set[StreamWriter] = set()  # this journal's writers not yet ended (close() ends them)
         self.owner = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.batch_events, self.batch_ms, self.lease_s, self.ttl_s = batch_events, batch_ms, lease_s, ttl_s
         self.heartbeat_s = min(lease_s / 3, 2.0)
@@ -158,5 +168,11 @@ class Journal:
             return int((await conn.execute(query)).rowcount)
 
     async def close(self) -> None:
+        """Stop listening; a writer not yet ended is ended ``incomplete`` (its run stops with this worker)."""
+        for writer in list(self.live):
+            try:
+                await writer.finish("incomplete", error="the journal was closed before the run ended")
+            except AgentStoreError as exc:  # its lease runs out instead: a reader marks it incomplete
+                log.warning("stream %r was not ended at close (%s)", writer.stream_id, exc)
         await self.wakeups.close()
 

@@ -12,12 +12,16 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+import aiosqlite
 from sqlalchemy import BigInteger, String, Text, and_, bindparam, cast, exists, func, insert, select, update
 from sqlalchemy.dialects.postgresql import JSONB
 
+from agent_store.db.column_types import UTCDateTime
+from agent_store.db.database import Database
+from agent_store.db.driver_path import DriverPath
 from agent_store.db.journal_tables import NOTIFY_CHANNEL, stream_events_t, streams_t
 
-__all__ = ["READ", "SqliteBatch", "batch_statement", "move_statement"]
+__all__ = ["READ", "row_now", "send_batch"]
 T, E = streams_t.c, stream_events_t.c
 _MINE = (T.user_id == bindparam("user"), T.stream_id == bindparam("sid"), T.owner == bindparam("owner"),
          T.status == "in_progress", T.last_seq == bindparam("prev", type_=BigInteger))  # fmt: skip
@@ -85,3 +89,37 @@ class SqliteBatch:
                 conn.execute("ROLLBACK")
             raise
         return None if moved is None else bool(moved[0])
+
+
+_SQLITE_HOP = DriverPath.sqlite_thread_available(aiosqlite.Connection)  # else a SQLAlchemy transaction
+
+
+async def send_batch(db: Database, params: dict[str, Any], batch: list[str]) -> bool | None:
+    """One batch (``params``: the stream, this owner, ``prev``/``last``, the status and lease): whether a cancel
+    is asked; None if the stream row was not where this writer left it (nothing was written)."""
+    user, sid = params["user"], params["sid"]
+    if db.dialect == "postgresql":
+        payload = f"{params['last']} {user}\x1f{sid}"
+        rows = await db.one_statement(batch_statement(), {**params, "batch": "[" + ",".join(batch) + "]",
+                                                          "payload": payload}, doing="writing a run's journal")
+        return bool(rows[0].cancel_requested) if rows else None
+    numbered = [(user, sid, params["prev"] + n, text) for n, text in enumerate(batch, start=1)]
+    if _SQLITE_HOP:  # one hop to the connection's thread: the transaction whole
+        to_text = UTCDateTime().bind_processor(db.engine.dialect)
+        times = {k: to_text(params[k]) if to_text and params[k] is not None else params[k]
+                 for k in ("lease", "now", "expires")}  # fmt: skip
+        return await db.in_sqlite_thread(SqliteBatch({**params, **times}, numbered), doing="writing a run's journal",
+                                         committing=lambda: None)  # fmt: skip
+    async with db.transaction(write=True, doing="writing a run's journal") as conn:
+        moved = (await conn.execute(move_statement(), params)).first()
+        if moved is not None and numbered:
+            keys = ("user_id", "stream_id", "seq", "event")
+            await conn.execute(insert(stream_events_t), [dict(zip(keys, row, strict=True)) for row in numbered])
+        return None if moved is None else bool(moved.cancel_requested)
+
+
+async def row_now(db: Database, user: str, sid: str) -> Any:
+    """The stream row's (last_seq, status, owner) now, None if it is gone (erased, purged)."""
+    async with db.transaction(write=False, doing="reading a run's journal") as conn:
+        return (await conn.execute(select(T.last_seq, T.status, T.owner).where(T.user_id == user,
+                                                                               T.stream_id == sid))).first()

@@ -2,34 +2,34 @@
 
 The batch rule: a batch goes when it holds ``batch_events`` events, or ``batch_ms`` after its first event, or
 when the run ends; with no event for ``heartbeat_s``, an empty batch renews the lease (and brings a cancel asked
-elsewhere). One batch is one round trip on PostgreSQL, one transaction on SQLite. A batch whose outcome is
-unknown (the connection dropped) is read back before anything else is sent: the stream row says whether it
-landed. The journal is not the transcript: the run's commit stays its one transaction, and nothing here waits
-for it or is waited for by it.
+elsewhere). One batch is one round trip on PostgreSQL, one transaction on SQLite.
+
+An event stays queued until a batch holding it is known written: a batch that failed, timed out or was cancelled
+is sent again, with the same numbers, by the next flush (the timer's, the heartbeat's, the next append's or the
+end's), after reading back how much of it landed (a lost reply). So a number ``append`` gave is that event's for
+good, and a run never ends ``completed`` without its events. The journal is not the transcript: the run's commit
+stays its one transaction, and nothing here waits for it or is waited for by it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import logging
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
-import aiosqlite
-from sqlalchemy import insert, select
-
 from agent_store.db import codec
-from agent_store.db.column_types import UTCDateTime
 from agent_store.db.database import Database
-from agent_store.db.driver_path import DriverPath
-from agent_store.db.journal_tables import STATUSES, stream_events_t, streams_t
-from agent_store.errors import InvalidValueError, StorageUnavailableError, StreamLostError
-from agent_store.journal.statements import SqliteBatch, batch_statement, move_statement
+from agent_store.db.journal_tables import STATUSES
+from agent_store.errors import AgentStoreError, InvalidValueError, StorageUnavailableError, StreamLostError
+from agent_store.journal.statements import row_now, send_batch
 
 __all__ = ["StreamWriter"]
-T = streams_t.c
-_SQLITE_HOP = DriverPath.sqlite_thread_available(aiosqlite.Connection)  # else a SQLAlchemy transaction
+log = logging.getLogger("agent_store.journal")
+QUEUED_BATCHES = 16  # an append past this many batches' events unsent waits for a batch to go (or raises)
+TRIES = 3
 
 
 class Journal(Protocol):
@@ -38,30 +38,32 @@ class Journal(Protocol):
     db: Database
     owner: str
     batch_events: int
-    batch_ms: int
+    batch_ms: float
     lease_s: float
     ttl_s: float
     heartbeat_s: float
     max_event_bytes: int
+    live: set[Any]
 
 
 class StreamWriter:
-    """The one writer of a streamed run's journal (``Journal.start`` makes it). ``async with`` ends it: completed,
-    or failed (cancelled) if the block raised (was cancelled)."""
+    """The one writer of a streamed run's journal (``Journal.start`` makes it). ``async with`` ends it: completed;
+    cancelled if a cancel was asked (or the block was cancelled); failed if the block raised."""
 
     def __init__(self, journal: Journal, user: str, stream_id: str) -> None:
         self.journal, self.user, self.stream_id = journal, user, stream_id
         self.last_seq = 0  # the last sequence number given out
-        self.cancel_requested = False  # a cancel was asked elsewhere (seen with the last batch)
-        self.on_cancel: Callable[[], Any] | None = None  # called once, when a batch first brings a cancel
-        self._sent = 0  # the last sequence number known written
+        self.cancel_requested = False  # a cancel was asked elsewhere
+        self.on_cancel: Callable[[], Any] | None = None  # called once, when a cancel is first seen
+        self._sent = 0  # the last sequence number known written; _pending holds _sent + 1 .. last_seq
         self._pending: list[str] = []
         self._lock = asyncio.Lock()
         self._timer: asyncio.TimerHandle | None = None
         self._flushing: asyncio.Task[None] | None = None
         self._beat: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()
+        self._lost: StreamLostError | None = None
         self._ended = False
-        self._error: BaseException | None = None
 
     async def __aenter__(self) -> StreamWriter:
         return self
@@ -69,10 +71,10 @@ class StreamWriter:
     async def __aexit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
         if self._ended:
             return
-        if exc is None:
-            await self.finish("completed")
-        elif isinstance(exc, asyncio.CancelledError) or self.cancel_requested:
+        if isinstance(exc, asyncio.CancelledError) or (self.cancel_requested and exc is None):
             await asyncio.shield(self.finish("cancelled"))
+        elif exc is None:
+            await self.finish("completed")
         else:
             await self.finish("failed", error=type(exc).__name__)
 
@@ -85,20 +87,25 @@ class StreamWriter:
             self.on_cancel()
 
     def start_heartbeat(self) -> None:
+        self.journal.live.add(self)
         self._beat = asyncio.get_running_loop().create_task(self._heartbeat())
 
     async def append(self, event: Any) -> int:
-        """Number ``event`` (a JSON document) and queue it; returns its sequence number."""
+        """Number ``event`` (a JSON document) and queue it; returns its sequence number, which is the event's for
+        good. Raises (queueing nothing) when the run was ended elsewhere, or when ``QUEUED_BATCHES`` batches of
+        events are waiting and the database still cannot take one."""
         if self._ended:
             raise InvalidValueError(f"stream {self.stream_id!r} has ended: no more events")
-        if self._error is not None:
-            raise self._error
+        if self._lost is not None:
+            raise self._lost
         text = codec.dumps(event, where=f"stream {self.stream_id!r} event", max_bytes=self.journal.max_event_bytes,
                            sort_keys=False)  # fmt: skip
+        if len(self._pending) >= QUEUED_BATCHES * self.journal.batch_events:
+            await self.flush()  # the database has been away: this event waits for room, or is refused
         self._pending.append(text)
         self.last_seq += 1
         if len(self._pending) >= self.journal.batch_events:
-            await self.flush()
+            await self._flush_or_say()
         elif self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self.journal.batch_ms / 1000, self._due)
         return self.last_seq
@@ -106,91 +113,90 @@ class StreamWriter:
     def _due(self) -> None:
         self._timer = None
         if self._flushing is None or self._flushing.done():
-            self._flushing = asyncio.get_running_loop().create_task(self._quietly_flush())
+            self._flushing = asyncio.get_running_loop().create_task(self._flush_or_say())
 
-    async def _quietly_flush(self) -> None:
+    async def _flush_or_say(self) -> None:
+        """A flush whose failure is logged, the events kept queued for the next one; a lost run is kept, and
+        the next append or the end raises it."""
         try:
             await self.flush()
-        except Exception as exc:  # kept: the next append or finish raises it
-            self._error = exc
+        except StreamLostError as exc:
+            self._lost = exc
+            self._stop.set()
+        except AgentStoreError as exc:
+            log.warning("stream %r: a journal batch failed (%s); its events stay queued for the next", self.stream_id,
+                        exc)  # fmt: skip
 
     async def _heartbeat(self) -> None:
-        while not self._ended:
-            await asyncio.sleep(self.journal.heartbeat_s)
-            await self._quietly_flush()
+        failing_since: float | None = None
+        while not self._stop.is_set():
+            try:
+                await asyncio.wait_for(self._stop.wait(), self.journal.heartbeat_s)
+                return
+            except TimeoutError:
+                pass
+            sent = self._sent
+            await self._flush_or_say()
+            if self._sent == sent and self._pending:  # it failed: after two leases, the run is a reader's to end
+                failing_since = failing_since or time.monotonic()
+                if time.monotonic() - failing_since > 2 * self.journal.lease_s:
+                    log.warning("stream %r: the journal has failed for two leases; its heartbeat stops", self.stream_id)
+                    return
+            else:
+                failing_since = None
 
     async def flush(self, status: str = "in_progress", error: str | None = None) -> None:
         """Send what is queued (maybe nothing: a heartbeat) as one batch; ``status`` other than in_progress ends
-        the run with it."""
+        the run with it. On return every event numbered before the call is written."""
         async with self._lock:
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
-            batch, self._pending = self._pending, []
-            prev = self._sent
-            await self._send(batch, prev, status, error)
-            self._sent = prev + len(batch)
-
-    async def _send(self, batch: list[str], prev: int, status: str, error: str | None) -> None:
-        journal, now = self.journal, datetime.now(UTC)
-        last = prev + len(batch)
-        final = status != "in_progress"
-        params = {"user": self.user, "sid": self.stream_id, "owner": journal.owner, "prev": prev, "last": last,
-                  "status": status, "error": error, "next_owner": None if final else journal.owner,
-                  "lease": None if final else now + timedelta(seconds=journal.lease_s), "now": now,
-                  "expires": now + timedelta(seconds=journal.ttl_s)}  # fmt: skip
-        for attempt in range(3):
-            try:
-                found = await self._one_batch(params, batch)
-            except StorageUnavailableError:
-                if attempt == 2:
-                    raise
-                if await self._landed(last, status):  # its reply was lost, not the batch
+            for attempt in range(1, TRIES + 2):
+                n = len(self._pending)
+                try:
+                    found = await send_batch(self.journal.db, self._params(n, status, error), self._pending[:n])
+                except StorageUnavailableError:
+                    if attempt >= TRIES:
+                        raise
+                    await asyncio.sleep(0.05 * attempt)
+                else:
+                    if found is not None:  # landed whole
+                        self._written(n)
+                        if found:
+                            self.cancel_seen()
+                        return
+                if await self._reconciled(n, status):  # no match, or no reply: the row says how much landed
                     return
-                await asyncio.sleep(0.05 * (attempt + 1))
-                continue
-            if found is None:
-                if await self._landed(last, status):
-                    return
-                raise StreamLostError(f"stream {self.stream_id!r} is no longer this writer's (its lease ran out "
-                                      "and it was marked incomplete, or it was ended): the batch was not written")
-            if found:
-                self.cancel_seen()
-            return
+            raise StreamLostError(f"stream {self.stream_id!r}: its batches did not land after {TRIES} tries")
 
-    async def _one_batch(self, params: dict[str, Any], batch: list[str]) -> bool | None:
-        """The batch's outcome: whether a cancel is asked, None if the stream row was not where it was left."""
-        db = self.journal.db
-        if db.dialect == "postgresql":
-            payload = f"{params['last']} {self.user}\x1f{self.stream_id}"
-            rows = await db.one_statement(batch_statement(), {**params, "batch": "[" + ",".join(batch) + "]",
-                                                              "payload": payload}, doing="writing a run's journal")
-            return bool(rows[0].cancel_requested) if rows else None
-        if _SQLITE_HOP:  # one hop to the connection's thread: the transaction whole
-            to_text = UTCDateTime().bind_processor(db.engine.dialect)
-            times = {k: to_text(params[k]) if to_text and params[k] is not None else params[k]
-                     for k in ("lease", "now", "expires")}  # fmt: skip
-            rows = [(self.user, self.stream_id, params["prev"] + n, text) for n, text in enumerate(batch, start=1)]
-            work = SqliteBatch({**params, **times}, rows)
-            return await db.in_sqlite_thread(work, doing="writing a run's journal", committing=lambda: None)
-        async with db.transaction(write=True, doing="writing a run's journal") as conn:
-            moved = (await conn.execute(move_statement(), params)).first()
-            if moved is None:
-                return None
-            if batch:
-                await conn.execute(insert(stream_events_t), [
-                    {"user_id": self.user, "stream_id": self.stream_id, "seq": params["prev"] + n, "event": text}
-                    for n, text in enumerate(batch, start=1)])  # fmt: skip
-            return bool(moved.cancel_requested)
+    def _params(self, n: int, status: str, error: str | None) -> dict[str, Any]:
+        journal, now, final = self.journal, datetime.now(UTC), status != "in_progress"
+        return {"user": self.user, "sid": self.stream_id, "owner": journal.owner, "prev": self._sent,
+                "last": self._sent + n, "status": status, "error": error,
+                "next_owner": None if final else journal.owner,
+                "lease": None if final else now + timedelta(seconds=journal.lease_s), "now": now,
+                "expires": now + timedelta(seconds=journal.ttl_s)}  # fmt: skip
 
-    async def _landed(self, last: int, status: str) -> bool:
-        async with self.journal.db.transaction(write=False, doing="reading a run's journal") as conn:
-            row = (await conn.execute(select(T.last_seq, T.status, T.owner).where(
-                T.user_id == self.user, T.stream_id == self.stream_id))).first()  # fmt: skip
-        if row is None:
-            return False
-        mine = row.owner == self.journal.owner or (status != "in_progress" and row.status == status)
-        return bool(mine and row.last_seq >= last and (row.status == status or status == "in_progress"))
+    def _written(self, n: int) -> None:
+        del self._pending[:n]
+        self._sent += n
+
+    async def _reconciled(self, n: int, status: str) -> bool:
+        """After a batch of ``n`` whose outcome is unknown or which did not match: count what of it landed (an
+        earlier try's), and whether all is done (the events, and the final status if this was the end)."""
+        row = await row_now(self.journal.db, self.user, self.stream_id)
+        if row is not None and status != "in_progress" and (row.status, row.owner) == (status, None):
+            if row.last_seq == self._sent + n:  # the end landed, its reply did not
+                self._written(n)
+                return True
+        if row is None or row.status != "in_progress" or row.owner != self.journal.owner \
+                or not self._sent <= row.last_seq <= self._sent + n:  # fmt: skip
+            raise StreamLostError(f"stream {self.stream_id!r} is no longer this writer's (its lease ran out and it "
+                                  "was marked incomplete, or it was ended or erased): nothing more was written")
+        before = self._sent
+        self._written(row.last_seq - before)  # an earlier try's batch (or its start) is there
+        return status == "in_progress" and row.last_seq == before + n  # else the rest (and the end) go again
 
     async def finish(self, status: str = "completed", *, error: str | None = None) -> None:
         """Send the rest and end the run with ``status`` (completed, failed, cancelled, incomplete)."""
@@ -198,11 +204,15 @@ class StreamWriter:
             raise InvalidValueError(f"a run ends {', '.join(STATUSES[1:])}, not {status!r}")
         if self._ended:
             return
-        if self._beat is not None:
-            self._beat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._beat
+        self._stop.set()
         try:
+            if self._beat is not None:
+                await self._beat  # it stops between beats; a beat in flight ends first (never cut mid-batch)
+            if self._flushing is not None:
+                await self._flushing
+            if self._lost is not None:
+                raise self._lost
             await self.flush(status, error)
         finally:
             self._ended = True
+            self.journal.live.discard(self)

@@ -1,0 +1,91 @@
+"""Background responses (issue 39) on both backends, on the framework's own hosting functions with the real Agent
+and the offline client: answered at once, read back from another worker from any ``starting_after``, remembered by
+``previous_response_id``, cancelled; another user's response is not found."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import httpx
+from agent_framework import Agent, tool
+from fastapi import FastAPI
+
+from agent_store import Store
+from agent_store.agent_framework.responses_background import add_background_responses_routes
+from agent_store.offline import OfflineChatClient
+
+
+@tool
+async def slow_lookup() -> str:
+    """A tool that takes a while."""
+    await asyncio.sleep(1.0)
+    return "北京，晴"
+
+
+def app_on(store: Store) -> FastAPI:
+    app = FastAPI()
+    agent = Agent(client=OfflineChatClient(), name="Assistant", tools=[slow_lookup])
+    add_background_responses_routes(app, agent, store, user_of=lambda request: request.headers.get("x-user"))
+    return app
+
+
+def events_of(body: str) -> list[dict[str, Any]]:
+    return [json.loads(line[5:]) for line in body.splitlines() if line.startswith("data:")]
+
+
+def said(response: dict[str, Any]) -> str:
+    return "".join(part.get("text", "") for item in response.get("output", []) for part in item.get("content") or [])
+
+
+async def finished(web: httpx.AsyncClient, response_id: str) -> dict[str, Any]:
+    for _ in range(200):
+        found = (await web.get(f"/responses/{response_id}", headers={"x-user": "u"})).json()
+        if found["status"] not in ("queued", "in_progress"):
+            return dict(found)
+        await asyncio.sleep(0.05)
+    raise AssertionError("the background response never finished")
+
+
+async def test_a_background_response_answers_at_once_and_any_worker_reads_it(store: Store, url: str) -> None:
+    web = httpx.AsyncClient(transport=httpx.ASGITransport(app=app_on(store)), base_url="http://localhost")
+    async with Store.from_url(url) as other:
+        elsewhere = httpx.AsyncClient(transport=httpx.ASGITransport(app=app_on(other)), base_url="http://localhost")
+        async with web, elsewhere:
+            queued = (await web.post("/responses", json={"model": "offline", "input": "我叫李明", "background": True},
+                                     headers={"x-user": "u"})).json()  # fmt: skip
+            assert queued["status"] == "queued" and queued["background"] is True
+            done = await finished(elsewhere, queued["id"])
+            assert done["status"] == "completed" and said(done) == "你好，李明！很高兴认识你。"
+            every = events_of((await elsewhere.get(f"/responses/{queued['id']}", params={"stream": "true"},
+                                                   headers={"x-user": "u"})).text)  # fmt: skip
+            assert [e["sequence_number"] for e in every] == list(range(len(every)))
+            assert every[-1]["type"] == "response.completed"
+            rest = events_of((await elsewhere.get(f"/responses/{queued['id']}",
+                                                  params={"stream": "true", "starting_after": 3},
+                                                  headers={"x-user": "u"})).text)  # fmt: skip
+            assert rest == every[4:]
+            assert (await elsewhere.get(f"/responses/{queued['id']}", headers={"x-user": "mallory"})).status_code == 404
+            follow_up = (await elsewhere.post("/responses", json={"model": "offline", "input": "我叫什么名字？",
+                                                                  "previous_response_id": queued["id"]},
+                                              headers={"x-user": "u"})).json()  # fmt: skip
+            assert said(follow_up) == "你叫李明。"  # the first turn's session was stored before it completed
+
+
+async def test_a_streamed_response_is_journaled_and_a_cancel_stops_a_background_one(store: Store, url: str) -> None:
+    web = httpx.AsyncClient(transport=httpx.ASGITransport(app=app_on(store)), base_url="http://localhost")
+    async with web:
+        streamed = events_of((await web.post("/responses", json={"model": "offline", "input": "你好", "stream": True},
+                                             headers={"x-user": "u"})).text)  # fmt: skip
+        assert streamed[0]["type"] == "response.created" and streamed[-1]["type"] == "response.completed"
+        slow = (await web.post("/responses", json={"model": "offline", "input": "call slow_lookup",
+                                                   "background": True}, headers={"x-user": "u"})).json()  # fmt: skip
+        async with Store.from_url(url) as other:
+            elsewhere = httpx.AsyncClient(transport=httpx.ASGITransport(app=app_on(other)), base_url="http://localhost")
+            async with elsewhere:
+                cancelled = (await elsewhere.post(f"/responses/{slow['id']}/cancel", headers={"x-user": "u"})).json()
+                assert cancelled["status"] == "cancelled"
+                assert (await finished(elsewhere, slow["id"]))["status"] == "cancelled"
+        _, info = await store.journal().read(slow["id"], user_id="u")
+        assert info["status"] == "cancelled"
