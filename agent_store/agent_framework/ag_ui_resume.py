@@ -31,6 +31,11 @@ from agent_store.store import Store
 __all__ = ["add_resumable_agui_routes"]
 
 
+def _run_error(exc: BaseException) -> dict[str, Any]:
+    """A failed run's last event, as the AG-UI package's endpoint ends one (its type only: no internals)."""
+    return {"type": "RUN_ERROR", "message": "the run failed", "code": type(exc).__name__}
+
+
 def add_resumable_agui_routes(
     app: FastAPI, runner: Any, store: Store, *, path: str = "/", user_of: Callable[[Request], str | None],
     journal: Journal | None = None,
@@ -54,7 +59,7 @@ def add_resumable_agui_routes(
         run_id = input_data.setdefault("run_id", uuid.uuid4().hex)
         try:
             await start_detached(journal, run_id, user_id=user, kind="agui", conversation_id=body.thread_id,
-                                 events=lambda: runner.run(input_data))  # fmt: skip
+                                 events=lambda: runner.run(input_data), on_error=_run_error)  # fmt: skip
         except InvalidValueError as exc:
             raise HTTPException(status_code=409 if "exists" in str(exc) else 400, detail=str(exc)) from None
         return sse(user, run_id, 0)
@@ -64,9 +69,11 @@ def add_resumable_agui_routes(
         user = user_of(request)
         last_seen = request.headers.get("last-event-id")
         if after is None and last_seen is not None:
-            if not last_seen.isdigit():
+            if not (last_seen.isascii() and last_seen.isdigit() and len(last_seen) <= 18):
                 raise HTTPException(status_code=400, detail="Last-Event-ID must be an event's sequence number")
             after = int(last_seen)
+        if after is not None and not 0 <= after < 2**62:
+            raise HTTPException(status_code=400, detail="after must be an event's sequence number, from 0")
         try:
             await journal.read(run_id, user_id=user, limit=1)  # not found: 404 before the stream starts
         except StreamNotFoundError:

@@ -16,6 +16,7 @@ functions (``agent-framework-hosting-responses``; ``pip install "agent-store[hos
 The journal's sequence numbers are the package's ``sequence_number`` plus one (it counts from 0).
 """
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -32,12 +33,16 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from agent_store.agent_framework.session_store import StoreSessionStore
 from agent_store.errors import InvalidValueError, StreamNotFoundError
-from agent_store.journal import Journal, start_detached
+from agent_store.journal import Journal, start_detached, uncancellable
 from agent_store.store import Store
 
 __all__ = ["add_background_responses_routes"]
 _ENDED = {"cancelled": "cancelled", "failed": "failed", "incomplete": "incomplete"}
 _STATUS_OF = {"response.completed": "completed", "response.failed": "failed", "response.incomplete": "incomplete"}
+
+
+class ResponseNotCompleted(Exception):
+    """The hosting package answered with a failed or incomplete response: the run ends failed, nothing stored."""
 
 
 def _event(frame: str) -> dict[str, Any]:
@@ -68,7 +73,10 @@ def add_background_responses_routes(
                     held = event  # sent once the turn is stored
                     continue
                 yield event
-            await state.set_session(session_id if is_conversation and session_id else response_id, session)
+                if event.get("type") in ("response.failed", "response.incomplete"):  # nothing of it is stored
+                    raise ResponseNotCompleted(str(event["type"]))
+            with uncancellable():  # a cancel now waits for the commit, and the response ends completed
+                await state.set_session(session_id if is_conversation and session_id else response_id, session)
             if held is not None:
                 yield held
 
@@ -110,12 +118,14 @@ def add_background_responses_routes(
             return JSONResponse({"id": response_id, "object": "response", "status": "queued", "background": True})
         if body.get("stream"):
             return sse(user, response_id, 0)
-        await task  # a failure raises here: the app's error handler answers
+        await asyncio.gather(task, return_exceptions=True)  # a failure is in the journal: the response says it
         return JSONResponse(await as_it_stands(user, response_id))
 
     @app.get(f"{path}/{{response_id}}")
     async def retrieve(response_id: str, request: Request, stream: bool = False, starting_after: int = -1) -> Any:
         user = user_of(request)
+        if not -1 <= starting_after < 2**62:
+            raise HTTPException(status_code=400, detail="starting_after must be a sequence number, from -1")
         try:
             if stream:
                 await journal.read(response_id, user_id=user, limit=1)  # not found: 404 before the stream
@@ -130,11 +140,8 @@ def add_background_responses_routes(
     async def cancel(response_id: str, request: Request) -> Any:
         user = user_of(request)
         try:
-            asked = await journal.cancel(response_id, user_id=user)
-            found = await as_it_stands(user, response_id)
-            if asked:  # its writer ends it cancelled as soon as it hears
-                found["status"] = "cancelled"
-            return JSONResponse(found)
+            await journal.cancel(response_id, user_id=user)  # its run stops at its next event, or soon after
+            return JSONResponse(await as_it_stands(user, response_id))
         except StreamNotFoundError:
             raise HTTPException(status_code=404, detail=f"no response {response_id!r}") from None
 

@@ -23,7 +23,7 @@ from agent_store.db.column_types import JsonText, UTCDateTime
 from agent_store.db.schema_base import ID_MAX, Base
 
 STATUSES = ("in_progress", "completed", "failed", "cancelled", "incomplete")
-NOTIFY_CHANNEL = "agent_store_streams"  # PostgreSQL: a batch's NOTIFY, payload "<last seq> <user> <stream id>"
+NOTIFY_CHANNEL = "agent_store_streams"  # PostgreSQL: a batch's or a cancel's NOTIFY, ["batch"|"cancel", user, id]
 
 
 class StreamRow(Base):

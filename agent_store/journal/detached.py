@@ -5,22 +5,32 @@ with ``journal.follow``, and ``journal.cancel`` stops it wherever it runs.
     task = await start_detached(journal, run_id, user_id="u1", events=lambda: produce(...))
 
 ``events`` makes the run's event stream (an agent's ``run(..., stream=True)``, mapped to what the client
-reads); the run's own commit stays inside it (``store.session(...)``: one transaction at its end, nothing if
-it is cancelled or fails). Events are kept as JSON: a dict as it is, ``to_dict()`` (the framework's updates),
-``model_dump(mode="json", by_alias=True, exclude_none=True)`` (pydantic models: AG-UI events).
+reads); the run's own commit stays inside it (``store.session(...)``: one transaction at its end). Events are
+kept as JSON: a dict as it is, ``to_dict()`` (the framework's updates), ``model_dump(mode="json", by_alias=True,
+exclude_none=True)`` (pydantic models: AG-UI events).
+
+A cancel is one outcome or the other, never both: the stream is stopped at its next event (nothing after it is
+committed: the stream is closed there), or, if it sends none for ``grace_s``, the task is cancelled where it
+waits, unless it is inside ``uncancellable()`` (a commit): then when it leaves it. A stream that has ended (its
+commit done) ends ``completed``, whatever cancel comes after. ``Journal.close()`` stops its runs ``incomplete``.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+import contextlib
+import contextvars
+import logging
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 from agent_store.errors import InvalidValueError
 from agent_store.journal.facade import Journal
 from agent_store.journal.writer import StreamWriter
 
-__all__ = ["as_json", "start_detached"]
+__all__ = ["as_json", "start_detached", "uncancellable"]
+log = logging.getLogger("agent_store.journal")
+_RUN: contextvars.ContextVar[_Run | None] = contextvars.ContextVar("agent_store_detached_run", default=None)
 
 
 def as_json(event: Any) -> Any:
@@ -34,33 +44,103 @@ def as_json(event: Any) -> Any:
     raise InvalidValueError(f"a journal event is a dict, a pydantic model or has to_dict(), not {type(event).__name__}")
 
 
+class _Run:
+    def __init__(self, writer: StreamWriter, grace_s: float) -> None:
+        self.writer, self.grace_s = writer, grace_s
+        self.task: asyncio.Task[str] | None = None
+        self.done = False  # the stream ended: its commit is done, no cancel reaches it
+        self.shielded = 0  # inside uncancellable()
+        self.due = False  # a hard cancel waits for the shield to drop
+        self.ending = "cancelled"  # what a hard cancel ends it as ("incomplete": its journal closed)
+
+    def asked(self) -> None:  # the writer heard a cancel: the stream stops at its next event, or after grace_s
+        asyncio.get_running_loop().call_later(self.grace_s, self.hard)
+
+    def hard(self, ending: str = "cancelled") -> None:
+        if self.done or self.task is None or self.task.done():
+            return
+        self.ending = ending
+        if self.shielded:
+            self.due = True
+        else:
+            self.task.cancel()
+
+
+@contextlib.contextmanager
+def uncancellable() -> Iterator[None]:
+    """Around a detached run's commit: a cancel that comes meanwhile waits until it is done (then the run, which
+    has committed, ends completed unless it sends more events)."""
+    run = _RUN.get()
+    if run is None:
+        yield
+        return
+    run.shielded += 1
+    try:
+        yield
+    finally:
+        run.shielded -= 1
+        if not run.shielded and run.due and not run.done and run.task is not None:
+            run.task.cancel()
+
+
 async def start_detached(
     journal: Journal, stream_id: str, *, user_id: str | None, events: Callable[[], AsyncIterator[Any]],
-    kind: str = "updates", conversation_id: str | None = None,
+    kind: str = "updates", conversation_id: str | None = None, grace_s: float = 2.0,
+    on_error: Callable[[BaseException], Any] | None = None,
 ) -> asyncio.Task[str]:  # fmt: skip
-    """Start the run in a task of its own; it returns the run's final status. The stream's row is made before
-    this returns (a client may follow at once); a cancel asked anywhere cancels the task at the writer's next
-    batch or heartbeat."""
+    """Start the run in a task of its own; it returns the run's final status ("completed" or "cancelled"; a failure
+    raises). The stream's row is made before this returns (a client may follow at once). ``on_error(exc)``: the
+    last event of a failed run (an AG-UI ``RUN_ERROR``, say), or None."""
     writer = await journal.start(stream_id, user_id=user_id, kind=kind, conversation_id=conversation_id)
-    task = asyncio.get_running_loop().create_task(_drive(writer, events), name=f"agent_store run {stream_id}")
-    writer.on_cancel = task.cancel
-    return task
+    run = _Run(writer, grace_s)
+    writer.on_cancel = run.asked
+    loop = asyncio.get_running_loop()
+    run.task = loop.create_task(_drive(run, events, on_error), name=f"agent_store run {stream_id}")
+    journal.detached.add(run)
+    run.task.add_done_callback(lambda task: _ended(journal, run, task))
+    if not journal.wakeups.live:  # no NOTIFY to hear a cancel by (SQLite, PgBouncer): ask the row now and then
+        watch = loop.create_task(_watch(journal, run, user_id or "", stream_id))
+        run.task.add_done_callback(lambda _: watch.cancel())
+    return run.task
 
 
-async def _drive(writer: StreamWriter, events: Callable[[], AsyncIterator[Any]]) -> str:
-    stream = events()
+def _ended(journal: Journal, run: _Run, task: asyncio.Task[str]) -> None:
+    journal.detached.discard(run)
+    if not task.cancelled() and (exc := task.exception()) is not None:  # in its journal too; said here, once
+        log.error("detached run %r failed", run.writer.stream_id, exc_info=exc)
+
+
+async def _watch(journal: Journal, run: _Run, user: str, stream_id: str) -> None:
+    """A cancel asked on another worker, where no NOTIFY brings it: the row's flag, read every ``poll_s`` * 3."""
+    while not run.done and not run.writer.cancel_requested:
+        await asyncio.sleep(journal.poll_s * 3)
+        if await journal.cancel_asked(stream_id, user_id=user):
+            run.writer.cancel_seen()
+
+
+async def _drive(run: _Run, events: Callable[[], AsyncIterator[Any]], on_error: Any) -> str:
+    _RUN.set(run)
+    writer, stream = run.writer, events()
     try:
         async for event in stream:
             await writer.append(as_json(event))
+            if writer.cancel_requested:  # stopped here: what the stream had not done yet is never done
+                aclose = getattr(stream, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+                await writer.finish("cancelled")
+                return "cancelled"
+        run.done = True  # its commit is done: it ends completed, whatever cancel comes now
     except asyncio.CancelledError:
-        await asyncio.shield(writer.finish("cancelled"))
-        return "cancelled"
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.shield(writer.finish(run.ending))
+        return run.ending
     except Exception as exc:  # the run failed: said in the journal, and raised to whoever awaits the task
+        run.done = True
+        last = on_error(exc) if on_error is not None else None
+        if last is not None:
+            await writer.append(as_json(last))
         await writer.finish("failed", error=type(exc).__name__)
         raise
-    finally:
-        aclose = getattr(stream, "aclose", None)
-        if aclose is not None:
-            await aclose()
-    await writer.finish("completed")
+    await asyncio.shield(writer.finish("completed"))
     return "completed"

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import logging
 import os
 import socket
@@ -75,6 +76,7 @@ class Journal:
             raise InvalidValueError(f"lease_s must be at least 0.3 s (a third of it between heartbeats), not {lease_s}")
         self.db = db
         self.live: set[StreamWriter] = set()  # this journal's writers not yet ended (close() ends them)
+        self.detached: set[Any] = set()  # its detached runs still going (detached.py; close() stops them)
         self.owner = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.batch_events, self.batch_ms, self.lease_s, self.ttl_s = batch_events, batch_ms, lease_s, ttl_s
         self.heartbeat_s = min(lease_s / 3, 2.0)
@@ -150,10 +152,17 @@ class Journal:
                                                               T.status == "in_progress")
                                       .values(cancel_requested=True, updated_at=datetime.now(UTC)))  # fmt: skip
             if done.rowcount and conn.dialect.name == "postgresql":  # its writer's worker hears it at once
-                await conn.execute(select(func.pg_notify(NOTIFY_CHANNEL, f"cancel {user_id or ''}\x1f{stream_id}")))
+                payload = json.dumps(["cancel", user_id or "", stream_id])  # any character in ids: JSON
+                await conn.execute(select(func.pg_notify(NOTIFY_CHANNEL, payload)))
         if not done.rowcount:
             await self.read(stream_id, user_id=user_id, limit=1)  # not found: StreamNotFoundError
         return bool(done.rowcount)
+
+    async def cancel_asked(self, stream_id: str, *, user_id: str | None) -> bool:
+        """Whether a cancel was asked for the run (a light read: detached.py's watch where no NOTIFY comes)."""
+        async with self.db.transaction(write=False, doing="reading a run's journal") as conn:
+            asked = select(T.cancel_requested).where(T.user_id == (user_id or ""), T.stream_id == stream_id)
+            return bool((await conn.execute(asked)).scalar())
 
     async def recover(self, *, stream_id: str | None = None, user_id: str | None = None) -> int:
         """Mark ``incomplete`` every run whose writer is gone: its lease ran out, or it is this worker's own (a
@@ -168,7 +177,12 @@ class Journal:
             return int((await conn.execute(query)).rowcount)
 
     async def close(self) -> None:
-        """Stop listening; a writer not yet ended is ended ``incomplete`` (its run stops with this worker)."""
+        """Stop listening; a detached run still going is stopped, and a writer not yet ended is ended, both
+        ``incomplete`` (the run stops with this worker)."""
+        for run in list(self.detached):
+            run.hard("incomplete")
+            if run.task is not None:
+                await asyncio.gather(run.task, return_exceptions=True)  # its end is in its journal
         for writer in list(self.live):
             try:
                 await writer.finish("incomplete", error="the journal was closed before the run ended")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import weakref
 from collections.abc import AsyncIterator
@@ -85,8 +86,11 @@ class Wakeups:
             await self._open()
 
     def _notified(self, connection: Any, pid: int, channel: str, payload: str) -> None:
-        head, _, key = payload.partition(" ")
-        user, _, stream_id = key.partition("\x1f")
+        try:
+            head, user, stream_id = json.loads(payload)
+        except (ValueError, TypeError):  # not one of ours (someone else's NOTIFY on the channel): no wake-up
+            log.warning("the run journal's channel carried a payload it does not know: %r", payload[:80])
+            return
         if head == "cancel":
             if (writer := self.writers.get((user, stream_id))) is not None:
                 writer.cancel_seen()

@@ -10,6 +10,7 @@ all, after the one before it, and never after its run was ended elsewhere.
 from __future__ import annotations
 
 import functools
+import json
 from typing import Any
 
 import aiosqlite
@@ -99,7 +100,7 @@ async def send_batch(db: Database, params: dict[str, Any], batch: list[str]) -> 
     is asked; None if the stream row was not where this writer left it (nothing was written)."""
     user, sid = params["user"], params["sid"]
     if db.dialect == "postgresql":
-        payload = f"{params['last']} {user}\x1f{sid}"
+        payload = json.dumps(["batch", user, sid])  # ids may hold any character: a JSON array, not a join
         rows = await db.one_statement(batch_statement(), {**params, "batch": "[" + ",".join(batch) + "]",
                                                           "payload": payload}, doing="writing a run's journal")
         return bool(rows[0].cancel_requested) if rows else None
