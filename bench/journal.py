@@ -4,8 +4,8 @@ journaling adds to a whole streamed run of the offline agent, beside the same ru
     python bench/journal.py                                   # SQLite (a temp file)
     python bench/journal.py --url postgresql+asyncpg://...    # PostgreSQL
 
-The floor writes the same events with the raw driver in one request per batch (PostgreSQL: one statement,
-``INSERT ... SELECT FROM jsonb_array_elements($1)`` plus the run row's update in one CTE; SQLite: one
+The floor writes the same events with the raw driver in one request per batch (PostgreSQL: one statement, the
+run row's update, ``INSERT ... SELECT FROM jsonb_array_elements($1)`` and a NOTIFY in one CTE; SQLite: one
 transaction, an executemany and an update), into tables of its own with the same keys.
 """
 
@@ -36,9 +36,10 @@ FLOOR_DDL = [
     "event {json} NOT NULL, PRIMARY KEY (user_id, stream_id, seq))",
 ]
 PG_BATCH = """WITH moved AS (UPDATE floor_streams SET last_seq = $3 + $4 WHERE user_id = $1 AND stream_id = $2
-    AND last_seq = $3 RETURNING 1)
-INSERT INTO floor_events SELECT $1, $2, $3 + n, value FROM jsonb_array_elements($5::jsonb) WITH ORDINALITY e(value, n)
-WHERE EXISTS (SELECT 1 FROM moved)"""
+    AND last_seq = $3 RETURNING 1),
+written AS (INSERT INTO floor_events SELECT $1, $2, $3 + n, value
+    FROM jsonb_array_elements($5::jsonb) WITH ORDINALITY e(value, n) WHERE EXISTS (SELECT 1 FROM moved))
+SELECT pg_notify('floor_streams', $2) FROM moved"""  # the same work: the row, the events, the wake-up
 
 
 async def ours(store: Store, batches: int, size: int) -> list[float]:
@@ -67,7 +68,7 @@ async def floor(url: str, batches: int, size: int) -> list[float]:
         await conn.execute("INSERT INTO floor_streams VALUES ('u', $1, 0)", sid)
         for n in range(batches):
             started = time.perf_counter()
-            await conn.execute(PG_BATCH, "u", sid, n * size, size, text)
+            await conn.fetch(PG_BATCH, "u", sid, n * size, size, text)
             times.append((time.perf_counter() - started) * 1000)
         await conn.close()
         return times
