@@ -21,8 +21,8 @@ from agent_framework import AgentSession, CheckpointStorage, SessionStore
 from agent_framework_foundry_hosting import AgentSessionStoreProvider, CheckpointStoreProvider, FoundryRequestScope
 
 from agent_store.agent_framework import StoreCheckpointStorage, StoreSessionStore
-from agent_store.db.hosted_tables import CHECKPOINT_CONTEXT
-from agent_store.errors import ConflictError
+from agent_store.db.hosted_tables import CHECKPOINT_CONTEXT, CONTEXT_HASH_LENGTH
+from agent_store.errors import ConflictError, InvalidValueError
 from agent_store.store import Store
 
 __all__ = ["ConversationSessionStore", "StoreCheckpointStoreProvider", "StoreSessionStoreProvider", "request_user"]
@@ -92,6 +92,9 @@ class StoreCheckpointStoreProvider(CheckpointStoreProvider):
         return self._for(scope.user_id if scope is not None else platform_context.user_id or None, context_id)
 
     def _for(self, user: str | None, context_id: str) -> CheckpointStorage:
-        collection = f"{user or ''}{CHECKPOINT_CONTEXT}{hashlib.sha256(context_id.encode()).hexdigest()[:24]}"
+        if user is not None and "\x1f" in user:  # a user id that could name another user's collection: refused
+            raise InvalidValueError("a request's user id must not contain the character \\x1f")
+        digest = hashlib.sha256(context_id.encode()).hexdigest()[:CONTEXT_HASH_LENGTH]
+        collection = f"{user or ''}{CHECKPOINT_CONTEXT}{digest}"
         return StoreCheckpointStorage(self.store, user_id=collection,
                                       allowed_checkpoint_types=self._allowed_checkpoint_types)  # fmt: skip

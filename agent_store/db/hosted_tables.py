@@ -26,6 +26,7 @@ from agent_store.db.schema_base import ID_MAX, Base
 # A user's workflow checkpoints for one hosted workflow context (agentserver/foundry.py): the owner column is the
 # user id, this, and a hash of the context id, so erase_user finds them by prefix.
 CHECKPOINT_CONTEXT = "\x1fcontext:"
+CONTEXT_HASH_LENGTH = 24  # hex characters of the context id's SHA-256 after it
 # A reading follows at most this many pointers (agentserver/history.py): every MAX_HOPS-th response of a chain keeps
 # its history as rows of its own (a window of W ids: W/MAX_HOPS links per response, amortized), so a read is bounded.
 MAX_HOPS = 16

@@ -18,7 +18,7 @@ import agent_store.telemetry as telemetry
 from agent_store.db import codec
 from agent_store.db.database import Database
 from agent_store.db.erasures import FENCE_KEPT, user_key
-from agent_store.db.hosted_tables import CHECKPOINT_CONTEXT
+from agent_store.db.hosted_tables import CHECKPOINT_CONTEXT, CONTEXT_HASH_LENGTH
 from agent_store.db.statements import lock_user
 from agent_store.db.tables import (
     budgets_t,
@@ -188,10 +188,12 @@ async def _erase_user_rows(conn: AsyncConnection, user_id: str) -> tuple[int, in
     """The user's rows outside sessions, and the fence (the erasure's last transaction): (user: keys, checkpoints,
     hosted responses)."""
     user_rows = (await conn.execute(delete(user_state_t).where(user_state_t.c.user_id == user_id))).rowcount
-    prefix = user_id + CHECKPOINT_CONTEXT  # the user's checkpoints, and theirs per hosted workflow context (0018)
-    deleted = [(await conn.execute(delete(owner.table).where((owner == user_id) | (func.substr(owner, 1, len(prefix))
-                                                                                   == prefix)))).rowcount
-               for owner in (checkpoints_t.c.user_id, checkpoint_workflows_t.c.user_id)]  # fmt: skip
+    # The user's checkpoints, and theirs per hosted workflow context (0018): exactly the prefix and a 24-character
+    # hash (agentserver/foundry.py), never a longer owner that only starts with it.
+    prefix = user_id + CHECKPOINT_CONTEXT
+    deleted = [(await conn.execute(delete(owner.table).where((owner == user_id) | (
+        (func.substr(owner, 1, len(prefix)) == prefix) & (func.length(owner) == len(prefix) + CONTEXT_HASH_LENGTH))
+    ))).rowcount for owner in (checkpoints_t.c.user_id, checkpoint_workflows_t.c.user_id)]  # fmt: skip
     checkpoints = deleted[0]
     hosted = (await conn.execute(delete(hosted_responses_t).where(hosted_responses_t.c.user_id == user_id))).rowcount
     await conn.execute(delete(hosted_items_t).where(hosted_items_t.c.user_id == user_id))  # (links cascade)
