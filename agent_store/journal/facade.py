@@ -36,7 +36,7 @@ from agent_store.db.database import Database
 from agent_store.db.journal_tables import NOTIFY_CHANNEL, streams_t
 from agent_store.errors import AgentStoreError, InvalidValueError, StreamNotFoundError
 from agent_store.journal.listen import Wakeups
-from agent_store.journal.statements import READ
+from agent_store.journal.statements import READ, row_now
 from agent_store.journal.writer import StreamWriter
 
 __all__ = ["Journal", "JournalEvent"]
@@ -160,18 +160,18 @@ class Journal:
 
     async def cancel_asked(self, stream_id: str, *, user_id: str | None) -> bool:
         """Whether a cancel was asked for the run (a light read: detached.py's watch where no NOTIFY comes)."""
-        async with self.db.transaction(write=False, doing="reading a run's journal") as conn:
-            asked = select(T.cancel_requested).where(T.user_id == (user_id or ""), T.stream_id == stream_id)
-            return bool((await conn.execute(asked)).scalar())
+        row = await row_now(self.db, user_id or "", stream_id)
+        return bool(row is not None and row.cancel_requested)
 
     async def recover(self, *, stream_id: str | None = None, user_id: str | None = None) -> int:
         """Mark ``incomplete`` every run whose writer is gone: its lease ran out, or it is this worker's own (a
         worker that restarted under its ``worker_id`` has no live run yet). Returns how many."""
         now = datetime.now(UTC)
-        gone = or_(T.lease_until < now, T.owner == self.owner)
+        if stream_id is None:  # at start-up: every run whose lease ran out, and this worker's own
+            gone = or_(T.lease_until < now, T.owner == self.owner)
+        else:  # one run a reader follows: only if its lease ran out (its writer may be this worker, alive)
+            gone = (T.user_id == (user_id or "")) & (T.stream_id == stream_id) & (T.lease_until < now)
         query = update(streams_t).where(T.status == "in_progress", gone)
-        if stream_id is not None:
-            query = query.where(T.user_id == (user_id or ""), T.stream_id == stream_id, T.lease_until < now)
         query = query.values(status="incomplete", error=LOST, owner=None, lease_until=None, updated_at=now)
         async with self.db.transaction(write=True, doing="recovering runs") as conn:
             return int((await conn.execute(query)).rowcount)

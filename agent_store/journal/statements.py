@@ -73,7 +73,7 @@ _EVENT_SQLITE = "INSERT INTO agent_stream_events (user_id, stream_id, seq, event
 
 class SqliteBatch:
     """``__call__(sqlite3 connection)``: the batch's transaction, in the connection's thread; its outcome as
-    ``_one_batch`` gives it (whether a cancel is asked; None if the stream row was not where it was left)."""
+    ``send_batch`` gives it (whether a cancel is asked; None if the stream row was not where it was left)."""
 
     def __init__(self, params: dict[str, Any], rows: list[tuple[str, str, int, str]]) -> None:
         self.params, self.rows = params, rows
@@ -120,7 +120,7 @@ async def send_batch(db: Database, params: dict[str, Any], batch: list[str]) -> 
 
 
 async def row_now(db: Database, user: str, sid: str) -> Any:
-    """The stream row's (last_seq, status, owner) now, None if it is gone (erased, purged)."""
+    """The stream row's (last_seq, status, owner, cancel_requested) now, None if it is gone (erased, purged)."""
     async with db.transaction(write=False, doing="reading a run's journal") as conn:
-        return (await conn.execute(select(T.last_seq, T.status, T.owner).where(T.user_id == user,
-                                                                               T.stream_id == sid))).first()
+        query = select(T.last_seq, T.status, T.owner, T.cancel_requested).where(T.user_id == user, T.stream_id == sid)
+        return (await conn.execute(query)).first()

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from sqlalchemy import Table, insert, select
+from sqlalchemy import Table, exists, insert, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agent_store.db.database import Database
@@ -49,7 +49,7 @@ class Imported:
 
     def __init__(self) -> None:
         self.skipped: set[tuple[str, str]] = set()  # responses already there: their links are theirs
-        self.links: list[dict[str, Any]] = []
+        self.checked: set[str] = set()  # users whose links and pointers this import wrote (check() reads them)
         self.responses: list[dict[str, Any]] = []
         self.locked: set[str] = set()
 
@@ -65,6 +65,7 @@ class Imported:
                 self.skipped.add((user, values["response_id"]))
                 return
             self.responses.append(values)
+            self.checked.add(user)
             await conn.execute(insert(hosted_responses_t), values)
         elif kind == "hosted_item":
             if not isinstance(values.get("body"), str) or not values["body"].startswith("{"):
@@ -75,28 +76,30 @@ class Imported:
         elif (user, values["response_id"]) not in self.skipped:
             if values.get("kind") not in ("h", "i", "o") or values["pos"] < 0:
                 raise InvalidValueError('hosted_link.kind must be "h", "i" or "o", and its pos at least 0')
-            self.links.append(values)
+            self.checked.add(user)
             await conn.execute(insert(hosted_links_t), values)
 
     async def check(self, conn: AsyncConnection) -> None:
         """Every imported link names an item of its user; every imported pointer walks, within the user, to a
-        response with rows of its own in at most MAX_HOPS steps (no cycle)."""
-        for link in self.links:
-            named = (T.user_id == link["user_id"], T.item_id == link["item_id"])
-            if (await conn.execute(select(T.item_id).where(*named))).first() is None:
-                raise InvalidValueError(f"import: hosted response {link['response_id']!r} links item "
-                                        f"{link['item_id']!r}, which its user does not have; nothing was imported")
-        for response in self.responses:
-            at, hops = response["history_from"], 0
-            while at is not None:
-                hops += 1
-                row = (await conn.execute(select(R.history_from).where(R.user_id == response["user_id"],
-                                                                       R.response_id == at))).first()  # fmt: skip
-                if row is None or hops > MAX_HOPS:
-                    raise InvalidValueError(f"import: hosted response {response['response_id']!r}: its history points "
-                                            f"at {at!r}, which is missing, or walks a cycle or more than {MAX_HOPS} "
-                                            "pointers; nothing was imported")  # fmt: skip
-                at = row.history_from
+        response with rows of its own in at most MAX_HOPS steps (no cycle). Two statements per user."""
+        L = hosted_links_t.c
+        for user in sorted(self.checked):
+            lacking = select(L.response_id, L.item_id).where(L.user_id == user, ~exists().where(
+                T.user_id == L.user_id, T.item_id == L.item_id)).limit(1)  # fmt: skip
+            if (bad := (await conn.execute(lacking)).first()) is not None:
+                raise InvalidValueError(f"import: hosted response {bad.response_id!r} links item {bad.item_id!r}, "
+                                        "which its user does not have; nothing was imported")  # fmt: skip
+            pointers = dict((await conn.execute(select(R.response_id, R.history_from).where(R.user_id == user))).all())
+            for response in (r for r in self.responses if r["user_id"] == user):
+                at, hops = response["history_from"], 0
+                while at is not None:
+                    hops += 1
+                    if at not in pointers or hops > MAX_HOPS:
+                        raise InvalidValueError(
+                            f"import: hosted response {response['response_id']!r}: its history points at {at!r}, "
+                            f"which is missing, or walks a cycle or more than {MAX_HOPS} pointers; nothing was "
+                            "imported")  # fmt: skip
+                    at = pointers[at]
 
 
 def _check_response(values: dict[str, Any]) -> None:

@@ -38,7 +38,7 @@ from agent_store.run.commit import HISTORY_KEY, Run, StoredSession
 from agent_store.run.delta import IdentifiedHistory, close_tool_pairs, pair_safe_tail
 from agent_store.run.session_row import checked_session
 
-__all__ = ["Branched", "Point", "adopt", "branch", "chain_of", "forget", "head_of", "load_point", "resolve"]
+__all__ = ["Branched", "Point", "adopt", "branch", "chain_of", "forget", "load_point", "resolve"]
 _S, _M = sessions_t.c, messages_t.c
 
 
@@ -102,12 +102,6 @@ async def chain_of(conn: AsyncConnection, session_id: str) -> list[Any]:
     up = up.union_all(select(base.c.id, base.c.base_id, base.c.base_seq, base.c.base_version, up.c.depth + 1)
                       .where(base.c.id == up.c.base_id, up.c.depth < 10_000))  # fmt: skip
     return list((await conn.execute(select(up).order_by(up.c.depth))).all())
-
-
-async def head_of(db: Database, session_id: str) -> Point | None:
-    async with db.transaction(write=False, doing="reading a session's head") as conn:
-        row = (await conn.execute(select(_S.next_seq, _S.version).where(_S.id == session_id))).first()
-    return None if row is None else Point(session_id, session_id, int(row.next_seq), int(row.version), False, True)
 
 
 async def load_point(
