@@ -7,11 +7,18 @@ scope never sees another's threads, and ``erase_user(user_id)`` removes the snap
 A ``save`` dates from the ``get`` before it (the runner reads the thread, the model thinks, the runner saves; the
 earliest get of the thread on record, see read_times.py): if the scope's user was erased since, it is refused, so
 an erased transcript is never written back.
+
+A save made inside a detached run (journal/detached.py) records where that run's journal stood
+(``"agent_store_run": {"run_id", "seq"}`` beside the snapshot's fields): a client that reloads is given this
+snapshot and then the run's events after that number (ag_ui_resume.py), none missed, none twice.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +30,7 @@ from agent_store.db.erasures import erased_since
 from agent_store.db.statements import lock_user
 from agent_store.db.tables import ui_snapshots_t
 from agent_store.errors import ConfigurationError, InvalidValueError, SessionNotFoundError
+from agent_store.journal.detached import journal_point
 from agent_store.run.commit import ERASURE_MARGIN
 from agent_store.run.read_times import UNKNOWN, ReadTimes
 
@@ -31,8 +39,25 @@ if TYPE_CHECKING:
 
     from agent_store.store import Store
 
-__all__ = ["StoreThreadSnapshotStore"]
+__all__ = ["StoreThreadSnapshotStore", "served_marks"]
 U = ui_snapshots_t.c
+RUN_MARK = "agent_store_run"  # where a detached run's journal stood when the snapshot was saved
+# The marks of the snapshots ``get`` served in this context, by (scope, thread): see served_marks().
+_SERVED: contextvars.ContextVar[dict[tuple[str, str], tuple[str, int] | None] | None] = contextvars.ContextVar(
+    "agent_store_served_marks", default=None
+)
+
+
+@contextlib.contextmanager
+def served_marks() -> Iterator[dict[tuple[str, str], tuple[str, int] | None]]:
+    """Collect, for each snapshot ``get`` returns in this block, the run mark read with it in the same row (a
+    mark read apart could be a later save's, and a client resuming from it would miss the events between)."""
+    marks: dict[tuple[str, str], tuple[str, int] | None] = {}
+    token = _SERVED.set(marks)
+    try:
+        yield marks
+    finally:
+        _SERVED.reset(token)
 
 
 class StoreThreadSnapshotStore:
@@ -54,8 +79,11 @@ class StoreThreadSnapshotStore:
         Raises ``InvalidValueError`` for what JSON cannot hold, ``SessionNotFoundError`` when the scope's user was
         erased after the ``get`` this save follows (none on record: while any erasure of it is on record)."""
         key = _key(scope, thread_id)
+        document = dataclasses.asdict(snapshot)
+        if (point := journal_point()) is not None:
+            document[RUN_MARK] = {"run_id": point[0], "seq": point[1]}
         text = codec.dumps(
-            dataclasses.asdict(snapshot), where=f"snapshot of thread {thread_id!r}",
+            document, where=f"snapshot of thread {thread_id!r}",
             max_bytes=self._db.settings.max_value_bytes, sort_keys=False,
         )  # fmt: skip
         row = {"scope": key[0], "thread_id": key[1], "snapshot": text, "updated_at": datetime.now(UTC)}
@@ -75,6 +103,9 @@ class StoreThreadSnapshotStore:
         self._reads.read(key, datetime.now(UTC))
         async with self._db.transaction(write=False, doing="reading an AG-UI thread snapshot") as conn:
             found = (await conn.execute(select(U.snapshot).where(U.scope == key[0], U.thread_id == key[1]))).first()
+        if (marks := _SERVED.get()) is not None:
+            mark = found[0].get(RUN_MARK) if found is not None else None
+            marks[key] = (mark["run_id"], int(mark["seq"])) if isinstance(mark, dict) else None
         if found is None:
             return None
         fields = {f.name for f in dataclasses.fields(self._snapshot_type)}

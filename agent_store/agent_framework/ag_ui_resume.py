@@ -11,21 +11,35 @@ any worker replays what the client missed (``pip install "agent-store[ag-ui]"``)
 - ``POST {path}/runs/{run_id}/cancel``: stop the run, wherever it runs.
 
 ``user_of(request)`` names the request's user (the journal's partition: another user's run is not found); it must
-come from the app's authentication, never from the body. The events are the AG-UI package's own, as its endpoint
-sends them (camelCase JSON).
+come from the app's authentication, never from the body. It is also the thread snapshots' scope. The events are
+the AG-UI package's own, as its endpoint sends them (camelCase JSON).
+
+No rollback on a reload (microsoft/agent-framework#7215), with a ``StoreThreadSnapshotStore`` on the runner:
+- a run saves the thread's snapshot when it starts (the user's new messages: nothing they said is lost if the
+  worker dies next), and the package saves it again at each step boundary (a tool result, an approval request)
+  and at the end; each save records how far the run's journal had come (ag_ui.py);
+- a reload is the package's hydration request (a POST with no messages): answered here, not run, with the stored
+  snapshot and, before its ``RUN_FINISHED``, a ``CUSTOM`` event ``agent_store.run_in_progress`` whose value
+  ``{"runId", "after"}`` names the thread's run still going and the sequence number the snapshot reflects: the
+  client reads ``GET {path}/runs/{runId}?after=...`` and gets every event since, once.
 """
 
+import dataclasses
 import json
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from agent_framework_ag_ui import AGUIRequest
+from agent_framework_ag_ui import AgentFrameworkWorkflow, AGUIRequest, AGUIThreadSnapshot
+from agent_framework_ag_ui._approval_state import _APPROVAL_SCOPE_INPUT_KEY  # the package's endpoint sets both
+from agent_framework_ag_ui._run_common import _is_snapshot_hydration_request
+from agent_framework_ag_ui._snapshots import _SNAPSHOT_SCOPE_INPUT_KEY
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import StreamingResponse
 
+from agent_store.agent_framework.ag_ui import StoreThreadSnapshotStore, served_marks
 from agent_store.errors import InvalidValueError, StreamNotFoundError
-from agent_store.journal import Journal, start_detached
+from agent_store.journal import Journal, as_json, start_detached
 from agent_store.store import Store
 
 __all__ = ["add_resumable_agui_routes"]
@@ -36,6 +50,43 @@ def _run_error(exc: BaseException) -> dict[str, Any]:
     return {"type": "RUN_ERROR", "message": "the run failed", "code": type(exc).__name__}
 
 
+LIVE_EVENT = "agent_store.run_in_progress"
+
+
+async def _start_saved(snapshots: StoreThreadSnapshotStore, scope: str, thread_id: str, messages: Any) -> None:
+    """The thread's snapshot with the request's new user messages (text, with an id, not stored yet) added, saved
+    as the run starts (inside it: the save marks the journal at 0). The package reads it next and finds them
+    there (its overlap rule matches them by id): the model gets each once."""
+    stored = await snapshots.get(scope=scope, thread_id=thread_id)
+    known = {m.get("id") for m in stored.messages} if stored is not None else set()
+    new = [m for m in messages or [] if isinstance(m, dict) and m.get("role") == "user"
+           and isinstance(m.get("id"), str) and isinstance(m.get("content"), str) and m["id"] not in known]  # fmt: skip
+    if not new:
+        return
+    if stored is None:
+        stored = AGUIThreadSnapshot(messages=[])
+    snapshot = dataclasses.replace(stored, messages=[*stored.messages, *new])
+    await snapshots.save(scope=scope, thread_id=thread_id, snapshot=snapshot)
+
+
+async def _live_note(journal: Journal, user: str | None, thread_id: str, mark: tuple[str, int] | None) -> Any:
+    """The ``CUSTOM`` event naming the thread's run still going and where the served snapshot left it, or None."""
+    if mark is not None:
+        try:
+            after, info = await journal.read(mark[0], user_id=user, after=mark[1], limit=2)
+        except StreamNotFoundError:  # purged, or another's: the snapshot is all there is
+            after, info = [], None
+        # An ended run whose snapshot was read before its last save (or that failed after it) has events the
+        # snapshot lacks; one whose last save was read has only its RUN_FINISHED left, nothing to show.
+        only_finish = len(after) == 1 and after[0].event.get("type") == "RUN_FINISHED"
+        if info is not None and (info["status"] == "in_progress" or (after and not only_finish)):
+            return {"type": "CUSTOM", "name": LIVE_EVENT, "value": {"runId": mark[0], "after": mark[1]}}
+    live = await journal.live_run(thread_id, user_id=user, kind="agui")
+    if live is None or (mark is not None and live == mark[0]):
+        return None
+    return {"type": "CUSTOM", "name": LIVE_EVENT, "value": {"runId": live, "after": 0}}  # none of it in the snapshot
+
+
 def add_resumable_agui_routes(
     app: FastAPI, runner: Any, store: Store, *, path: str = "/", user_of: Callable[[Request], str | None],
     journal: Journal | None = None,
@@ -44,6 +95,8 @@ def add_resumable_agui_routes(
     ``run(input)`` yields AG-UI events). Returns the journal the routes use (close it at shutdown)."""
     journal = journal or store.journal()
     base = path.rstrip("/")
+    snapshots = getattr(runner, "snapshot_store", None)
+    marked = snapshots if isinstance(snapshots, StoreThreadSnapshotStore) else None
 
     def sse(user: str | None, run_id: str, after: int) -> StreamingResponse:
         async def frames() -> AsyncIterator[str]:
@@ -52,14 +105,44 @@ def add_resumable_agui_routes(
 
         return StreamingResponse(frames(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
+    def hydrated(user: str | None, input_data: dict[str, Any]) -> StreamingResponse:
+        """A reload: the stored snapshot (the package's hydration, not a run: nothing journaled), and the run
+        still going on the thread, if any, with where the snapshot left it."""
+
+        async def frames() -> AsyncIterator[str]:
+            with served_marks() as marks:
+                async for event in runner.run(input_data):
+                    document = as_json(event)
+                    if document.get("type") == "RUN_FINISHED" and document.get("threadId"):
+                        thread = document["threadId"]
+                        note = await _live_note(journal, user, thread, marks.get((user or "", thread)))
+                        if note is not None:
+                            yield f"data: {json.dumps(note, ensure_ascii=False)}\n\n"
+                    yield f"data: {json.dumps(document, ensure_ascii=False)}\n\n"
+
+        return StreamingResponse(frames(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
     @app.post(path or "/")
     async def run(body: AGUIRequest, request: Request) -> StreamingResponse:
         user = user_of(request)
         input_data = body.model_dump(exclude_none=True)
+        if user:  # the snapshots' scope is the user (as the package's endpoint sets it from its resolver)
+            input_data[_SNAPSHOT_SCOPE_INPUT_KEY] = input_data[_APPROVAL_SCOPE_INPUT_KEY] = user
+        if snapshots is not None and user and _is_snapshot_hydration_request(
+            input_data, snapshot_enabled=True, supports_checkpoint_resume=isinstance(runner, AgentFrameworkWorkflow)
+        ):
+            return hydrated(user, input_data)
         run_id = input_data.setdefault("run_id", uuid.uuid4().hex)
+
+        async def events() -> AsyncIterator[Any]:
+            if marked is not None and user and body.thread_id:
+                await _start_saved(marked, user, body.thread_id, input_data.get("messages"))
+            async for event in runner.run(input_data):
+                yield event
+
         try:
             await start_detached(journal, run_id, user_id=user, kind="agui", conversation_id=body.thread_id,
-                                 events=lambda: runner.run(input_data), on_error=_run_error)  # fmt: skip
+                                 events=events, on_error=_run_error)  # fmt: skip
         except InvalidValueError as exc:
             raise HTTPException(status_code=409 if "exists" in str(exc) else 400, detail=str(exc)) from None
         return sse(user, run_id, 0)

@@ -4,8 +4,8 @@ facade.py (``Journal``: start, read, follow, cancel, recover), writer.py (batche
 background), statements.py, listen.py.
 """
 
-from agent_store.journal.detached import as_json, start_detached, uncancellable
+from agent_store.journal.detached import as_json, journal_point, start_detached, uncancellable
 from agent_store.journal.facade import Journal, JournalEvent
 from agent_store.journal.writer import StreamWriter
 
-__all__ = ["Journal", "JournalEvent", "StreamWriter", "as_json", "start_detached", "uncancellable"]
+__all__ = ["Journal", "JournalEvent", "StreamWriter", "as_json", "journal_point", "start_detached", "uncancellable"]

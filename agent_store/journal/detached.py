@@ -28,7 +28,7 @@ from agent_store.errors import InvalidValueError
 from agent_store.journal.facade import Journal
 from agent_store.journal.writer import StreamWriter
 
-__all__ = ["as_json", "start_detached", "uncancellable"]
+__all__ = ["as_json", "journal_point", "start_detached", "uncancellable"]
 log = logging.getLogger("agent_store.journal")
 _RUN: contextvars.ContextVar[_Run | None] = contextvars.ContextVar("agent_store_detached_run", default=None)
 
@@ -64,6 +64,13 @@ class _Run:
             self.due = True
         else:
             self.task.cancel()
+
+
+def journal_point() -> tuple[str, int] | None:
+    """Inside a detached run: its stream id and the last sequence number its events have reached (a state saved
+    now reflects those events: what came after it is in the journal after that number). Elsewhere None."""
+    run = _RUN.get()
+    return None if run is None else (run.writer.stream_id, run.writer.last_seq)
 
 
 @contextlib.contextmanager

@@ -121,6 +121,17 @@ class Journal:
                 "error": head.error, "kind": head.kind, "conversation_id": head.conversation_id}  # fmt: skip
         return [JournalEvent(int(r.seq), r.event) for r in rows if r.seq is not None], info
 
+    async def live_run(self, conversation_id: str, *, user_id: str | None, kind: str | None = None) -> str | None:
+        """The id of the conversation's latest run still ``in_progress`` (of ``kind``, if given), or None."""
+        codec.check_id(conversation_id, "conversation_id", required=True)
+        query = select(T.stream_id).where(T.user_id == (user_id or ""), T.conversation_id == conversation_id,
+                                          T.status == "in_progress")  # fmt: skip
+        if kind is not None:
+            query = query.where(T.kind == kind)
+        async with self.db.transaction(write=False, doing="finding a conversation's live run") as conn:
+            found = (await conn.execute(query.order_by(T.created_at.desc(), T.stream_id.desc()).limit(1))).first()
+        return None if found is None else str(found[0])
+
     async def follow(self, stream_id: str, *, user_id: str | None, after: int = 0) -> AsyncIterator[JournalEvent]:
         """Every event after ``after``, then each new one as it is written, until the run has ended and all are
         read. A run whose writer's lease ran out is marked ``incomplete`` here, and the following ends."""
