@@ -168,8 +168,9 @@ async def test_per_service_call_persistence_with_a_tool_loop(store: Store, insid
         else:
             await agent.run("call lookup_weather", session=AgentSession(session_id="s"))
     assert [(role, text) for role, _author, text in await transcript(store, "s")] == EXPECTED_TOOL_LOOP * 3
-    # one commit per run, or one per model call (two calls a turn: the tool request, then the answer)
-    assert await rows(store, "SELECT count(*) FROM agent_runs") == [(3 if inside_run else 6,)]
+    # one commit per run; or per model call (two a turn: the tool request, then the answer) and one for the tool's
+    # result, stored as soon as it is there (before the model call it goes to)
+    assert await rows(store, "SELECT count(*) FROM agent_runs") == [(3 if inside_run else 9,)]
     calls = await rows(store, "SELECT seq, kind, tool_name FROM agent_tool_calls ORDER BY seq LIMIT 2")
     assert calls == [(1, "call", "lookup_weather"), (2, "result", "lookup_weather")]
     assert await rows(store, "SELECT count(*) FROM agent_tool_calls WHERE tool_name = 'lookup_weather'") == [(6,)]
@@ -185,7 +186,7 @@ class FailsAfterTools(OfflineChatClient):
 
 
 @pytest.mark.parametrize("inside_run", [True, False], ids=["store-session", "plain-session"])
-async def test_a_tool_loop_cut_after_the_call_was_saved_leaves_the_session_usable(
+async def test_a_tool_loop_cut_after_the_tool_ran_keeps_its_result_and_the_session_usable(
     store: Store, inside_run: bool
 ) -> None:
     provider = StoreHistoryProvider(store, user_id="u")
@@ -199,15 +200,17 @@ async def test_a_tool_loop_cut_after_the_call_was_saved_leaves_the_session_usabl
     else:
         with pytest.raises(Exception, match="went away"):
             await broken.run("call lookup_weather", session=AgentSession(session_id="s"))
-    stored = [role for role, _author, _text in await transcript(store, "s")]
-    assert stored == ["user", "assistant"]  # the call is stored; its result never was
+    stored = [(role, text) for role, _author, text in await transcript(store, "s")]
+    assert stored == [("user", "call lookup_weather"), ("assistant", ""), ("tool", "")]  # the finished tool's too
+    kept = (await store.load("s", user_id="u")).history[2].contents[0]
+    assert (kept.type, kept.result) == ("function_result", "北京: 晴")
     if inside_run:
         async with store.session("s", user_id="u") as session:
             reply = await working.run("hello again", session=session)
     else:
         reply = await working.run("hello again", session=AgentSession(session_id="s"))
     assert "hello again" in reply.text  # the client (like a hosted API) refuses a dangling call: it got none
-    assert [role for role, _a, _t in await transcript(store, "s")] == ["user", "assistant", "user", "assistant"]
+    assert [role for role, _a, _t in await transcript(store, "s")] == ["user", "assistant", "tool", "user", "assistant"]
 
 
 # ---- tools and windows -----------------------------------------------------------------------------------

@@ -5,13 +5,18 @@ one commit (nothing of a cancelled or failed run)."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_framework import Agent
+from agent_framework import Agent, AgentSession
 
 from agent_store import Store, StreamNotFoundError
+from agent_store.agent_framework import StoreHistoryProvider
 from agent_store.journal import start_detached
 from agent_store.offline import OfflineChatClient
 
@@ -93,4 +98,38 @@ async def test_a_failing_run_is_failed_in_the_journal(store: Store, url: str) ->
     assert (info["status"], info["error"]) == ("failed", "RuntimeError")
     with pytest.raises(StreamNotFoundError):
         await journal.read("bad", user_id="someone else")
+    await journal.close()
+
+
+async def test_a_worker_killed_mid_run_keeps_every_finished_tool_result(store: Store, url: str) -> None:
+    """SIGKILL while the model call after a tool runs: on restart the run is incomplete, never in_progress, and
+    with per-service-call persistence the tool's result is stored (the framework alone stores it only with the
+    answer of that call, which never came), so the session goes on with it."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    worker = await asyncio.create_subprocess_exec(
+        sys.executable, str(Path(__file__).parent / "detached_worker.py"), url, "worker-3", "booking", "trip",
+        stdout=asyncio.subprocess.PIPE, env=env,
+    )  # fmt: skip
+    assert worker.stdout is not None
+    try:
+        said = [(await asyncio.wait_for(worker.stdout.readline(), 60)).decode().strip() for _ in range(2)]
+        assert said == ["tool done", "model waiting"]
+        await asyncio.sleep(0.5)  # the journal's batch timer (50 ms) has sent the tool's result event
+    finally:
+        if worker.returncode is None:
+            worker.send_signal(signal.SIGKILL)
+        await worker.wait()
+    journal = store.journal(worker_id="worker-3")
+    assert await journal.recover() == 1  # the restarted worker: its run is not live
+    events, info = await journal.read("booking", user_id="u")
+    assert info["status"] == "incomplete"
+    results = [c for e in events for c in e.event.get("contents", []) if c.get("type") == "function_result"]
+    assert [r["result"] for r in results] == ["CA1501 已订"]  # in the journal too
+    history = (await store.load("trip", user_id="u")).history
+    assert [m.role for m in history] == ["user", "assistant", "tool"]
+    assert history[2].contents[0].result == "CA1501 已订"
+    provider = StoreHistoryProvider(store, user_id="u")
+    agent = Agent(client=OfflineChatClient(), name="Booker", context_providers=[provider])
+    reply = await agent.run("我叫李明", session=AgentSession(session_id="trip"))
+    assert reply.text == "你好，李明！很高兴认识你。"  # the history is whole: a hosted API would take it
     await journal.close()

@@ -119,6 +119,18 @@ class StoreHistoryProvider(HistoryProvider):
             state["messages"] = run.history  # what a CompactionProvider with this history_source_id compacts
         with _hooked(session, context):
             await super().before_run(agent=agent, session=session, context=context, state=state)
+            await self._keep_finished_tools(agent, session, context)  # after the load: not handed twice
+
+    async def _keep_finished_tools(self, agent: Any, session: AgentSession, context: SessionContext) -> None:
+        """Per service call, a tool's result is stored before the model call it goes to, not with its answer (the
+        framework's rule): a worker that dies during that call has lost no finished tool's work. The framework's
+        save after the call hands the same message objects: they carry the store's id and are not stored twice."""
+        if not (getattr(agent, "require_per_service_call_history_persistence", False) and self.store_outputs):
+            return
+        finished = [m for m in context.input_messages if m.role == "tool" and m.contents
+                    and all(c.type == "function_result" for c in m.contents)]  # fmt: skip
+        if finished:
+            await self.save_messages(session.session_id, finished)
 
     async def after_run(
         self, *, agent: Any, session: AgentSession, context: SessionContext, state: dict[str, Any]
