@@ -21,7 +21,7 @@ from agent_store.db.warm_up import open_and_ready
 from agent_store.errors import ConfigurationError, InvalidValueError
 from agent_store.journal import Journal
 from agent_store.models import ErasureReport, MessageRecord, SearchPage, SessionInfo, SessionPage, TransferReport
-from agent_store.operations import branching, lifecycle, retention, stats, transfer
+from agent_store.operations import branching, lifecycle, retention, stats, transfer, transfer_all
 from agent_store.operations.usage import UsageLedger
 from agent_store.run import priming
 from agent_store.run.commit import Run
@@ -301,9 +301,10 @@ class Store:
         """Drop the messages after ``after_seq`` (a rewind; tool calls stay with their results)."""
         return await branching.truncate(self.db, session_id, user_id, after_seq)
 
-    def export(self, *, user_id: str | None = None, session_id: str | None = None) -> AsyncIterator[str]:
-        """JSON Lines of one session of ``user_id``, or of all of that user's sessions and shared state."""
-        return transfer.export(self.db, user_id=user_id, session_id=session_id)
+    def export(self, *, user_id: str | None = None, session_id: str | None = None, all_users: bool = False
+               ) -> AsyncIterator[str]:  # fmt: skip
+        """JSON Lines of one session of ``user_id``, of all that user's sessions and rows, or of every user's."""
+        return transfer_all.export(self.db, user_id=user_id, session_id=session_id, all_users=all_users)
 
     async def import_lines(self, lines: Iterable[str], *, progress: Progress | None = None) -> TransferReport:
         """Recreate the sessions of an export; a session that exists already is skipped, never duplicated."""

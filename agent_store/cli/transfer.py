@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 from collections.abc import Iterator
@@ -28,23 +29,28 @@ from agent_store.cli.support import (
 @click.command()
 @url_option
 @user_option
+@click.option("--all-users", is_flag=True, help="Every user's sessions and rows: the whole store.")
 @click.option("--session", "session_id", default=None, help="Only this session (default: all of the user's).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="File (default: stdout). Written whole or not at all.")  # fmt: skip
 @json_option
 @runs_async
-async def export(url: str | None, user_id: str | None, session_id: str | None, output: Path | None,
+async def export(url: str | None, user_id: str | None, all_users: bool, session_id: str | None, output: Path | None,
                  as_json: bool) -> None:  # fmt: skip
     """Write sessions as JSON Lines (lossless; `agent-store import` reads them back).
 
-    With -o FILE a summary is printed ({"sessions", "lines", "file"} with --json); the file appears only when
+    --user ID exports that user's sessions and rows, --all-users every user's, neither the sessions that have no
+    user. With -o FILE a summary is printed ({"sessions", "lines", "file"} with --json); the file appears only when
     the export is complete. On stdout the export itself is the output (a failure midway has printed part of
-    it, with no trailer line, and exits 1).
+    it, with no trailer line, and exits 1). An export that finds nothing to export (the whole store, or the
+    sessions without a user) says so and exits 1; a user with nothing stored is an empty export.
     """
+    if all_users and (user_id is not None or session_id is not None):
+        raise click.UsageError("--all-users exports every user's sessions: give no --user or --session with it")
     partial = None if output is None else output.with_name(output.name + ".partial")
     try:
         async with open_store(url) as store:
-            lines = store.export(user_id=user_id, session_id=session_id)
+            lines = store.export(user_id=user_id, session_id=session_id, all_users=all_users)
             header = await anext(lines)  # a failure (no such session, ...) comes before any file is made
             with _opened(partial) as sink, progress("exporting", json.loads(header)["sessions"]) as advance:
                 sink.write(header + "\n")
@@ -57,14 +63,18 @@ async def export(url: str | None, user_id: str | None, session_id: str | None, o
         if partial is not None and partial.exists():
             partial.unlink()
         raise
-    if output is None or partial is None:
-        return
-    partial.replace(output)  # the whole export, at once
-    summary = {"sessions": json.loads(line)["sessions"], "lines": written, "file": str(output)}
-    if as_json:
-        print_json(summary)
-    else:
-        click.echo(f"exported {summary['sessions']} sessions ({written} lines) to {output}")
+    count = json.loads(line)["sessions"]
+    if partial is not None and output is not None:
+        partial.replace(output)  # the whole export, at once
+        summary = {"sessions": count, "lines": written, "file": str(output)}
+        print_json(summary) if as_json else click.echo(f"exported {_sessions(count)} ({written} lines) to {output}")
+    if written <= 2 and user_id is None and session_id is None:  # the header and the trailer: nothing found
+        hint = "the store holds nothing" if all_users else "no session without a user; give --user ID or --all-users"
+        raise click.ClickException(f"nothing exported: {hint}")
+
+
+def _sessions(n: int) -> str:
+    return f"{n} session" + ("" if n == 1 else "s")
 
 
 @contextmanager
@@ -88,14 +98,17 @@ def _opened(path: Path | None) -> Iterator[TextIO]:
 @runs_async
 async def import_(url: str | None, source: Any, as_json: bool) -> None:
     """Recreate sessions from an export, all or nothing; sessions that exist already are skipped."""
-    try:
-        lines = source.readlines()
+    try:  # read as it goes (a whole store's export need not fit in memory); the header says how many sessions
+        first = source.readline()
+        try:
+            total = int(json.loads(first).get("sessions", 0))
+        except (ValueError, TypeError, AttributeError):
+            total = 0  # not a header: the import says so
+        async with open_store(url) as store:
+            with progress("importing", total) as advance:
+                report = await store.import_lines(itertools.chain([first], source), progress=advance)
     except UnicodeDecodeError as exc:
         raise click.BadParameter(f"{source.name} is not UTF-8 text (an agent-store export is): {exc.reason}") from exc
-    async with open_store(url) as store:
-        total = sum(1 for line in lines if line.startswith('{"kind": "session"'))
-        with progress("importing", total) as advance:
-            report = await store.import_lines(lines, progress=advance)
     print_json(report.model_dump()) if as_json else click.echo(f"imported {report.imported}, skipped {report.skipped}")
 
 
