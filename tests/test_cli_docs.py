@@ -16,7 +16,8 @@ from agent_store import SessionNotFoundError, Store
 from agent_store.cli import main
 
 QUICKSTART_URL = "sqlite+aiosqlite:///agent_store.db"
-VERBS = ("dropped", "cleared", "closed", "deleted", "imported", "erased", "exported", "ok:")  # said literally
+# said literally
+VERBS = ("dropped", "cleared", "closed", "deleted", "imported", "erased", "exported", "ok:", "backed", "wrote")
 
 
 def documented_lines() -> list[tuple[list[str], str]]:

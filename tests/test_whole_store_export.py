@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from agent_framework import Agent
-from cli_support import cli, filled, ok  # noqa: F401  (filled: li's two sessions, wang's one)
+from cli_support import cli, ok
 from helpers import rows
 
 from agent_store import Store
@@ -18,7 +18,7 @@ COUNTS = ("SELECT (SELECT count(*) FROM agent_sessions), (SELECT count(*) FROM a
           "(SELECT count(*) FROM agent_user_state)")  # fmt: skip
 
 
-async def test_every_owner_s_rows_go_out_and_come_back(filled: Store, url: str, tmp_path: Path) -> None:  # noqa: F811
+async def test_every_owner_s_rows_go_out_and_come_back(filled: Store, url: str, tmp_path: Path) -> None:
     agent = Agent(client=OfflineChatClient(), name="Bot")
     async with filled.session("nobody-s", user_id=None) as session:  # a session without a user
         await agent.run("hello", session=session)

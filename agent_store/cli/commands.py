@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import click
 
+from agent_store.cli.backup import backup, erasures, restore
 from agent_store.cli.checkpoints import checkpoints
 from agent_store.cli.search import search, ui
 from agent_store.cli.sessions import clear, close, delete, fork, sessions, show, tree, truncate, update
@@ -133,5 +134,5 @@ async def stats(url: str | None, as_json: bool) -> None:
 
 
 for command in (sessions, show, fork, tree, truncate, clear, close, delete, update, export, import_, purge, erase_user,
-                checkpoints, search, ui, usage, budget, price):  # fmt: skip
+                checkpoints, search, ui, usage, budget, price, backup, restore, erasures):  # fmt: skip
     main.add_command(command)

@@ -1,7 +1,8 @@
 """The erasure fence: what ``erase_user`` leaves behind so that no run that read before it writes after it.
 
 The last transaction of an erasure records the user (as a SHA-256: enough to recognise the id, not to read it)
-and when. A write for that user dated before then is refused; fences are kept ``FENCE_KEPT``, longer than any run.
+and when. A write for that user dated before then is refused. Entries are kept ``ERASURE_LOG_KEPT`` (they are
+also the log a restore re-applies); a fence only ever needs ``FENCE_KEPT``, longer than any run.
 """
 
 from __future__ import annotations
@@ -14,9 +15,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agent_store.db.tables import erasures_t
 
-__all__ = ["FENCE_KEPT", "erased_since", "user_key"]
+__all__ = ["ERASURE_LOG_KEPT", "FENCE_KEPT", "erased_since", "user_key"]
 
-FENCE_KEPT = timedelta(days=7)
+FENCE_KEPT = timedelta(days=7)  # longer than any run: a read older than this is past every fence
+# How long the purge keeps an erasure on record: longer than backups are kept, so that a restore can be followed by
+# the erasures made since (operations/backup.py). A hashed id and a time: nothing of the user is readable.
+ERASURE_LOG_KEPT = timedelta(days=400)
 
 
 def user_key(user_id: str) -> str:

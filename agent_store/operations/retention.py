@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 import agent_store.telemetry as telemetry
 from agent_store.db import codec
 from agent_store.db.database import Database
-from agent_store.db.erasures import FENCE_KEPT, user_key
+from agent_store.db.erasures import ERASURE_LOG_KEPT, user_key
 from agent_store.db.hosted_tables import CHECKPOINT_CONTEXT, CONTEXT_HASH_LENGTH
 from agent_store.db.statements import lock_user
 from agent_store.db.tables import (
@@ -103,8 +103,8 @@ async def purge_expired(
                     # (the condition again, in this statement's snapshot: a branch made since the pick is seen)
                     no_branch = ~exists().where(_BRANCH.c.base_id == S.id)
                     await conn.execute(delete(sessions_t).where(S.id.in_(ids), no_branch))
-                if first:  # erasure fences older than any run can be in flight
-                    old = datetime.now(UTC) - FENCE_KEPT
+                if first:  # erasures older than any backup a restore would re-apply them to (backup.py)
+                    old = datetime.now(UTC) - ERASURE_LOG_KEPT
                     await conn.execute(delete(erasures_t).where(erasures_t.c.erased_at < old))
                 # Run journals past their TTL (0019; their events cascade), a batch at a time, an ended run's or not
                 J = streams_t.c

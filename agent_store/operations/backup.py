@@ -1,0 +1,188 @@
+"""Backups that restore, and erasures that stay erased after a restore (``agent-store backup`` / ``restore``).
+
+- SQLite: SQLite's online backup API (``sqlite3.Connection.backup``), one consistent copy even while other
+  processes write (WAL mode: copying the file is not a backup). Restore copies it to a path that has no database.
+- PostgreSQL: ``pg_dump --format=custom`` of the store's database, and ``pg_restore`` into an empty one. The
+  connection goes to them in ``PG*`` variables, never on a command line (a password there is any user's to read).
+  Base backups and point-in-time recovery are the server's (docs/operations.md); a restore of those is followed
+  by the same erasure step.
+
+A backup is older than the erasures made since. The erasure log (``agent_erasures``: a SHA-256 of each erased
+user id and when; nothing readable) is kept ``ERASURE_LOG_KEPT`` (400 days), longer than backups are usually
+kept, and ``agent-store erasures -o FILE`` writes it out to keep beside the backups. ``reapply_erasures`` takes
+the log of the store the backup was taken of (or that file) and erases, in the restored database, every owner
+whose id hashes to an entry newer than all of that owner's rows there: what the erasure deleted, and nothing the
+user stored after it. Its entries join the restored log, so the fence holds there too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import sqlite3
+from collections.abc import Iterable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func, select, union_all
+from sqlalchemy.engine import URL
+
+from agent_store.db.database import Database
+from agent_store.db.erasures import ERASURE_LOG_KEPT, user_key
+from agent_store.db.hosted_tables import hosted_responses_t
+from agent_store.db.journal_tables import streams_t
+from agent_store.db.tables import erasures_t, sessions_t, ui_snapshots_t, user_state_t
+from agent_store.errors import ConfigurationError, InvalidValueError
+from agent_store.operations.retention import erase_user
+
+__all__ = ["ERASURE_LOG_KEPT", "backup", "erasure_log", "reapply_erasures", "restore"]
+# Where a user's rows are, and when each was last written: an owner whose newest row predates their erasure.
+_OWNED = ((sessions_t.c.user_id, sessions_t.c.updated_at), (user_state_t.c.user_id, user_state_t.c.updated_at),
+          (hosted_responses_t.c.user_id, hosted_responses_t.c.updated_at),
+          (ui_snapshots_t.c.scope, ui_snapshots_t.c.updated_at),
+          (streams_t.c.user_id, streams_t.c.updated_at))  # fmt: skip
+_PG_ENV = {"sslmode": "PGSSLMODE", "sslrootcert": "PGSSLROOTCERT", "sslcert": "PGSSLCERT", "sslkey": "PGSSLKEY",
+           "passfile": "PGPASSFILE", "target_session_attrs": "PGTARGETSESSIONATTRS"}  # fmt: skip
+
+
+async def backup(url: URL, path: Path) -> int:
+    """Write a backup of the store at ``url`` to ``path`` (whole or absent: a ``.partial`` renamed at the end);
+    returns its size in bytes."""
+    partial = await asyncio.to_thread(_partial_for, path, "a backup never overwrites a file")
+    try:
+        if url.get_backend_name() == "sqlite":
+            await asyncio.to_thread(_sqlite_copy, _sqlite_path(url), partial)
+        else:
+            await _run("pg_dump", ["--format=custom", "--no-owner", f"--file={partial}"], url)
+    except BaseException:
+        await asyncio.to_thread(partial.unlink, missing_ok=True)
+        raise
+    return await asyncio.to_thread(_renamed, partial, path)
+
+
+async def restore(path: Path, url: URL) -> None:
+    """Restore a backup into the database at ``url``, which must hold nothing yet (a new SQLite path, or an
+    empty PostgreSQL database; pg_restore's one transaction refuses tables that exist): never over a store."""
+    if not await asyncio.to_thread(path.is_file):
+        raise InvalidValueError(f"no backup file at {path}")
+    if url.get_backend_name() != "sqlite":
+        await _run("pg_restore", ["--no-owner", "--exit-on-error", "--single-transaction", str(path)], url)
+        return
+    target = _sqlite_path(url)
+    partial = await asyncio.to_thread(_partial_for, target, "restore into a new path, then point the app at it")
+    try:
+        await asyncio.to_thread(_sqlite_copy, path, partial)  # also proves the file is a SQLite database
+    except BaseException:
+        await asyncio.to_thread(partial.unlink, missing_ok=True)
+        raise
+    await asyncio.to_thread(_renamed, partial, target)
+
+
+def _partial_for(path: Path, why: str) -> Path:
+    if path.exists():
+        raise InvalidValueError(f"{path} exists: {why}")
+    return path.with_name(path.name + ".partial")
+
+
+def _renamed(partial: Path, path: Path) -> int:
+    partial.replace(path)  # whole, at once
+    return path.stat().st_size
+
+
+async def erasure_log(db: Database) -> list[dict[str, Any]]:
+    """The erasure log: ``{"user_key", "erased_at"}`` per erased user (ids hashed, nothing readable)."""
+    async with db.transaction(write=False, doing="reading the erasure log") as conn:
+        found = (await conn.execute(select(erasures_t).order_by(erasures_t.c.user_key))).all()
+    return [{"user_key": row.user_key, "erased_at": row.erased_at.isoformat()} for row in found]
+
+
+async def reapply_erasures(db: Database, log: Iterable[dict[str, Any]]) -> list[str]:
+    """Erase every owner of ``db`` that ``log`` erased after their newest row here; record the log's entries.
+    Returns the owners erased."""
+    erased = _checked_log(log)
+    if not erased:
+        return []
+    owners = union_all(*(select(column.label("owner"), when.label("at")) for column, when in _OWNED)).subquery()
+    async with db.transaction(write=False, doing="finding erased owners") as conn:
+        newest = {row.owner: row.at for row in await conn.execute(
+            select(owners.c.owner, func.max(owners.c.at).label("at")).where(owners.c.owner.is_not(None))
+            .group_by(owners.c.owner)
+        )}  # fmt: skip
+    again = sorted(owner for owner, at in newest.items() if owner and user_key(owner) in erased
+                   and (at is None or at < erased[user_key(owner)]))  # fmt: skip
+    for owner in again:
+        await erase_user(db, owner, 10_000, None)
+    async with db.transaction(write=True, doing="recording the erasure log") as conn:
+        for key, at in erased.items():
+            mine = (await conn.execute(select(erasures_t.c.erased_at).where(erasures_t.c.user_key == key))).first()
+            if mine is None:
+                await conn.execute(erasures_t.insert().values(user_key=key, erased_at=at))
+            elif mine[0] < at:
+                await conn.execute(erasures_t.update().where(erasures_t.c.user_key == key).values(erased_at=at))
+    return again
+
+
+def read_log_file(path: Path) -> list[dict[str, Any]]:
+    """An erasure log written by ``agent-store erasures -o FILE`` (one JSON object per line)."""
+    try:
+        return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except (OSError, ValueError) as exc:
+        raise InvalidValueError(f"{path} is not an erasure log ({type(exc).__name__})") from exc
+
+
+def _checked_log(log: Iterable[dict[str, Any]]) -> dict[str, datetime]:
+    erased: dict[str, datetime] = {}
+    for entry in log:
+        try:
+            key, at = entry["user_key"], datetime.fromisoformat(entry["erased_at"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidValueError(f"not an erasure log entry: {str(entry)[:100]}") from exc
+        if not (isinstance(key, str) and len(key) == 64 and all(c in "0123456789abcdef" for c in key)) or not at.tzinfo:
+            raise InvalidValueError(f"not an erasure log entry: {str(entry)[:100]}")
+        erased[key] = max(at, erased.get(key, at))
+    return erased
+
+
+def _sqlite_path(url: URL) -> Path:
+    database = url.database or ""
+    if database in ("", ":memory:") or database.startswith("file:"):
+        raise ConfigurationError("a backup or restore needs a SQLite database file path")
+    return Path(database)
+
+
+def _sqlite_copy(source: Path, target: Path) -> None:
+    """SQLite's online backup: a consistent copy while others write (it restarts if they write meanwhile)."""
+    if not source.is_file():
+        raise InvalidValueError(f"no SQLite database at {source}")
+    target.unlink(missing_ok=True)
+    with sqlite3.connect(f"{source.absolute().as_uri()}?mode=ro", uri=True) as src, sqlite3.connect(target) as dst:
+        try:
+            src.backup(dst)
+        except sqlite3.DatabaseError as exc:
+            raise InvalidValueError(f"{source} is not a SQLite database ({exc})") from exc
+
+
+async def _run(program: str, arguments: list[str], url: URL) -> None:
+    """pg_dump or pg_restore on the URL's database; the connection in PG* variables, its stderr in the error."""
+    binary = shutil.which(program)
+    if binary is None:
+        raise ConfigurationError(f"{program} is not installed here (Debian: apt-get install postgresql-client)")
+    env = {**os.environ, "PGHOST": url.host or "localhost", "PGPORT": str(url.port or 5432),
+           "PGUSER": url.username or "", "PGDATABASE": url.database or ""}  # fmt: skip
+    if url.password is not None:
+        env["PGPASSWORD"] = str(url.password)
+    for key, value in url.query.items():
+        if key in _PG_ENV and isinstance(value, str):
+            env[_PG_ENV[key]] = value
+    if program == "pg_restore":
+        arguments = [f"--dbname={url.database}", *arguments]
+    pipe = asyncio.subprocess.PIPE
+    done = await asyncio.create_subprocess_exec(binary, *arguments, env=env, stdin=asyncio.subprocess.DEVNULL,
+                                                stdout=pipe, stderr=pipe)  # fmt: skip
+    _, err = await done.communicate()
+    if done.returncode != 0:
+        said = err.decode(errors="replace").strip().splitlines()
+        raise InvalidValueError(f"{program} failed: {said[-1] if said else f'exit status {done.returncode}'}"[:500])
