@@ -101,6 +101,8 @@ async def test_a_schema_behind_or_ahead_fails_every_command_that_needs_it(url: s
         await store.migrate()
         async with store.engine.begin() as conn:
             await conn.exec_driver_sql("UPDATE alembic_version SET version_num = '9999'")
+            # a newer schema that this code would misread (one that only added would let it run: compat.py)
+            await conn.exec_driver_sql("UPDATE agent_schema_compat SET oldest_code = '9999'")
     await asyncio.to_thread(walk, url, "SchemaTooNewError")
 
 

@@ -9,6 +9,7 @@ commit that meets a connection dropped by a server restart is tried once more in
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -21,9 +22,10 @@ from sqlalchemy.exc import ArgumentError, DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from agent_store.db import text_match
+from agent_store.db.compat import oldest_code
 from agent_store.db.log_redaction import keep_values_out_of_logs
 from agent_store.db.tables import SCHEMA_REVISION
-from agent_store.db.urls import postgres_connect_args, resolve_url
+from agent_store.db.urls import DEFAULT_URL, postgres_connect_args, resolve_url
 from agent_store.errors import ConfigurationError, SchemaOutOfDateError, SchemaTooNewError, redact
 
 BUSY_TIMEOUT_S = 30  # how long a SQLite writer waits for the lock, unless connect_args says otherwise
@@ -33,6 +35,8 @@ NO_TRANSACTION = "agent_store_no_transaction"  # set on a SQLite connection whos
 
 # Fixed statements chosen by an execution option; never assembled from input.
 _SQLITE_BEGIN = {"deferred": "BEGIN", "immediate": "BEGIN IMMEDIATE", "none": ""}
+
+log = logging.getLogger("agent_store")
 
 
 def make_engine(url: str | URL | None = None, **engine_kwargs: Any) -> AsyncEngine:
@@ -211,7 +215,8 @@ def known_revisions() -> set[str]:
 
 
 async def check_schema(conn: AsyncConnection, url: URL) -> None:
-    """Raise a :class:`SchemaError` unless the database is at this code's head revision."""
+    """Raise a :class:`SchemaError` unless the database is at this code's head revision, or at a newer one that
+    keeps this code working (compat.py)."""
 
     def read_revision(sync_conn: Any) -> str | None:
         from alembic.migration import MigrationContext
@@ -222,17 +227,27 @@ async def check_schema(conn: AsyncConnection, url: URL) -> None:
     if current == SCHEMA_REVISION:
         return
     where = redact(url)
+    upgrade = "agent-store upgrade" + ("" if where == DEFAULT_URL else f" --url '{where}'")  # the password: yours
     if current is None:
         raise SchemaOutOfDateError(
-            f"{where} has no agent_store schema; run `agent-store upgrade` (or `await store.migrate()`, "
+            f"{where} has no agent_store schema; run `{upgrade}` (or `await store.migrate()`, "
             "or `alembic upgrade head` from a checkout)"
         )
     if current in known_revisions():
         raise SchemaOutOfDateError(
             f"{where} is at schema revision {current}, behind this agent_store ({SCHEMA_REVISION}); "
-            "run `agent-store upgrade` (or `await store.migrate()`)"
+            f"run `{upgrade}` (or `await store.migrate()`)"
         )
+    oldest = await oldest_code(conn) if current.isdigit() else None
+    newer = current.isdigit() and len(current) == len(SCHEMA_REVISION) and current > SCHEMA_REVISION  # 0021, ...
+    needs = "upgrade the agent-store package"
+    if newer and oldest is not None:
+        if oldest <= SCHEMA_REVISION:  # zero-padded revisions: text order
+            log.info("%s is at schema %s, newer than this code (%s), which it keeps working (oldest code %s)",
+                     where, current, SCHEMA_REVISION, oldest)  # fmt: skip
+            return
+        needs = f"it needs agent_store code at schema {oldest} or newer: {needs}"
     raise SchemaTooNewError(
         f"{where} is at schema revision {current}, which this agent_store does not know "
-        f"(its newest is {SCHEMA_REVISION}); upgrade the agent-store package"
+        f"(its newest is {SCHEMA_REVISION}); {needs}"
     )

@@ -29,6 +29,7 @@ from agent_store.db.column_types import JsonText as JsonText
 from agent_store.db.column_types import UTCDateTime as UTCDateTime
 
 # The usage ledger's tables (0014), on the same metadata: migrations compare the schema with all of them.
+from agent_store.db.compat import compat_t as compat_t
 from agent_store.db.history_tables import branch_marks_t as branch_marks_t
 from agent_store.db.history_tables import message_marks_t as message_marks_t
 from agent_store.db.history_tables import responses_t as responses_t
@@ -45,7 +46,7 @@ from agent_store.db.usage_tables import prices_t as prices_t
 from agent_store.db.usage_tables import usage_t as usage_t
 
 # The Alembic revision this code expects; tests/test_migrations.py pins it to the scripts' head.
-SCHEMA_REVISION = "0019"
+SCHEMA_REVISION = "0020"
 
 
 class SessionRow(Base):
