@@ -27,6 +27,7 @@ from agent_store.errors import (
     SessionExpiredError,
     SessionNotFoundError,
     StorageUnavailableError,
+    StreamBusyError,
     StreamLostError,
     StreamNotFoundError,
 )
@@ -70,6 +71,7 @@ __all__ = [
     "SessionPage",
     "StorageUnavailableError",
     "Store",
+    "StreamBusyError",
     "StreamLostError",
     "StreamNotFoundError",
     "TransferReport",

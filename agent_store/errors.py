@@ -5,7 +5,10 @@
     ├── InvalidValueError         a value that cannot be stored; names the key or field (also a ValueError)
     ├── CheckpointRefusedError    a stored workflow checkpoint that may not be read back (also the framework's
     │                             WorkflowCheckpointException)
+    │   └── StreamBusyError       a run's id used already, or its conversation has a run in progress
     ├── SessionNotFoundError      no such session for this user / agent (also a LookupError)
+    ├── StreamNotFoundError       no such run in the journal for this user (also a LookupError)
+    ├── StreamLostError           a journal writer whose run was ended elsewhere
     ├── SessionClosedError        the session was closed: readable, no longer writable
     ├── SessionExpiredError       the session outlived its idle time-to-live
     ├── BudgetExceededError       the user's or the app's token budget for the period is spent: no run starts
@@ -68,6 +71,15 @@ class SessionNotFoundError(AgentStoreError, LookupError):
 
 class StreamNotFoundError(AgentStoreError, LookupError):
     """No streamed run with this id in the journal for the given user (never started, purged, or erased)."""
+
+
+class StreamBusyError(InvalidValueError):
+    """A run cannot start: its stream id is used already (a run's id is used once), or its conversation has a
+    run in progress (``live_stream_id``: an AG-UI thread runs one at a time; follow that one instead)."""
+
+    def __init__(self, message: str, *, live_stream_id: str | None = None) -> None:
+        super().__init__(message)
+        self.live_stream_id = live_stream_id
 
 
 class StreamLostError(AgentStoreError):

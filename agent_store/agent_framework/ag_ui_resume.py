@@ -38,7 +38,7 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import StreamingResponse
 
 from agent_store.agent_framework.ag_ui import StoreThreadSnapshotStore, served_marks
-from agent_store.errors import InvalidValueError, StreamNotFoundError
+from agent_store.errors import InvalidValueError, StreamBusyError, StreamNotFoundError
 from agent_store.journal import Journal, as_json, start_detached
 from agent_store.store import Store
 
@@ -51,6 +51,20 @@ def _run_error(exc: BaseException) -> dict[str, Any]:
 
 
 LIVE_EVENT = "agent_store.run_in_progress"
+_UNENDED = {"cancelled": ("CANCELLED", "the run was cancelled"),
+            "incomplete": ("INCOMPLETE", "the run stopped before it ended (its worker went away)")}  # fmt: skip
+
+
+async def _unended(journal: Journal, user: str | None, run_id: str) -> dict[str, Any] | None:
+    """A run that was cancelled or cut off sent no RUN_FINISHED / RUN_ERROR: the AG-UI end its client needs."""
+    _, info = await journal.read(run_id, user_id=user, limit=1)
+    if info["status"] not in _UNENDED:
+        return None
+    last, _ = await journal.read(run_id, user_id=user, after=max(info["last_seq"] - 1, 0), limit=1)
+    if last and last[-1].event.get("type") in ("RUN_FINISHED", "RUN_ERROR"):
+        return None
+    code, message = _UNENDED[info["status"]]
+    return {"type": "RUN_ERROR", "message": message, "code": code}
 
 
 async def _start_saved(snapshots: StoreThreadSnapshotStore, scope: str, thread_id: str, messages: Any) -> None:
@@ -102,6 +116,8 @@ def add_resumable_agui_routes(
         async def frames() -> AsyncIterator[str]:
             async for item in journal.follow(run_id, user_id=user, after=after):
                 yield f"id: {item.seq}\ndata: {json.dumps(item.event, ensure_ascii=False)}\n\n"
+            if (end := await _unended(journal, user, run_id)) is not None:  # no id: not one of the run's events
+                yield f"data: {json.dumps(end, ensure_ascii=False)}\n\n"
 
         return StreamingResponse(frames(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
@@ -143,8 +159,10 @@ def add_resumable_agui_routes(
         try:
             await start_detached(journal, run_id, user_id=user, kind="agui", conversation_id=body.thread_id,
                                  events=events, on_error=_run_error)  # fmt: skip
+        except StreamBusyError as exc:  # its id is used, or its thread has a run in progress (which to follow)
+            raise HTTPException(status_code=409, detail={"message": str(exc), "runId": exc.live_stream_id}) from None
         except InvalidValueError as exc:
-            raise HTTPException(status_code=409 if "exists" in str(exc) else 400, detail=str(exc)) from None
+            raise HTTPException(status_code=400, detail=str(exc)) from None
         return sse(user, run_id, 0)
 
     @app.get(f"{base}/runs/{{run_id}}")
@@ -171,5 +189,7 @@ def add_resumable_agui_routes(
             return {"cancelled": await journal.cancel(run_id, user_id=user_of(request))}
         except StreamNotFoundError:
             raise HTTPException(status_code=404, detail=f"no run {run_id!r}") from None
+        except InvalidValueError as exc:
+            raise HTTPException(status_code=400, detail=str(exc)) from None
 
     return journal

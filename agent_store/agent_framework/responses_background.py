@@ -144,5 +144,7 @@ def add_background_responses_routes(
             return JSONResponse(await as_it_stands(user, response_id))
         except StreamNotFoundError:
             raise HTTPException(status_code=404, detail=f"no response {response_id!r}") from None
+        except InvalidValueError as exc:
+            raise HTTPException(status_code=400, detail=str(exc)) from None
 
     return journal

@@ -26,7 +26,7 @@ class SchemaCompatRow(Base):
 
     __tablename__ = "agent_schema_compat"
 
-    id: Mapped[int] = mapped_column(SmallInteger, primary_key=True)  # always 1
+    id: Mapped[int] = mapped_column(SmallInteger, primary_key=True, autoincrement=False)  # always 1
     oldest_code: Mapped[str] = mapped_column(String(32))
 
 

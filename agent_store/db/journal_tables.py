@@ -23,6 +23,7 @@ from agent_store.db.column_types import JsonText, UTCDateTime
 from agent_store.db.schema_base import ID_MAX, Base
 
 STATUSES = ("in_progress", "completed", "failed", "cancelled", "incomplete")
+LIVE_THREAD = text("status = 'in_progress' AND kind = 'agui' AND conversation_id IS NOT NULL")
 NOTIFY_CHANNEL = "agent_store_streams"  # PostgreSQL: a batch's or a cancel's NOTIFY, ["batch"|"cancel", user, id]
 
 
@@ -47,6 +48,9 @@ class StreamRow(Base):
         Index("ix_agent_streams_expires_at", "expires_at"),
         Index("ix_agent_streams_live", "lease_until", postgresql_where=text("status = 'in_progress'"),
               sqlite_where=text("status = 'in_progress'")),
+        # One AG-UI run in progress per thread (0020): a second is refused, whichever worker starts it.
+        Index("ux_agent_streams_live_thread", "user_id", "conversation_id", unique=True,
+              postgresql_where=LIVE_THREAD, sqlite_where=LIVE_THREAD),
         {"sqlite_with_rowid": False},
     )
 

@@ -11,8 +11,9 @@ exclude_none=True)`` (pydantic models: AG-UI events).
 
 A cancel is one outcome or the other, never both: the stream is stopped at its next event (nothing after it is
 committed: the stream is closed there), or, if it sends none for ``grace_s``, the task is cancelled where it
-waits, unless it is inside ``uncancellable()`` (a commit): then when it leaves it. A stream that has ended (its
-commit done) ends ``completed``, whatever cancel comes after. ``Journal.close()`` stops its runs ``incomplete``.
+waits, unless it is inside ``uncancellable()`` (a commit): a cancel then waits, and once the block has committed
+the run ends ``completed`` whatever cancel comes (a block that raised lets the waiting cancel go ahead). A stream
+that has ended ends ``completed`` too. ``Journal.close()`` stops its runs ``incomplete``.
 """
 
 from __future__ import annotations
@@ -48,16 +49,18 @@ class _Run:
     def __init__(self, writer: StreamWriter, grace_s: float) -> None:
         self.writer, self.grace_s = writer, grace_s
         self.task: asyncio.Task[str] | None = None
-        self.done = False  # the stream ended: its commit is done, no cancel reaches it
+        self.done = False  # the stream ended, or its end is being written: no cancel reaches it
+        self.committed = False  # it left uncancellable() normally: its commit is done, it ends completed
         self.shielded = 0  # inside uncancellable()
         self.due = False  # a hard cancel waits for the shield to drop
         self.ending = "cancelled"  # what a hard cancel ends it as ("incomplete": its journal closed)
 
     def asked(self) -> None:  # the writer heard a cancel: the stream stops at its next event, or after grace_s
-        asyncio.get_running_loop().call_later(self.grace_s, self.hard)
+        if not self.committed:
+            asyncio.get_running_loop().call_later(self.grace_s, self.hard)
 
     def hard(self, ending: str = "cancelled") -> None:
-        if self.done or self.task is None or self.task.done():
+        if self.done or self.task is None or self.task.done() or (self.committed and ending == "cancelled"):
             return
         self.ending = ending
         if self.shielded:
@@ -84,10 +87,14 @@ def uncancellable() -> Iterator[None]:
     run.shielded += 1
     try:
         yield
-    finally:
+    except BaseException:  # no commit: a cancel that waited for it goes ahead
         run.shielded -= 1
         if not run.shielded and run.due and not run.done and run.task is not None:
             run.task.cancel()
+        raise
+    run.shielded -= 1
+    if not run.shielded:
+        run.committed = True  # whatever cancel came or comes: the run ends completed
 
 
 async def start_detached(
@@ -131,14 +138,16 @@ async def _drive(run: _Run, events: Callable[[], AsyncIterator[Any]], on_error: 
     try:
         async for event in stream:
             await writer.append(as_json(event))
-            if writer.cancel_requested:  # stopped here: what the stream had not done yet is never done
+            if writer.cancel_requested and not run.committed:  # stopped here: what it had not done is never done
                 aclose = getattr(stream, "aclose", None)
                 if aclose is not None:
                     await aclose()
-                await writer.finish("cancelled")
+                run.done = True  # no hard cancel may cut the end short
+                await asyncio.shield(writer.finish("cancelled"))
                 return "cancelled"
         run.done = True  # its commit is done: it ends completed, whatever cancel comes now
     except asyncio.CancelledError:
+        run.done = True
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.shield(writer.finish(run.ending))
         return run.ending

@@ -34,7 +34,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from agent_store.db import codec
 from agent_store.db.database import Database
 from agent_store.db.journal_tables import NOTIFY_CHANNEL, streams_t
-from agent_store.errors import AgentStoreError, InvalidValueError, StreamNotFoundError
+from agent_store.errors import AgentStoreError, InvalidValueError, StreamBusyError, StreamNotFoundError
 from agent_store.journal.listen import Wakeups
 from agent_store.journal.statements import READ, row_now
 from agent_store.journal.writer import StreamWriter
@@ -99,8 +99,12 @@ class Journal:
                "expires_at": now + timedelta(seconds=self.ttl_s)}  # fmt: skip
         made = await self.db.one_statement(_starting(self.db.dialect), row, doing="starting a run's journal",
                                            committing=lambda: None)  # one round trip  # fmt: skip
-        if not made:
-            raise InvalidValueError(f"stream {stream_id!r} exists already: a run's stream id is used once")
+        if not made:  # its id is taken, or (an AG-UI run) its thread has one in progress: say which
+            live = await self.live_run(conversation_id, user_id=user_id, kind=kind) if conversation_id else None
+            if live is not None and live != stream_id:
+                raise StreamBusyError(f"conversation {conversation_id!r} has a run in progress ({live!r}): follow it,"
+                                      " or start when it has ended", live_stream_id=live)  # fmt: skip
+            raise StreamBusyError(f"stream {stream_id!r} exists already: a run's stream id is used once")
         writer = StreamWriter(self, user, stream_id)
         writer.start_heartbeat()
         await self.wakeups.listen_for(user, stream_id, writer)

@@ -30,6 +30,9 @@ __all__ = ["StreamWriter"]
 log = logging.getLogger("agent_store.journal")
 QUEUED_BATCHES = 16  # an append past this many batches' events unsent waits for a batch to go (or raises)
 TRIES = 3
+# At most this many bytes of events in one statement (PostgreSQL's JSONB array of a batch stops at 256 MiB): a
+# bigger batch goes as several, one round trip each, in order.
+BATCH_BYTES = 32 * 2**20
 
 
 class Journal(Protocol):
@@ -111,9 +114,12 @@ class StreamWriter:
         return self.last_seq
 
     def _due(self) -> None:
+        loop = asyncio.get_running_loop()
         self._timer = None
-        if self._flushing is None or self._flushing.done():
-            self._flushing = asyncio.get_running_loop().create_task(self._flush_or_say())
+        if self._flushing is not None and not self._flushing.done():  # a batch in flight: due again after it
+            self._timer = loop.call_later(self.journal.batch_ms / 1000, self._due)
+            return
+        self._flushing = loop.create_task(self._flush_or_say())
 
     async def _flush_or_say(self) -> None:
         """A flush whose failure is logged, the events kept queued for the next one; a lost run is kept, and
@@ -146,29 +152,43 @@ class StreamWriter:
                 failing_since = None
 
     async def flush(self, status: str = "in_progress", error: str | None = None) -> None:
-        """Send what is queued (maybe nothing: a heartbeat) as one batch; ``status`` other than in_progress ends
-        the run with it. On return every event numbered before the call is written."""
+        """Send what is queued (maybe nothing: a heartbeat) as one batch (as several if it holds over
+        ``BATCH_BYTES``); ``status`` other than in_progress ends the run with the last. On return every event
+        numbered before the call is written."""
         async with self._lock:
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
-            for attempt in range(1, TRIES + 2):
-                n = len(self._pending)
-                try:
-                    found = await send_batch(self.journal.db, self._params(n, status, error), self._pending[:n])
-                except StorageUnavailableError:
-                    if attempt >= TRIES:
-                        raise
-                    await asyncio.sleep(0.05 * attempt)
-                else:
-                    if found is not None:  # landed whole
-                        self._written(n)
-                        if found:
-                            self.cancel_seen()
-                        return
-                if await self._reconciled(n, status):  # no match, or no reply: the row says how much landed
+            while True:
+                n, size = 0, 0
+                while n < len(self._pending) and (n == 0 or size + len(self._pending[n]) <= BATCH_BYTES):
+                    size += len(self._pending[n])
+                    n += 1
+                last = n == len(self._pending)
+                await self._send(n, status if last else "in_progress", error if last else None)
+                if last:
                     return
-            raise StreamLostError(f"stream {self.stream_id!r}: its batches did not land after {TRIES} tries")
+
+    async def _send(self, n: int, status: str, error: str | None) -> None:
+        """One batch: the first ``n`` queued events, sent until known written (a lost reply: read back)."""
+        end = self._sent + n
+        for attempt in range(1, TRIES + 2):
+            n = end - self._sent  # what of it has not landed yet (an earlier try's part may have)
+            try:
+                found = await send_batch(self.journal.db, self._params(n, status, error), self._pending[:n])
+            except StorageUnavailableError:
+                if attempt >= TRIES:
+                    raise
+                await asyncio.sleep(0.05 * attempt)
+            else:
+                if found is not None:  # landed whole
+                    self._written(n)
+                    if found:
+                        self.cancel_seen()
+                    return
+            if await self._reconciled(n, status):  # no match, or no reply: the row says how much landed
+                return
+        raise StreamLostError(f"stream {self.stream_id!r}: its batches did not land after {TRIES} tries")
 
     def _params(self, n: int, status: str, error: str | None) -> dict[str, Any]:
         journal, now, final = self.journal, datetime.now(UTC), status != "in_progress"
@@ -213,6 +233,11 @@ class StreamWriter:
             if self._lost is not None:
                 raise self._lost
             await self.flush(status, error)
-        finally:
-            self._ended = True
+        except StreamLostError:
+            self._ended = True  # the run is no longer this writer's: nothing more to send
             self.journal.live.discard(self)
+            raise
+        # Cut short (cancelled, or the database away): not ended, so the next finish (a shielded retry, or the
+        # journal's close) sends the rest and the end; else the lease runs out and a reader ends it incomplete.
+        self._ended = True
+        self.journal.live.discard(self)
