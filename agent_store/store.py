@@ -21,7 +21,7 @@ from agent_store.db.warm_up import open_and_ready
 from agent_store.errors import ConfigurationError, InvalidValueError
 from agent_store.journal import Journal
 from agent_store.models import ErasureReport, MessageRecord, SearchPage, SessionInfo, SessionPage, TransferReport
-from agent_store.operations import branching, lifecycle, retention, stats, transfer, transfer_all
+from agent_store.operations import branching, health, lifecycle, retention, stats, transfer, transfer_all
 from agent_store.operations.usage import UsageLedger
 from agent_store.run import priming
 from agent_store.run.commit import Run
@@ -117,6 +117,11 @@ class Store:
         commits = (lambda conn: priming.prime_commits(self.db, conn)) if for_runs else None
         return await open_and_ready(self.db, connections, commits)
 
+    async def ready(self, *, figures: bool = False) -> dict[str, Any]:
+        """A readiness probe: the database answers and its schema runs this code (else the error a run would
+        meet); ``figures``: purge lag, conflicts and stuck runs, what an operator alerts on (operations/health.py)."""
+        return await health.ready(self.db, figures=figures)
+
     def journal(self, **options: Any) -> Journal:
         """A run journal on this store (journal/facade.py): ``worker_id``, ``batch_events``, ``lease_s``, ..."""
         return Journal(self.db, **options)
@@ -197,16 +202,9 @@ class Store:
     # ---- lifecycle: see operations/ ---------------------------
 
     async def list_sessions(
-        self,
-        *,
-        user_id: str | None = None,
-        all_users: bool = False,
-        agent_id: str | None = None,
-        metadata: dict[str, Any] | None = None,
-        limit: int = 50,
-        cursor: str | None = None,
-        status: str | None = None,
-    ) -> SessionPage:
+        self, *, user_id: str | None = None, all_users: bool = False, agent_id: str | None = None,
+        metadata: dict[str, Any] | None = None, limit: int = 50, cursor: str | None = None, status: str | None = None,
+    ) -> SessionPage:  # fmt: skip
         """A page of ``user_id``'s sessions (every user's with ``all_users=True``), most recently active first.
 
         ``metadata`` keeps sessions whose metadata has those key/value pairs; ``status`` ("active", "closed",
@@ -219,16 +217,9 @@ class Store:
         )  # fmt: skip
 
     async def search(
-        self,
-        query: str,
-        *,
-        user_id: str | None = None,
-        all_users: bool = False,
-        session_id: str | None = None,
-        agent_id: str | None = None,
-        limit: int = 20,
-        cursor: str | None = None,
-    ) -> SearchPage:
+        self, query: str, *, user_id: str | None = None, all_users: bool = False, session_id: str | None = None,
+        agent_id: str | None = None, limit: int = 20, cursor: str | None = None,
+    ) -> SearchPage:  # fmt: skip
         """Messages of ``user_id``'s sessions that match ``query``, best first (see ``agent_store.search``):
         words, ``"phrases"``, ``OR``, ``-exclusions``; Chinese matches inside words. Reads from the replica.
         ``all_users=True`` (instead of a ``user_id``) searches every user's sessions: an operator's search."""

@@ -21,6 +21,9 @@ state_keys_written = _meter.create_counter(
 )
 conflicts = _meter.create_counter("agent_store.conflicts", description="Commits refused by a state conflict")
 sessions_purged = _meter.create_counter("agent_store.sessions.purged", description="Expired sessions deleted")
+errors = _meter.create_counter(
+    "agent_store.operation.errors", description="Operations that raised, by operation and error type"
+)  # the unavailable rate: error=StorageUnavailableError; budget crossings: error=BudgetExceededError
 
 
 @contextmanager
@@ -30,5 +33,8 @@ def operation(name: str, **attributes: str | int) -> Iterator[Span]:
     with _tracer.start_as_current_span(f"agent_store.{name}", attributes=attributes) as span:
         try:
             yield span
+        except Exception as exc:
+            errors.add(1, {"operation": name, "error": type(exc).__name__})
+            raise
         finally:
             durations.record(time.perf_counter() - started, {"operation": name})

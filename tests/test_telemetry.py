@@ -79,6 +79,7 @@ def test_spans_and_metrics_for_load_commit_conflict_and_purge(url: str, tmp_path
     metrics = seen["metrics"]
     assert isinstance(metrics, dict)
     assert metrics["agent_store.conflicts|"] == 1
+    assert metrics["agent_store.operation.errors|error=ConflictError,operation=commit"] == 1  # by type: alertable
     assert metrics["agent_store.state_keys.written|"] == 3  # a and b, then a
     assert metrics["agent_store.sessions.purged|"] == 1
     assert metrics["agent_store.operation.duration|operation=commit"] == 3

@@ -99,19 +99,24 @@ async def downgrade(url: str | None, revision: str, yes: bool, as_json: bool) ->
 
 @main.command()
 @url_option
+@click.option("--figures", is_flag=True, help="Also purge lag, conflicts of the last hour and stuck runs.")
 @json_option
 @runs_async
-async def check(url: str | None, as_json: bool) -> None:
-    """Connect and verify the schema is at this agent_store's head revision."""
-    from agent_store.db.tables import SCHEMA_REVISION
-
+async def check(url: str | None, figures: bool, as_json: bool) -> None:
+    """Readiness: connect, and verify the schema runs this agent_store (exit 1 if not); a probe can call it."""
     async with open_store(url) as store:
-        await store.db.check_schema()
+        found = await store.ready(figures=figures)
         where = redact(store.url)
     if as_json:
-        print_json({"ok": True, "url": where, "revision": SCHEMA_REVISION})
-    else:
-        click.echo(f"ok: {where} is at schema {SCHEMA_REVISION}")
+        print_json({**found, "url": where})
+        return
+    click.echo(f"ok: {where} is at schema {found['revision']} ({found['latency_ms']} ms)")
+    if figures:
+        runs, conflicts = found["runs_last_hour"], found["conflicts_last_hour"]
+        rate = f"{100 * conflicts / runs:.1f}%" if runs else "-"
+        click.echo(f"purge lag: {found['purge_lag_s']} s ({found['expired_waiting']} expired sessions waiting)")
+        click.echo(f"last hour: {runs} runs, {conflicts} conflicts ({rate}); stuck journaled runs: "
+                   f"{found['stuck_runs']}")  # fmt: skip
 
 
 @main.command()
