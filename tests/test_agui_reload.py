@@ -103,8 +103,11 @@ async def test_a_reload_mid_run_shows_the_approval_and_resumes_the_rest_once(sto
         carrying_out = asyncio.create_task(first.post("/agent", json=turn("execute", "u2", APPROVAL)))
         snapshots = StoreThreadSnapshotStore(other)
 
-        async def tool_running() -> bool:
-            return await other.journal().live_run("plan-thread", user_id="ann") == "execute"
+        async def tool_running() -> bool:  # the run is in its long step (its start was saved before its events)
+            if await other.journal().live_run("plan-thread", user_id="ann") != "execute":
+                return False
+            events, _ = await other.journal().read("execute", user_id="ann")
+            return any(e.event.get("type") == "TOOL_CALL_START" for e in events)
 
         await until(tool_running, "the run to start")
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app_on(other)), base_url="http://t") as web:

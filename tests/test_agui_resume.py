@@ -37,10 +37,11 @@ def app_on(store: Store) -> FastAPI:
 
 
 def frames(body: str) -> list[tuple[int, dict[str, Any]]]:
+    """The run's events (each with its id); a frame with no id (the route's own end of a cancelled run) is -1."""
     out = []
     for frame in body.strip().split("\n\n"):
         lines = dict(line.split(": ", 1) for line in frame.splitlines())
-        out.append((int(lines["id"]), json.loads(lines["data"])))
+        out.append((int(lines.get("id", -1)), json.loads(lines["data"])))
     return out
 
 
@@ -129,5 +130,6 @@ async def test_cancel_stops_a_run_from_another_worker(store: Store, url: str) ->
                 assert answer.json() == {"cancelled": True}
         events = frames((await asyncio.wait_for(started, 20)).text)
     assert "RUN_FINISHED" not in [e["type"] for _, e in events]
+    assert events[-1] == (-1, {"type": "RUN_ERROR", "message": "the run was cancelled", "code": "CANCELLED"})
     _, info = await store.journal().read("run-3", user_id="u")
     assert info["status"] == "cancelled"

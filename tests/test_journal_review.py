@@ -1,10 +1,13 @@
 """What an outside review of the journal (issue 39) confirmed, each a test now: a cancel racing the commit; a hard
 cancel while the run's last batch is in flight; a batch too big for one PostgreSQL statement; two AG-UI runs on
-one thread; a cancelled AG-UI run's end; cancel routes given a bad id."""
+one thread; a cancelled AG-UI run's end; cancel routes given a bad id. Then a second review's: a commit block that
+raises after a cancel; a finish cut short; the database away as a run ends; a dead run holding its thread; a
+client replaying its own transcript."""
 
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -16,12 +19,13 @@ from sqlalchemy import text
 from test_agui_resume import frames
 
 import agent_store.journal.writer as writer_module
-from agent_store import Store
+from agent_store import StorageUnavailableError, Store, StreamBusyError
 from agent_store.agent_framework import StoreSessionStore
+from agent_store.agent_framework.ag_ui import StoreThreadSnapshotStore
 from agent_store.agent_framework.ag_ui_resume import add_resumable_agui_routes
 from agent_store.agent_framework.responses_background import add_background_responses_routes
 from agent_store.db.statements import USER_LOCK
-from agent_store.journal import start_detached
+from agent_store.journal import start_detached, uncancellable
 from agent_store.offline import OfflineChatClient
 
 
@@ -161,3 +165,118 @@ async def test_cancel_routes_answer_a_bad_id_with_400(store: Store, path: str) -
     async with client(store) as web:
         for bad in ("x" * 300, "a%00b"):
             assert (await web.post(path.format(bad))).status_code == 400
+
+
+# ---- the second review (helper-8) -----------------------------------------------------------------------------
+
+
+async def test_a_commit_block_that_raises_after_a_cancel_ends_the_run_failed(store: Store) -> None:
+    journal = store.journal()
+
+    async def events() -> Any:
+        yield {"type": "a"}
+        with uncancellable():  # the commit: a cancel comes and waits; then the block raises
+            await asyncio.sleep(0.6)
+            raise RuntimeError("commit failed")
+        yield {"type": "never"}
+
+    task = await start_detached(journal, "shield", user_id="u", events=events, grace_s=0.1,
+                                on_error=lambda exc: {"type": "RUN_ERROR"})  # fmt: skip
+    await asyncio.sleep(0.2)
+    assert await journal.cancel("shield", user_id="u")
+    with pytest.raises(RuntimeError, match="commit failed"):
+        await asyncio.wait_for(task, 30)
+    events_, info = await journal.read("shield", user_id="u")
+    assert (info["status"], [e.event["type"] for e in events_]) == ("failed", ["a", "RUN_ERROR"])
+    assert not journal.live
+    await journal.close()  # nothing left to end, and it does not raise
+
+
+async def test_a_finish_cut_short_is_ended_by_close(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = writer_module.send_batch
+    slow = {"s": 0.0}
+
+    async def slowed(*args: Any) -> Any:
+        await asyncio.sleep(slow["s"])
+        return await real(*args)
+
+    monkeypatch.setattr(writer_module, "send_batch", slowed)
+    journal = store.journal(batch_ms=5, lease_s=1.5)  # a heartbeat every 0.5 s
+    writer = await journal.start("cut", user_id="u")
+    for n in range(3):
+        await writer.append({"n": n})
+    await asyncio.sleep(0.1)
+    slow["s"] = 0.6
+    await asyncio.sleep(0.5)  # a heartbeat batch in flight, slowly
+    ending = asyncio.create_task(writer.finish("completed"))
+    await asyncio.sleep(0.1)
+    ending.cancel()  # the request task that was ending it goes away
+    await asyncio.gather(ending, return_exceptions=True)
+    slow["s"] = 0.0
+    await journal.close()  # ends what is left, and raises nothing
+    events, info = await journal.read("cut", user_id="u")
+    assert info["status"] == "incomplete" and [e.event["n"] for e in events] == [0, 1, 2]
+
+
+async def test_the_end_is_sent_again_while_the_database_is_briefly_away(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real, away = writer_module.send_batch, {"until": 0.0}
+
+    async def blinking(*args: Any) -> Any:
+        if asyncio.get_running_loop().time() < away["until"]:
+            raise StorageUnavailableError("the database is away (a test's blip)")
+        return await real(*args)
+
+    monkeypatch.setattr(writer_module, "send_batch", blinking)
+    journal = store.journal(batch_ms=5, lease_s=1.5)
+    writer = await journal.start("blip", user_id="u")
+    for n in range(3):
+        await writer.append({"n": n})
+    away["until"] = asyncio.get_running_loop().time() + 0.3
+    await writer.finish("completed")  # tried again until it lands (within the lease)
+    events, info = await journal.read("blip", user_id="u")
+    assert info["status"] == "completed" and [e.event["n"] for e in events] == [0, 1, 2]
+    await journal.close()
+
+
+async def test_a_run_whose_worker_died_does_not_hold_its_thread(store: Store) -> None:
+    past = datetime.now(UTC) - timedelta(seconds=5)
+    async with store.engine.begin() as conn:  # what a worker that died mid-run leaves: in_progress, lease run out
+        await conn.execute(text(
+            "INSERT INTO agent_streams (user_id, stream_id, conversation_id, kind, status, last_seq, owner,"
+            " lease_until, cancel_requested, created_at, updated_at) VALUES ('u', 'dead', 'thread-1', 'agui',"
+            " 'in_progress', 2, 'gone:1', :t, :f, :t, :t)"
+        ), {"t": past, "f": False})  # fmt: skip
+    journal = store.journal()
+    writer = await journal.start("next", user_id="u", kind="agui", conversation_id="thread-1")
+    await writer.finish("completed")
+    assert (await journal.read("dead", user_id="u"))[1]["status"] == "incomplete"
+    with pytest.raises(StreamBusyError, match="exists already") as refused:
+        await journal.start("next", user_id="u", kind="agui", conversation_id="thread-1")
+    assert refused.value.live_stream_id is None
+    await journal.close()
+
+
+async def test_a_client_replaying_its_own_transcript_sees_each_message_once(store: Store) -> None:
+    snapshots = StoreThreadSnapshotStore(store)
+    app = FastAPI()
+    runner = AgentFrameworkAgent(agent=Agent(client=OfflineChatClient(), name="A"), snapshot_store=snapshots)
+    journal = add_resumable_agui_routes(app, runner, store, path="/agent", user_of=lambda request: "ann")
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as web:
+        async def turn(messages: list[dict[str, Any]]) -> list[str]:
+            await web.post("/agent", json={"threadId": "t", "messages": messages})
+            saved = await snapshots.get(scope="ann", thread_id="t")
+            assert saved is not None
+            return [m["content"] for m in saved.messages if m["role"] == "user"]
+
+        assert await turn([{"id": "u1", "role": "user", "content": "first"}]) == ["first"]
+        saved = await snapshots.get(scope="ann", thread_id="t")
+        assert saved is not None
+        second = {"id": "u2", "role": "user", "content": "second"}
+        assert await turn([*saved.messages, second]) == ["first", "second"]  # the snapshot's transcript, replayed
+        mine = [{"id": "u1", "role": "user", "content": "first"},  # the client's own ids, not the snapshot's
+                {"id": "c-a1", "role": "assistant", "content": saved.messages[1]["content"]}, second,
+                {"id": "u3", "role": "user", "content": "third"}]  # fmt: skip
+        assert await turn(mine) == ["first", "second", "third"]
+    await journal.close()

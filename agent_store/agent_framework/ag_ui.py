@@ -42,17 +42,20 @@ if TYPE_CHECKING:
 __all__ = ["StoreThreadSnapshotStore", "served_marks"]
 U = ui_snapshots_t.c
 RUN_MARK = "agent_store_run"  # where a detached run's journal stood when the snapshot was saved
+# A run's mark: its stream id, the sequence number the snapshot reflects, and the user messages it started with
+# that the snapshot does not hold yet (shown on a reload; the package's own next save takes them in).
+RunMark = tuple[str, int, list[dict[str, Any]]]
 # The marks of the snapshots ``get`` served in this context, by (scope, thread): see served_marks().
-_SERVED: contextvars.ContextVar[dict[tuple[str, str], tuple[str, int] | None] | None] = contextvars.ContextVar(
+_SERVED: contextvars.ContextVar[dict[tuple[str, str], RunMark | None] | None] = contextvars.ContextVar(
     "agent_store_served_marks", default=None
 )
 
 
 @contextlib.contextmanager
-def served_marks() -> Iterator[dict[tuple[str, str], tuple[str, int] | None]]:
+def served_marks() -> Iterator[dict[tuple[str, str], RunMark | None]]:
     """Collect, for each snapshot ``get`` returns in this block, the run mark read with it in the same row (a
     mark read apart could be a later save's, and a client resuming from it would miss the events between)."""
-    marks: dict[tuple[str, str], tuple[str, int] | None] = {}
+    marks: dict[tuple[str, str], RunMark | None] = {}
     token = _SERVED.set(marks)
     try:
         yield marks
@@ -73,15 +76,16 @@ class StoreThreadSnapshotStore:
         self._db, self._snapshot_type = store.db, AGUIThreadSnapshot
         self._reads = ReadTimes()  # per (scope, thread): when it was read (read_times.py)
 
-    async def save(self, *, scope: str, thread_id: str, snapshot: AGUIThreadSnapshot) -> None:
-        """Save (replace) the thread's latest snapshot.
+    async def save(self, *, scope: str, thread_id: str, snapshot: AGUIThreadSnapshot,
+                   pending: list[dict[str, Any]] | None = None) -> None:  # fmt: skip
+        """Save (replace) the thread's latest snapshot (``pending``: a run's new user messages, kept in its mark).
 
         Raises ``InvalidValueError`` for what JSON cannot hold, ``SessionNotFoundError`` when the scope's user was
         erased after the ``get`` this save follows (none on record: while any erasure of it is on record)."""
         key = _key(scope, thread_id)
         document = dataclasses.asdict(snapshot)
         if (point := journal_point()) is not None:
-            document[RUN_MARK] = {"run_id": point[0], "seq": point[1]}
+            document[RUN_MARK] = {"run_id": point[0], "seq": point[1], **({"pending": pending} if pending else {})}
         text = codec.dumps(
             document, where=f"snapshot of thread {thread_id!r}",
             max_bytes=self._db.settings.max_value_bytes, sort_keys=False,
@@ -105,7 +109,8 @@ class StoreThreadSnapshotStore:
             found = (await conn.execute(select(U.snapshot).where(U.scope == key[0], U.thread_id == key[1]))).first()
         if (marks := _SERVED.get()) is not None:
             mark = found[0].get(RUN_MARK) if found is not None else None
-            marks[key] = (mark["run_id"], int(mark["seq"])) if isinstance(mark, dict) else None
+            marks[key] = (mark["run_id"], int(mark["seq"]), list(mark.get("pending") or [])) \
+                if isinstance(mark, dict) else None  # fmt: skip
         if found is None:
             return None
         fields = {f.name for f in dataclasses.fields(self._snapshot_type)}

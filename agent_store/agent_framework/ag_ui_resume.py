@@ -15,16 +15,17 @@ come from the app's authentication, never from the body. It is also the thread s
 the AG-UI package's own, as its endpoint sends them (camelCase JSON).
 
 No rollback on a reload (microsoft/agent-framework#7215), with a ``StoreThreadSnapshotStore`` on the runner:
-- a run saves the thread's snapshot when it starts (the user's new messages: nothing they said is lost if the
-  worker dies next), and the package saves it again at each step boundary (a tool result, an approval request)
-  and at the end; each save records how far the run's journal had come (ag_ui.py);
+- a run keeps the user's new messages in the thread's row as it starts (nothing they said is lost if the worker
+  dies next; the snapshot itself is left for the package), and the package saves the snapshot at each step
+  boundary (a tool result, an approval request) and at the end; each save records how far the run's journal had
+  come (ag_ui.py);
 - a reload is the package's hydration request (a POST with no messages): answered here, not run, with the stored
-  snapshot and, before its ``RUN_FINISHED``, a ``CUSTOM`` event ``agent_store.run_in_progress`` whose value
-  ``{"runId", "after"}`` names the thread's run still going and the sequence number the snapshot reflects: the
-  client reads ``GET {path}/runs/{runId}?after=...`` and gets every event since, once.
+  snapshot (and those messages) and, before its ``RUN_FINISHED``, a ``CUSTOM`` event
+  ``agent_store.run_in_progress`` whose value ``{"runId", "after"}`` names the thread's run still going and the
+  sequence number the snapshot reflects: the client reads ``GET {path}/runs/{runId}?after=...`` and gets every
+  event since, once.
 """
 
-import dataclasses
 import json
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -37,7 +38,7 @@ from agent_framework_ag_ui._snapshots import _SNAPSHOT_SCOPE_INPUT_KEY
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import StreamingResponse
 
-from agent_store.agent_framework.ag_ui import StoreThreadSnapshotStore, served_marks
+from agent_store.agent_framework.ag_ui import RunMark, StoreThreadSnapshotStore, served_marks
 from agent_store.errors import InvalidValueError, StreamBusyError, StreamNotFoundError
 from agent_store.journal import Journal, as_json, start_detached
 from agent_store.store import Store
@@ -68,22 +69,27 @@ async def _unended(journal: Journal, user: str | None, run_id: str) -> dict[str,
 
 
 async def _start_saved(snapshots: StoreThreadSnapshotStore, scope: str, thread_id: str, messages: Any) -> None:
-    """The thread's snapshot with the request's new user messages (text, with an id, not stored yet) added, saved
-    as the run starts (inside it: the save marks the journal at 0). The package reads it next and finds them
-    there (its overlap rule matches them by id): the model gets each once."""
+    """As the run starts (inside it: the save marks the journal at 0), the request's new user messages (text,
+    with an id, not stored yet) go into the thread's row beside its snapshot, which is left as it is: the
+    package's merge of the next request reads what it would have read, and a reload shows them (``hydrated``)."""
     stored = await snapshots.get(scope=scope, thread_id=thread_id)
     known = {m.get("id") for m in stored.messages} if stored is not None else set()
     new = [m for m in messages or [] if isinstance(m, dict) and m.get("role") == "user"
            and isinstance(m.get("id"), str) and isinstance(m.get("content"), str) and m["id"] not in known]  # fmt: skip
-    if not new:
-        return
-    if stored is None:
-        stored = AGUIThreadSnapshot(messages=[])
-    snapshot = dataclasses.replace(stored, messages=[*stored.messages, *new])
-    await snapshots.save(scope=scope, thread_id=thread_id, snapshot=snapshot)
+    if new:
+        pending = [{"id": m["id"], "role": "user", "content": m["content"]} for m in new]
+        await snapshots.save(scope=scope, thread_id=thread_id, snapshot=stored or AGUIThreadSnapshot(messages=[]),
+                             pending=pending)  # fmt: skip
 
 
-async def _live_note(journal: Journal, user: str | None, thread_id: str, mark: tuple[str, int] | None) -> Any:
+def _with_pending(document: dict[str, Any], pending: list[dict[str, Any]]) -> dict[str, Any]:
+    """A hydration's MESSAGES_SNAPSHOT with the run's new user messages its snapshot does not hold yet."""
+    shown = list(document.get("messages") or [])
+    ids = {m.get("id") for m in shown if isinstance(m, dict)}
+    return {**document, "messages": shown + [m for m in pending if m["id"] not in ids]}
+
+
+async def _live_note(journal: Journal, user: str | None, thread_id: str, mark: RunMark | None) -> Any:
     """The ``CUSTOM`` event naming the thread's run still going and where the served snapshot left it, or None."""
     if mark is not None:
         try:
@@ -126,14 +132,20 @@ def add_resumable_agui_routes(
         still going on the thread, if any, with where the snapshot left it."""
 
         async def frames() -> AsyncIterator[str]:
+            shown = False
             with served_marks() as marks:
                 async for event in runner.run(input_data):
                     document = as_json(event)
-                    if document.get("type") == "RUN_FINISHED" and document.get("threadId"):
-                        thread = document["threadId"]
-                        note = await _live_note(journal, user, thread, marks.get((user or "", thread)))
-                        if note is not None:
-                            yield f"data: {json.dumps(note, ensure_ascii=False)}\n\n"
+                    thread = document.get("threadId") or input_data.get("thread_id") or ""
+                    mark = marks.get((user or "", thread))
+                    if document.get("type") == "MESSAGES_SNAPSHOT":
+                        shown, document = True, _with_pending(document, mark[2] if mark else [])
+                    if document.get("type") == "RUN_FINISHED":
+                        pending = mark[2] if mark else []
+                        extra = [_with_pending({"type": "MESSAGES_SNAPSHOT"}, pending)] if pending and not shown else []
+                        note = await _live_note(journal, user, thread, mark)
+                        for more in [*extra, *([note] if note is not None else [])]:
+                            yield f"data: {json.dumps(more, ensure_ascii=False)}\n\n"
                     yield f"data: {json.dumps(document, ensure_ascii=False)}\n\n"
 
         return StreamingResponse(frames(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

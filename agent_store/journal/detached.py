@@ -13,7 +13,8 @@ A cancel is one outcome or the other, never both: the stream is stopped at its n
 committed: the stream is closed there), or, if it sends none for ``grace_s``, the task is cancelled where it
 waits, unless it is inside ``uncancellable()`` (a commit): a cancel then waits, and once the block has committed
 the run ends ``completed`` whatever cancel comes (a block that raised lets the waiting cancel go ahead). A stream
-that has ended ends ``completed`` too. ``Journal.close()`` stops its runs ``incomplete``.
+that has ended ends ``completed`` too. ``Journal.close()`` stops its runs ``incomplete``, but gives one that has
+committed ``grace_s`` to send its last events (then ``completed``; else ``incomplete``, its turn stored).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ class _Run:
         self.writer, self.grace_s = writer, grace_s
         self.task: asyncio.Task[str] | None = None
         self.done = False  # the stream ended, or its end is being written: no cancel reaches it
-        self.committed = False  # it left uncancellable() normally: its commit is done, it ends completed
+        self.committed = False  # it left uncancellable() normally: its commit is done
         self.shielded = 0  # inside uncancellable()
         self.due = False  # a hard cancel waits for the shield to drop
         self.ending = "cancelled"  # what a hard cancel ends it as ("incomplete": its journal closed)
@@ -60,13 +61,34 @@ class _Run:
             asyncio.get_running_loop().call_later(self.grace_s, self.hard)
 
     def hard(self, ending: str = "cancelled") -> None:
-        if self.done or self.task is None or self.task.done() or (self.committed and ending == "cancelled"):
+        """Cancel the task where it waits; inside a commit, once it is out. A cancel never reaches a run that
+        has committed; a close (``incomplete``) gives it ``grace_s`` to send the rest first."""
+        if self.done or self.task is None or self.task.done():
+            return
+        if self.committed:
+            if ending == "incomplete":
+                asyncio.get_running_loop().call_later(self.grace_s, self._cut, ending)
             return
         self.ending = ending
         if self.shielded:
             self.due = True
         else:
             self.task.cancel()
+
+    def _cut(self, ending: str) -> None:
+        if not self.done and self.task is not None and not self.task.done():
+            self.ending = ending
+            self.task.cancel()
+
+    def shield_dropped(self, committed: bool) -> None:
+        """Out of the outermost ``uncancellable()``: committed, or (it raised) a waiting cancel goes ahead, from
+        the loop (the exception first reaches the run's own handler, which ends it failed)."""
+        if committed:
+            self.committed = True
+            if self.due and self.ending == "incomplete":  # its journal is closing: the rest, within grace_s
+                self.hard("incomplete")
+        elif self.due:
+            asyncio.get_running_loop().call_soon(self.hard, self.ending)
 
 
 def journal_point() -> tuple[str, int] | None:
@@ -87,14 +109,14 @@ def uncancellable() -> Iterator[None]:
     run.shielded += 1
     try:
         yield
-    except BaseException:  # no commit: a cancel that waited for it goes ahead
+    except BaseException:  # no commit
         run.shielded -= 1
-        if not run.shielded and run.due and not run.done and run.task is not None:
-            run.task.cancel()
+        if not run.shielded:
+            run.shield_dropped(committed=False)
         raise
     run.shielded -= 1
     if not run.shielded:
-        run.committed = True  # whatever cancel came or comes: the run ends completed
+        run.shield_dropped(committed=True)  # whatever cancel came or comes: the run ends completed
 
 
 async def start_detached(
@@ -156,7 +178,7 @@ async def _drive(run: _Run, events: Callable[[], AsyncIterator[Any]], on_error: 
         last = on_error(exc) if on_error is not None else None
         if last is not None:
             await writer.append(as_json(last))
-        await writer.finish("failed", error=type(exc).__name__)
+        await asyncio.shield(writer.finish("failed", error=type(exc).__name__))
         raise
     await asyncio.shield(writer.finish("completed"))
     return "completed"

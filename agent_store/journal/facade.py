@@ -97,18 +97,29 @@ class Journal:
                "status": "in_progress", "last_seq": 0, "owner": self.owner, "cancel_requested": False,
                "lease_until": now + timedelta(seconds=self.lease_s), "created_at": now, "updated_at": now,
                "expires_at": now + timedelta(seconds=self.ttl_s)}  # fmt: skip
-        made = await self.db.one_statement(_starting(self.db.dialect), row, doing="starting a run's journal",
-                                           committing=lambda: None)  # one round trip  # fmt: skip
-        if not made:  # its id is taken, or (an AG-UI run) its thread has one in progress: say which
-            live = await self.live_run(conversation_id, user_id=user_id, kind=kind) if conversation_id else None
-            if live is not None and live != stream_id:
-                raise StreamBusyError(f"conversation {conversation_id!r} has a run in progress ({live!r}): follow it,"
-                                      " or start when it has ended", live_stream_id=live)  # fmt: skip
-            raise StreamBusyError(f"stream {stream_id!r} exists already: a run's stream id is used once")
+        for _ in range(3):
+            made = await self.db.one_statement(_starting(self.db.dialect), row, doing="starting a run's journal",
+                                               committing=lambda: None)  # one round trip  # fmt: skip
+            if made:
+                break
+            await self._refused(stream_id, user_id, kind, conversation_id)  # raises, or the way is clear now
+        else:
+            raise StreamBusyError(f"conversation {conversation_id!r} keeps having a run in progress: try again")
         writer = StreamWriter(self, user, stream_id)
         writer.start_heartbeat()
         await self.wakeups.listen_for(user, stream_id, writer)
         return writer
+
+    async def _refused(self, stream_id: str, user_id: str | None, kind: str, conversation_id: str | None) -> None:
+        """Why a start was refused: its id is taken, or (an AG-UI run) its thread has a run in progress. A run
+        in the way whose worker died (its lease ran out) is ended ``incomplete`` here, and one that ended since
+        is gone: then the start is tried again."""
+        if await row_now(self.db, user_id or "", stream_id) is not None:
+            raise StreamBusyError(f"stream {stream_id!r} exists already: a run's stream id is used once")
+        live = await self.live_run(conversation_id, user_id=user_id, kind=kind) if conversation_id else None
+        if live is not None and not await self.recover(stream_id=live, user_id=user_id):
+            raise StreamBusyError(f"conversation {conversation_id!r} has a run in progress ({live!r}): follow it,"
+                                  " or start when it has ended", live_stream_id=live)  # fmt: skip
 
     async def read(self, stream_id: str, *, user_id: str | None, after: int = 0,
                    limit: int = 500) -> tuple[list[JournalEvent], dict[str, Any]]:  # fmt: skip

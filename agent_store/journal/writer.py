@@ -218,6 +218,21 @@ class StreamWriter:
         self._written(row.last_seq - before)  # an earlier try's batch (or its start) is there
         return status == "in_progress" and row.last_seq == before + n  # else the rest (and the end) go again
 
+    async def _final_flush(self, status: str, error: str | None) -> None:
+        """The end, sent again while the database is away, for as long as the lease would have held: the run
+        stays this writer's until then (a reader ends it ``incomplete`` after)."""
+        give_up = time.monotonic() + self.journal.lease_s
+        pause = 0.05
+        while True:
+            try:
+                await self.flush(status, error)
+                return
+            except StorageUnavailableError:
+                if time.monotonic() + pause > give_up:
+                    raise
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 1.0)
+
     async def finish(self, status: str = "completed", *, error: str | None = None) -> None:
         """Send the rest and end the run with ``status`` (completed, failed, cancelled, incomplete)."""
         if status not in STATUSES or status == "in_progress":
@@ -226,13 +241,12 @@ class StreamWriter:
             return
         self._stop.set()
         try:
-            if self._beat is not None:
-                await self._beat  # it stops between beats; a beat in flight ends first (never cut mid-batch)
-            if self._flushing is not None:
-                await self._flushing
+            for task in (self._beat, self._flushing):  # a beat or a timer's batch in flight ends first, never cut
+                if task is not None and not task.done():
+                    await asyncio.shield(task)  # (this finish cancelled: the batch goes on; a next finish waits)
             if self._lost is not None:
                 raise self._lost
-            await self.flush(status, error)
+            await self._final_flush(status, error)
         except StreamLostError:
             self._ended = True  # the run is no longer this writer's: nothing more to send
             self.journal.live.discard(self)
