@@ -26,7 +26,7 @@ from agent_store.operations.usage import UsageLedger
 from agent_store.run import priming
 from agent_store.run.commit import Run
 from agent_store.run.load import load
-from agent_store.run.recording import recording_into
+from agent_store.run.recording import recording_into, say_if_unrecorded
 from agent_store.search import query as search
 
 Progress = Callable[[int], None]  # called with how many were done since the last call
@@ -197,6 +197,7 @@ class Store:
             if isinstance(exc, Exception | asyncio.CancelledError):  # its model calls were spent all the same
                 await run.log_unwritten("failed")  # (a client that went away must not spend a budget unseen)
             raise
+        say_if_unrecorded(run.calls, run.history, run.loaded_ids)  # usage never silently off
         await run.commit()
 
     # ---- lifecycle: see operations/ ---------------------------
@@ -205,7 +206,8 @@ class Store:
         self, *, user_id: str | None = None, all_users: bool = False, agent_id: str | None = None,
         metadata: dict[str, Any] | None = None, limit: int = 50, cursor: str | None = None, status: str | None = None,
     ) -> SessionPage:  # fmt: skip
-        """A page of ``user_id``'s sessions (every user's with ``all_users=True``), most recently active first.
+        """A page of ``user_id``'s sessions (every user's with ``all_users=True``; with neither, the sessions that
+        have no user), most recently active first.
 
         ``metadata`` keeps sessions whose metadata has those key/value pairs; ``status`` ("active", "closed",
         "expired") those in that state. Pass the page's ``next_cursor``

@@ -174,8 +174,14 @@ def test_the_cli_lists_shows_and_deletes_checkpoints(url: str) -> None:
     chain = json.loads(listed.stdout)
     assert [c["seq"] for c in chain] == [1, 2, 3] and [c["iteration_count"] for c in chain] == [0, 1, 2]
     assert json.loads(cli("checkpoints", "list", NAME, "--json").stdout) == []  # not another owner's
+    none = cli("checkpoints", "list", NAME)
+    assert none.returncode == 0 and "no checkpoints of workflow" in none.stderr and "--user" in none.stderr
     table = cli("checkpoints", "list", NAME, "--user", "ann").stdout.splitlines()
-    assert table[0].split() == ["seq", "checkpoint_id", "previous", "iteration", "timestamp"] and len(table) == 4
+    assert table[0].split() == ["SEQ", "CHECKPOINT_ID", "PREVIOUS", "ITERATION", "TIMESTAMP"] and len(table) == 4
+    workflows = json.loads(cli("checkpoints", "list", "--user", "ann", "--json").stdout)  # no name: which there are
+    assert [(w["workflow"], w["checkpoints"], w["latest"]) for w in workflows] == [
+        (NAME, 3, chain[-1]["checkpoint_id"])
+    ]
     shown = cli("checkpoints", "show", chain[0]["checkpoint_id"], "--user", "ann")
     assert json.loads(shown.stdout)["payload"]["workflow_name"] == NAME  # as stored, not decoded
     assert cli("checkpoints", "delete", chain[0]["checkpoint_id"], "--user", "ann").returncode == 0

@@ -6,6 +6,7 @@ application types, which only the application, with its allow-list, should do.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import TYPE_CHECKING
 
 import click
@@ -37,21 +38,34 @@ def checkpoints(url: str | None, as_json: bool) -> None:
 
 
 @checkpoints.command(name="list")
-@click.argument("workflow")
+@click.argument("workflow", required=False)
 @url_option
 @user_option
 @json_option
 @runs_async
-async def list_chain(workflow: str, url: str | None, user_id: str | None, as_json: bool) -> None:
-    """A workflow's checkpoints, oldest first: each names the one before it."""
+async def list_chain(workflow: str | None, url: str | None, user_id: str | None, as_json: bool) -> None:
+    """A workflow's checkpoints, oldest first (each names the one before it); without WORKFLOW, the owner's
+    workflows: their names, how many checkpoints each has, and the latest."""
     async with open_store(url) as store:
         rows = await _storage(store, user_id).describe(workflow_name=workflow)
+    if workflow is None:
+        counts = Counter(r["workflow_name"] for r in rows)
+        latest = {r["workflow_name"]: r for r in rows}  # oldest first: the last one seen is a workflow's latest
+        rows = [{"workflow": name, "checkpoints": counts[name], "latest": latest[name]["checkpoint_id"],
+                 "timestamp": latest[name]["timestamp"]} for name in sorted(latest)]  # fmt: skip
     if as_json:
         print_json(rows)
         return
-    headers = ["seq", "checkpoint_id", "previous", "iteration", "timestamp"]
-    print_table(headers, [[r["seq"], r["checkpoint_id"], r["previous_checkpoint_id"], r["iteration_count"],
-                           r["timestamp"]] for r in rows])  # fmt: skip
+    if workflow is None:
+        print_table(["WORKFLOW", "CHECKPOINTS", "LATEST", "TIMESTAMP"],
+                    [[w["workflow"], w["checkpoints"], w["latest"], w["timestamp"]] for w in rows])  # fmt: skip
+    else:
+        print_table(["SEQ", "CHECKPOINT_ID", "PREVIOUS", "ITERATION", "TIMESTAMP"],
+                    [[r["seq"], r["checkpoint_id"], r["previous_checkpoint_id"], r["iteration_count"], r["timestamp"]]
+                     for r in rows])  # fmt: skip
+    if not rows:
+        whose = f"user {user_id!r}" if user_id is not None else "no user (a user's need --user ID)"
+        click.echo(f"no checkpoints{'' if workflow is None else f' of workflow {workflow!r}'} for {whose}", err=True)
 
 
 @checkpoints.command()

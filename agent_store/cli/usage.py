@@ -41,9 +41,11 @@ def _moment(value: str | None, name: str) -> datetime | None:
 async def usage(by: str, since: str | None, until: str | None, user_id: str | None, url: str | None,
                 as_json: bool) -> None:  # fmt: skip
     """Tokens spent per user, agent, model, day or session, from the usage ledger (cost where priced)."""
+    start, end = _moment(since, "--since"), _moment(until, "--until")
+    if start is not None and end is not None and start >= end:
+        raise click.UsageError(f"--since ({since}) is not before --until ({until}): the report would be empty")
     async with open_store(url) as store:
-        lines = await store.usage.report(by, since=_moment(since, "--since"), until=_moment(until, "--until"),
-                                         user_id=user_id)  # fmt: skip
+        lines = await store.usage.report(by, since=start, until=end, user_id=user_id)
     if as_json:
         print_json({"by": by, "lines": [line.model_dump(mode="json") for line in lines]})
         return
@@ -51,6 +53,8 @@ async def usage(by: str, since: str | None, until: str | None, user_id: str | No
              line.cache_read_input_tokens, line.reasoning_output_tokens,
              None if line.cost is None else f"{line.cost:.4f}"] for line in lines]  # fmt: skip
     print_table([by.upper(), "CALLS", "INPUT", "OUTPUT", "TOTAL", "CACHED", "REASONING", "COST"], rows)
+    if any(line.cost is not None for line in lines):  # prices are per million tokens, in the unit they were set in
+        click.echo("COST: in the currency of the prices set with `agent-store price` (per million tokens)")
 
 
 @click.group()

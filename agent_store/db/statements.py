@@ -30,7 +30,10 @@ def _insert(db: AsyncConnection, table: Table) -> Any:
 
 def not_found(session_id: str, user_id: str | None) -> SessionNotFoundError:
     """The one refusal for an id that is unknown, deleted, or another user's / agent's: ids do not leak."""
-    hint = " (a user's session is found only with its user id: user_id=, --user)" if user_id is None else ""
+    if user_id is None:
+        hint = " (a user's session is found only with its user id: user_id=, --user)"
+    else:  # one namespace for every user's ids: starting "chat-1" fails for a second user who picks it too
+        hint = " (session ids are shared by all users: to start a session, give it an id of its own, e.g. a UUID)"
     return SessionNotFoundError(f"no session {session_id!r} for user {user_id!r}{hint}")
 
 

@@ -128,6 +128,11 @@ class Run:
         return self._snapshot.exists
 
     @property
+    def loaded_ids(self) -> set[str]:
+        """The store ids of the messages it loaded (the rest of its history is new)."""
+        return self._snapshot.message_ids
+
+    @property
     def history(self) -> list[Message]:
         """The run's message list (what a plain Agent's in-memory provider reads and appends to)."""
         slot = self.session.state.setdefault(HISTORY_KEY, IdentifiedHistory())

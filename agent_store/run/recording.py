@@ -6,13 +6,19 @@ session's pending calls active for its turn. A recorder bound to a list (a provi
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import logging
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar, Token
 
+from agent_framework import Message
+
 from agent_store.db.ledger import ModelCall
+from agent_store.db.message_rows import STORE_ID
 
 _ACTIVE: ContextVar[list[ModelCall] | None] = ContextVar("agent_store_active_calls", default=None)
+log = logging.getLogger("agent_store.usage")
+_TOLD = False  # the warning below is given once per process
 
 
 def active_calls() -> list[ModelCall] | None:
@@ -39,3 +45,22 @@ def stop_recording(token: Token[list[ModelCall] | None]) -> None:
         _ACTIVE.reset(token)
     except ValueError:  # the turn ended in another context than it began in: nothing is active there
         _ACTIVE.set(None)
+
+
+def say_if_unrecorded(calls: list[ModelCall], history: Sequence[Message], loaded_ids: set[str]) -> None:
+    """A ``store.session`` run that adds a model's answer with no model call recorded: say so, once per process.
+
+    No store hook sees a plain agent's response (the framework hands it to chat middleware and to history
+    providers only): without ``UsageRecorder`` in the agent's middleware, on a client that runs chat middleware
+    (the framework's ``ChatMiddlewareLayer``), the ledger gets nothing and budgets never trip."""
+    global _TOLD
+    if _TOLD or calls:
+        return
+    if not any(m.role == "assistant" and m.additional_properties.get(STORE_ID) not in loaded_ids for m in history):
+        return
+    _TOLD = True
+    log.warning(
+        "agent_store: a run's model calls were not recorded in the usage ledger, so its budgets do not count "
+        "them: add middleware=[UsageRecorder()] to the agent (its chat client must run chat middleware: the "
+        "framework's ChatMiddlewareLayer), or use StoreHistoryProvider. Said once per process."
+    )
