@@ -27,7 +27,7 @@ from helpers import expire_now, rows
 from programs import missing
 
 from agent_store import Store
-from agent_store.agent_framework import StoreCheckpointStorage
+from agent_store.agent_framework import StoreCheckpointStorage, UsageRecorder
 from agent_store.offline import OfflineChatClient
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -43,7 +43,7 @@ def weather() -> str:
 async def populate(url: str) -> None:
     """li's conversation of 59 messages (two transcript pages), a tool call, a message that is HTML, state in
     every scope, a fork, a workflow checkpoint; and another user's session."""
-    agent = Agent(client=OfflineChatClient(), name="Bot", tools=[weather])
+    agent = Agent(client=OfflineChatClient(), name="Bot", tools=[weather], middleware=[UsageRecorder()])
     async with Store.from_url(url) as store:
         await store.migrate()
         async with store.session("chat-1", user_id="li") as session:
@@ -199,6 +199,11 @@ async def test_it_never_writes_and_exports_what_is_on_screen(url: str) -> None:
             assert "script-src" not in headers["Content-Security-Policy"]  # default-src 'none': no script at all
         for method in ("POST", "PUT", "DELETE", "PATCH"):
             assert get(base + "/session?id=chat-1&user=li", method)[0] == 405
+        status, body, _ = get(base + "/session?id=chat-1")  # a user's session, opened without its user
+        assert status == 404 and "?user=ID" in body and "--user" not in body and "user None" not in body
+        status, body, _ = get(base + "/session?id=chat-1&user=li")
+        assert status == 200 and 'id="usage"' in body and "model calls · in " in body  # the session's totals
+        assert "every workflow, not only this session" in body  # checkpoints are the user's
         status, body, _ = get(base + "/session.jsonl?id=chat-1&user=li&after=49")
         assert status == 200 and [line.count('"seq"') for line in body.splitlines()] == [1] * 9
         assert '"seq":50' in body.splitlines()[0] and SCRIPT in body

@@ -149,8 +149,10 @@ def create_app(
             typed = {"q": request.query_params.get("q"), "user": request.query_params.get("user")}  # kept in the box
             try:
                 return await handler(request)
-            except SessionNotFoundError as exc:
-                return page("error.html", 404, message=str(exc), **typed)
+            except SessionNotFoundError:  # said in the browser's terms (the exception's hint is the CLI's)
+                sid, user = request.query_params.get("id", ""), typed["user"]
+                whose = f"for user {user!r}" if user else "without a user: a user's session opens with ?user=ID"
+                return page("error.html", 404, message=f"no session {sid!r} {whose}", **typed)
             except AgentStoreError as exc:  # bad input (a cursor, a query) or a database error: said, not traced
                 status = 400 if isinstance(exc, InvalidValueError) else 503
                 return page("error.html", status, message=str(exc), **typed)
