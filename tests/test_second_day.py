@@ -1,6 +1,6 @@
 """An operator's smaller frictions (issue 42 point 7), on both backends: a usage report asked for an empty span
 says so; a second user who picks a session id already taken is told ids are shared; a listing with no user says
-what it lists."""
+what it lists; the library creates no SQLite file by reading a path where none is."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from agent_framework import Agent
 from cli_support import cli, ok
 
-from agent_store import SessionNotFoundError, Store
+from agent_store import SchemaOutOfDateError, SessionNotFoundError, Store
 from agent_store.offline import OfflineChatClient
 
 
@@ -29,3 +29,14 @@ async def test_a_second_user_who_picks_a_taken_id_is_told_ids_are_shared(store: 
             pass
     assert (await store.list_sessions()).items == []  # no user given: the sessions that have no user
     assert [s.id for s in (await store.list_sessions(all_users=True)).items] == ["chat-1"]
+
+
+async def test_the_library_creates_no_sqlite_file_by_reading(tmp_path: Path) -> None:
+    path = tmp_path / "mistyped.db"
+    async with Store.from_url(f"sqlite+aiosqlite:///{path}") as store:
+        for read in (lambda: store.list_sessions(user_id="u"), store.warm_up, store.ready):
+            with pytest.raises(SchemaOutOfDateError, match=r"no SQLite database at .*none was created.*migrate"):
+                await read()
+        assert not path.exists() and not any(p.name.startswith("mistyped") for p in tmp_path.glob("*"))  # noqa: ASYNC240
+        await store.migrate()  # a migration creates it
+        assert path.exists() and (await store.list_sessions(user_id="u")).items == []

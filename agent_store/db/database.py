@@ -8,6 +8,7 @@ cleanup after a failure never replaces the caller's exception with its own.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -267,6 +268,9 @@ class Database:
         self._schema_ok = self._replica_schema_ok = not self._check  # checked again, if it was checked at all
 
     async def revision(self) -> str | None:
+        """The schema revision, None for none (also a SQLite path with no database yet: nothing is created)."""
+        if self.dialect == "sqlite" and _no_database_file(self.url.database or ""):
+            return None
         with translated(self.url, "reading the schema revision"):
             async with self.engine.connect() as conn:
                 return await conn.run_sync(_current_revision)
@@ -283,3 +287,8 @@ def _current_revision(sync_conn: Any) -> str | None:
     from alembic.migration import MigrationContext
 
     return MigrationContext.configure(sync_conn).get_current_revision()
+
+
+def _no_database_file(path: str) -> bool:
+    """A SQLite path (not a ``file:`` URI) where no database exists yet."""
+    return bool(path) and not path.startswith("file:") and not os.path.exists(path)

@@ -13,6 +13,7 @@ import logging
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,7 @@ def make_engine(url: str | URL | None = None, **engine_kwargs: Any) -> AsyncEngi
         engine_kwargs.setdefault("pool_reset_on_return", None)  # _sqlite_reset does it, skipping what needs none
     engine = _create(parsed, **engine_kwargs)
     configure_engine(engine)
+    event.listen(engine.sync_engine, "do_connect", _sqlite_existing_only)
     if "pool_reset_on_return" in engine_kwargs and engine_kwargs["pool_reset_on_return"] is None:
         event.listen(engine.sync_engine, "reset", _sqlite_reset)
     return engine
@@ -81,6 +83,22 @@ def _create(url: URL, **engine_kwargs: Any) -> AsyncEngine:
         return create_async_engine(url, **engine_kwargs)
     except (ArgumentError, TypeError, ValueError) as exc:  # an engine option of the wrong name or type
         raise ConfigurationError(f"cannot create an engine for {redact(url)}: {exc}") from exc
+
+
+# Set while the store migrates (Database.alembic): only then may a connection bring a new SQLite file into being.
+CREATING_SQLITE: ContextVar[bool] = ContextVar("agent_store_creating_sqlite", default=False)
+
+
+def _sqlite_existing_only(_dialect: Any, _record: Any, cargs: list[Any], cparams: dict[str, Any]) -> None:
+    """A read, a run or a warm-up on a path with no database fails here, instead of leaving an empty file behind
+    (sqlite3's connect would create one): only a migration creates the database."""
+    path = str(cargs[0]) if cargs else str(cparams.get("database", ""))
+    if CREATING_SQLITE.get() or cparams.get("uri") or path.startswith("file:") or Path(path).exists():
+        return
+    raise SchemaOutOfDateError(
+        f"no SQLite database at {path} (none was created): create it with `await store.migrate()` or "
+        f"`agent-store upgrade --url sqlite+aiosqlite:///{path}`"
+    )
 
 
 def _unique_statement_name() -> str:
@@ -178,18 +196,22 @@ async def migration_connection(engine: AsyncEngine) -> AsyncIterator[AsyncConnec
     On SQLite, foreign keys are off meanwhile: Alembic's batch mode rebuilds a table by copy, drop and
     rename, and with foreign keys on, dropping ``agent_sessions`` would cascade-delete every message.
     """
-    async with engine.connect() as conn:
-        on_sqlite = conn.dialect.name == "sqlite"
-        if on_sqlite:
-            await _sqlite_foreign_keys(conn, on=False)
-        try:
-            yield conn
-            await conn.commit()
-        finally:
-            if conn.in_transaction():
-                await conn.rollback()
+    creating = CREATING_SQLITE.set(True)  # a migration may bring a new SQLite file into being
+    try:
+        async with engine.connect() as conn:
+            on_sqlite = conn.dialect.name == "sqlite"
             if on_sqlite:
-                await _sqlite_foreign_keys(conn, on=True)
+                await _sqlite_foreign_keys(conn, on=False)
+            try:
+                yield conn
+                await conn.commit()
+            finally:
+                if conn.in_transaction():
+                    await conn.rollback()
+                if on_sqlite:
+                    await _sqlite_foreign_keys(conn, on=True)
+    finally:
+        CREATING_SQLITE.reset(creating)
 
 
 async def _sqlite_foreign_keys(conn: AsyncConnection, *, on: bool) -> None:
