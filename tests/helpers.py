@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DOC_PAGES = (
     "README.md",
     "docs/seams.md",
+    "docs/serving.md",
     "docs/concurrency-and-errors.md",
     "docs/schema-and-sql.md",
     "docs/search-and-browser.md",

@@ -22,7 +22,7 @@ QUICKSTART_URL = "sqlite+aiosqlite:///agent_store.db"
 # Every SQL block, by page and name: the tests below run them on their examples' data (the compaction ones:
 # test_compaction_storage.py), and test_plans.py checks their plans.
 SQL_BLOCKS = {
-    ("README.md", "response-tree"),
+    ("docs/serving.md", "response-tree"),
     ("README.md", "transcript"),
     ("README.md", "sessions"),
     ("README.md", "matching"),
@@ -119,9 +119,9 @@ async def test_the_readme_sql_runs_on_the_quick_starts_data(url: str, tmp_path: 
 
 
 async def test_the_readme_response_tree_query_walks_the_example_s_tree(url: str, tmp_path: Path) -> None:
-    run_example(doc_block("README.md", "hosting", "python"), url, tmp_path)
+    run_example(doc_block("docs/serving.md", "hosting", "python"), url, tmp_path)
     async with Store.from_url(url) as store, store.engine.connect() as conn:
-        tree = (await conn.execute(text(doc_block("README.md", "response-tree").strip().rstrip(";")))).all()
+        tree = (await conn.execute(text(doc_block("docs/serving.md", "response-tree").strip().rstrip(";")))).all()
     root = tree[0].session_id
     # the first response (frozen where it was), the renamed one and the later one on the trunk, the other branch
     assert [(r.depth, r.parent_id is None) for r in tree] == [(0, True), (0, False), (0, False), (1, False)]
