@@ -9,12 +9,13 @@ import asyncio
 import json
 from pathlib import Path
 
-from agent_framework import Agent
+from agent_framework import Agent, WorkflowCheckpoint
 from cli_support import cli, ok
 from conftest import fresh_database
 from helpers import rows
 
 from agent_store import Store
+from agent_store.agent_framework import StoreCheckpointStorage
 from agent_store.offline import OfflineChatClient
 
 OWNERS = "SELECT user_id, count(*) FROM agent_sessions GROUP BY user_id ORDER BY user_id"
@@ -38,6 +39,11 @@ async def test_a_restore_brings_back_the_store_without_the_users_erased_since(
                             ("cara-new", "cara", "我回来了")):  # ... and came back: that stays  # fmt: skip
         await turn(store, agent, sid, user, text)
 
+    await StoreCheckpointStorage(store, user_id="carl").save(
+        WorkflowCheckpoint(workflow_name="review", graph_signature_hash="g", checkpoint_id="cp-carl")
+    )
+    await store.usage.set_budget(1000, user_id="fay")
+
     async def keep_writing() -> None:
         for n in range(30):
             await turn(store, agent, "bob-busy", "bob", f"turn {n}")
@@ -49,9 +55,11 @@ async def test_a_restore_brings_back_the_store_without_the_users_erased_since(
     await writing
     assert said == {"file": str(backup), "bytes": backup.stat().st_size} and said["bytes"] > 0
     await store.erase_user("ann")  # after the backup
+    await store.erase_user("carl")  # only checkpoints ...
+    await store.erase_user("fay")  # ... only a budget: found all the same
     await turn(store, agent, "bob-2", "bob", "after the backup")
     log = tmp_path / "erasures.jsonl"
-    assert ok(cli("erasures", "-o", str(log), url=url, cwd=tmp_path)).strip() == f"wrote 2 erasures to {log}"
+    assert ok(cli("erasures", "-o", str(log), url=url, cwd=tmp_path)).strip() == f"wrote 4 erasures to {log}"
 
     for n, source in enumerate([url, str(log), None]):
         async with fresh_database(backend, tmp_path / f"t{n}") as target:
@@ -64,13 +72,17 @@ async def test_a_restore_brings_back_the_store_without_the_users_erased_since(
                 busy = await rows(restored, "SELECT count(*) FROM agent_messages WHERE session_id = 'bob-busy'")
                 cara = [m.text for m in (await restored.load("cara-new", user_id="cara")).history]
                 ann_keys = await rows(restored, "SELECT count(*) FROM agent_user_state WHERE user_id = 'ann'")
+                left = await rows(restored, "SELECT (SELECT count(*) FROM agent_checkpoints WHERE user_id = 'carl'),"
+                                            " (SELECT count(*) FROM agent_usage_budgets WHERE subject = 'fay')")
                 if source is not None:
-                    assert out.strip().endswith("; 1 users erased since the backup were erased again")
-                    assert "ann" not in owners and ann_keys == [(0,)]  # nothing of ann
-                    # the fence holds there too: ann's erasure is on record in the restored store
-                    assert len(await rows(restored, "SELECT user_key FROM agent_erasures")) == 2
+                    assert out.strip().endswith("; 3 users erased since the backup were erased again")
+                    assert "ann" not in owners and ann_keys == [(0,)] and left == [(0, 0)]  # nothing of them
+                    # the fence holds there too: their erasures are on record in the restored store
+                    assert len(await rows(restored, "SELECT user_key FROM agent_erasures")) == 4
                 else:
-                    assert owners["ann"] == 2  # without the log, the restore brings ann back: why it is needed
+                    assert owners["ann"] == 2 and left == [(1, 1)]  # without the log they are back: why it is needed
+                    fixed = ok(cli("erasures", "--apply-from", str(log), url=target, cwd=tmp_path))
+                    assert fixed.strip() == "3 users erased since were erased again"  # after the fact, too
                 assert owners["bob"] == 2 and owners["cara"] == 1 and "bob-2" not in owners
                 assert cara[0] == "我回来了"  # came back after an earlier erasure: kept
                 assert busy[0][0] % 2 == 0 and busy[0][0] >= 2  # whole turns only: a consistent copy
@@ -88,11 +100,24 @@ async def test_bad_backups_and_restores_are_one_line_errors(store: Store, url: s
         assert garbage.returncode == 1 and len(garbage.stderr.strip().splitlines()) == 1
         missing = cli("restore", str(tmp_path / "none.backup"), url=target, cwd=tmp_path)
         assert missing.returncode == 1 and "no backup file" in missing.stderr
-    bad_log = tmp_path / "bad.jsonl"
+    bad_log, future_log = tmp_path / "bad.jsonl", tmp_path / "future.jsonl"
     bad_log.write_text('{"user_key": "x", "erased_at": "2026-01-01T00:00:00+00:00"}\n')
+    future_log.write_text(json.dumps({"user_key": "a" * 64, "erased_at": "2099-01-01T00:00:00+00:00"}) + "\n")
     backup = tmp_path / "ok.backup"
     ok(cli("backup", "-o", str(backup), url=url, cwd=tmp_path))
     async with fresh_database(store.db.dialect, tmp_path / "t") as target:
         (tmp_path / "t").mkdir(exist_ok=True)
-        refused = cli("restore", str(backup), "--erasures-from", str(bad_log), url=target, cwd=tmp_path)
-        assert refused.returncode == 1 and "not an erasure log entry" in refused.stderr
+        for log, said in ((bad_log, "not an erasure log entry"), (future_log, "dated in the future"),
+                          (tmp_path / "mistyped.jsonl", "not an erasure log")):  # fmt: skip
+            refused = cli("restore", str(backup), "--erasures-from", str(log), url=target, cwd=tmp_path)
+            assert refused.returncode == 1 and said in refused.stderr
+            assert cli("check", url=target, cwd=tmp_path).returncode == 1  # checked first: nothing was restored
+        ok(cli("restore", str(backup), url=target, cwd=tmp_path))  # so the right restore can still be made
+    if store.db.dialect == "sqlite":  # a damaged page: refused at the restore, not at the first read after it
+        damaged = bytearray(backup.read_bytes())
+        damaged[4096 * 3 : 4096 * 3 + 200] = b"\xff" * 200
+        broken = tmp_path / "damaged.backup"
+        broken.write_bytes(bytes(damaged))
+        target = f"sqlite+aiosqlite:///{tmp_path}/from-damaged.db"
+        refused = cli("restore", str(broken), url=target, cwd=tmp_path)
+        assert refused.returncode == 1 and "damaged" in refused.stderr and not (tmp_path / "from-damaged.db").exists()

@@ -33,16 +33,22 @@ class Catch(logging.Handler):
 logging.getLogger("agent_store.usage").addHandler(Catch())
 
 async def main(url, case):
+    if case == "two-agents":  # one records, the other does not: its answers go unrecorded
+        recorded = Agent(client=OfflineChatClient(), name="A", middleware=[UsageRecorder()])
+        plain = Agent(client=OfflineChatClient(), name="B")
     agent = {"bare-recorder": lambda: Agent(client=Bare(), name="A", middleware=[UsageRecorder()]),
              "plain": lambda: Agent(client=OfflineChatClient(), name="A"),
              "recorder": lambda: Agent(client=OfflineChatClient(), name="A", middleware=[UsageRecorder()]),
-             "no-answer": lambda: None}[case]()
+             "no-answer": lambda: None, "two-agents": lambda: "both"}[case]()
     async with Store.from_url(url) as store:
         await store.migrate()
         for sid in ("s1", "s2"):
             async with store.session(sid, user_id="u") as session:
                 if agent is None:
                     session.state["k"] = 1  # a run with no model answer
+                elif agent == "both":
+                    await recorded.run("hello", session=session)
+                    await plain.run("hello again", session=session)
                 else:
                     await agent.run("hello", session=session)
         async with store.session("s1", user_id="u") as session:
@@ -56,7 +62,7 @@ asyncio.run(main(sys.argv[1], sys.argv[2]))
 
 
 @pytest.mark.parametrize(("case", "warned", "rows"), [("bare-recorder", 1, 0), ("plain", 1, 0), ("recorder", 0, 2),
-                                                      ("no-answer", 0, 0)])  # fmt: skip
+                                                      ("no-answer", 0, 0), ("two-agents", 1, 2)])  # fmt: skip
 def test_unrecorded_usage_is_said_once(url: str, tmp_path: Path, case: str, warned: int, rows: int) -> None:
     script = tmp_path / "probe.py"
     script.write_text(PROBE, encoding="utf-8")

@@ -48,6 +48,7 @@ async def test_every_owner_s_rows_go_out_and_come_back(filled: Store, url: str, 
 async def test_an_export_that_finds_nothing_says_so_and_exits_1(store: Store, url: str, tmp_path: Path) -> None:
     empty = cli("export", "--all-users", "-o", str(tmp_path / "none.jsonl"), url=url, cwd=tmp_path)
     assert empty.returncode == 1 and "nothing exported: the store holds nothing" in empty.stderr
+    assert not list(tmp_path.glob("none.jsonl*"))  # noqa: ASYNC240  (no file for an export that found nothing)
     agent = Agent(client=OfflineChatClient(), name="Bot")
     async with store.session("s1", user_id="ann") as session:
         await agent.run("hello", session=session)

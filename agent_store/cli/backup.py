@@ -42,10 +42,10 @@ async def restore(url: str | None, source: Path, erasures_from: str | None, as_j
 
     Restore before the app uses the database: the erasures are re-applied before this command returns."""
     target = resolve_url(url)
+    log = None if erasures_from is None else backups.checked_log(await _erasure_log(erasures_from))  # before anything
     await backups.restore(source, target)
     again: list[str] = []
-    if erasures_from is not None:
-        log = await _erasure_log(erasures_from)
+    if log is not None:
         async with open_store(url) as store:
             again = await backups.reapply_erasures(store.db, log)
     if as_json:
@@ -67,10 +67,19 @@ async def _erasure_log(where: str) -> list[dict[str, object]]:
 @url_option
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="File (default: stdout).")  # fmt: skip
+@click.option("--apply-from", "apply_from", default=None, metavar="URL|FILE",
+              help="Instead: erase again, in this store, the users another store's log (or a log file) erased "
+                   "after their rows here (after a point-in-time recovery or a restore made without it).")  # fmt: skip
 @runs_async
-async def erasures(url: str | None, output: Path | None) -> None:
+async def erasures(url: str | None, output: Path | None, apply_from: str | None) -> None:
     """Write the erasure log (a SHA-256 of each erased user id, and when) as JSON Lines: keep it beside the
-    backups, for `restore --erasures-from FILE`."""
+    backups, for `restore --erasures-from FILE`. With --apply-from, re-apply such a log to this store."""
+    if apply_from is not None:
+        entries = backups.checked_log(await _erasure_log(apply_from))
+        async with open_store(url) as store:
+            again = await backups.reapply_erasures(store.db, entries)
+        click.echo(f"{len(again)} users erased since were erased again")
+        return
     async with open_store(url) as store:
         log = await backups.erasure_log(store.db)
     text = "".join(json.dumps(entry) + "\n" for entry in log)

@@ -64,13 +64,15 @@ async def export(url: str | None, user_id: str | None, all_users: bool, session_
             partial.unlink()
         raise
     count = json.loads(line)["sessions"]
+    if written <= 2 and user_id is None and session_id is None:  # the header and the trailer: nothing found
+        if partial is not None:
+            partial.unlink(missing_ok=True)  # no file for an export that found nothing
+        hint = "the store holds nothing" if all_users else "no session without a user; give --user ID or --all-users"
+        raise click.ClickException(f"nothing exported: {hint}")
     if partial is not None and output is not None:
         partial.replace(output)  # the whole export, at once
         summary = {"sessions": count, "lines": written, "file": str(output)}
         print_json(summary) if as_json else click.echo(f"exported {_sessions(count)} ({written} lines) to {output}")
-    if written <= 2 and user_id is None and session_id is None:  # the header and the trailer: nothing found
-        hint = "the store holds nothing" if all_users else "no session without a user; give --user ID or --all-users"
-        raise click.ClickException(f"nothing exported: {hint}")
 
 
 def _sessions(n: int) -> str:

@@ -44,6 +44,8 @@ async def usage(by: str, since: str | None, until: str | None, user_id: str | No
     start, end = _moment(since, "--since"), _moment(until, "--until")
     if start is not None and end is not None and start >= end:
         raise click.UsageError(f"--since ({since}) is not before --until ({until}): the report would be empty")
+    if start is not None and start > datetime.now(UTC):
+        raise click.UsageError(f"--since ({since}) is in the future: the report would be empty")
     async with open_store(url) as store:
         lines = await store.usage.report(by, since=start, until=end, user_id=user_id)
     if as_json:

@@ -22,28 +22,42 @@ import json
 import os
 import shutil
 import sqlite3
+import uuid
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, select, union_all
+from sqlalchemy import func, literal, select, union_all
 from sqlalchemy.engine import URL
 
+from agent_store.db.column_types import UTCDateTime
 from agent_store.db.database import Database
 from agent_store.db.erasures import ERASURE_LOG_KEPT, user_key
-from agent_store.db.hosted_tables import hosted_responses_t
+from agent_store.db.hosted_tables import CHECKPOINT_CONTEXT, hosted_items_t, hosted_responses_t
 from agent_store.db.journal_tables import streams_t
-from agent_store.db.tables import erasures_t, sessions_t, ui_snapshots_t, user_state_t
+from agent_store.db.tables import (
+    budgets_t,
+    checkpoint_workflows_t,
+    checkpoints_t,
+    erasures_t,
+    sessions_t,
+    ui_snapshots_t,
+    user_state_t,
+)
 from agent_store.errors import ConfigurationError, InvalidValueError
 from agent_store.operations.retention import erase_user
 
-__all__ = ["ERASURE_LOG_KEPT", "backup", "erasure_log", "reapply_erasures", "restore"]
-# Where a user's rows are, and when each was last written: an owner whose newest row predates their erasure.
+__all__ = ["ERASURE_LOG_KEPT", "backup", "checked_log", "erasure_log", "reapply_erasures", "restore"]
+# Where a user's rows are, and when each was last written (None: the table keeps no time): every table erase_user
+# deletes from, so an owner with rows only there is found too. A checkpoint owner may be a user's hosted workflow
+# context (``user`` + CHECKPOINT_CONTEXT + a hash): it is that user's.
+_NO_TIME = literal(None, type_=UTCDateTime())
 _OWNED = ((sessions_t.c.user_id, sessions_t.c.updated_at), (user_state_t.c.user_id, user_state_t.c.updated_at),
-          (hosted_responses_t.c.user_id, hosted_responses_t.c.updated_at),
-          (ui_snapshots_t.c.scope, ui_snapshots_t.c.updated_at),
-          (streams_t.c.user_id, streams_t.c.updated_at))  # fmt: skip
+          (hosted_responses_t.c.user_id, hosted_responses_t.c.updated_at), (hosted_items_t.c.user_id, _NO_TIME),
+          (ui_snapshots_t.c.scope, ui_snapshots_t.c.updated_at), (streams_t.c.user_id, streams_t.c.updated_at),
+          (checkpoints_t.c.user_id, checkpoints_t.c.saved_at),
+          (checkpoint_workflows_t.c.user_id, _NO_TIME))  # fmt: skip
 _PG_ENV = {"sslmode": "PGSSLMODE", "sslrootcert": "PGSSLROOTCERT", "sslcert": "PGSSLCERT", "sslkey": "PGSSLKEY",
            "passfile": "PGPASSFILE", "target_session_attrs": "PGTARGETSESSIONATTRS"}  # fmt: skip
 
@@ -82,13 +96,22 @@ async def restore(path: Path, url: URL) -> None:
 
 
 def _partial_for(path: Path, why: str) -> Path:
+    """A partial file of this call's own beside ``path`` (two at once never share one)."""
     if path.exists():
         raise InvalidValueError(f"{path} exists: {why}")
-    return path.with_name(path.name + ".partial")
+    if not path.parent.is_dir():
+        raise InvalidValueError(f"cannot write {path}: its folder does not exist")
+    return path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.partial")
 
 
 def _renamed(partial: Path, path: Path) -> int:
-    partial.replace(path)  # whole, at once
+    """Put the whole file in place, never over one that appeared meanwhile (a link fails if the name exists)."""
+    try:
+        os.link(partial, path)
+    except FileExistsError:
+        raise InvalidValueError(f"{path} exists: it appeared while this was being written; nothing replaced") from None
+    finally:
+        partial.unlink(missing_ok=True)
     return path.stat().st_size
 
 
@@ -99,19 +122,25 @@ async def erasure_log(db: Database) -> list[dict[str, Any]]:
     return [{"user_key": row.user_key, "erased_at": row.erased_at.isoformat()} for row in found]
 
 
-async def reapply_erasures(db: Database, log: Iterable[dict[str, Any]]) -> list[str]:
+async def reapply_erasures(db: Database, log: Iterable[dict[str, Any]] | dict[str, datetime]) -> list[str]:
     """Erase every owner of ``db`` that ``log`` erased after their newest row here; record the log's entries.
     Returns the owners erased."""
-    erased = _checked_log(log)
+    erased = log if isinstance(log, dict) else _checked_log(log)
     if not erased:
         return []
-    owners = union_all(*(select(column.label("owner"), when.label("at")) for column, when in _OWNED)).subquery()
+    parts = [select(column.label("owner"), when.label("at")) for column, when in _OWNED]
+    parts.append(select(budgets_t.c.subject, budgets_t.c.period_start).where(budgets_t.c.scope == "user"))
+    owners = union_all(*parts).subquery()
+    newest: dict[str, Any] = {}
     async with db.transaction(write=False, doing="finding erased owners") as conn:
-        newest = {row.owner: row.at for row in await conn.execute(
-            select(owners.c.owner, func.max(owners.c.at).label("at")).where(owners.c.owner.is_not(None))
-            .group_by(owners.c.owner)
-        )}  # fmt: skip
-    again = sorted(owner for owner, at in newest.items() if owner and user_key(owner) in erased
+        for row in await conn.execute(select(owners.c.owner, func.max(owners.c.at).label("at"))
+                                      .where(owners.c.owner.is_not(None)).group_by(owners.c.owner)):  # fmt: skip
+            owner = row.owner.split(CHECKPOINT_CONTEXT)[0]  # a hosted workflow context's checkpoints: its user's
+            if owner and row.at is not None:
+                newest[owner] = max(row.at, newest.get(owner) or row.at)
+            elif owner:
+                newest.setdefault(owner, None)  # rows with no time: nothing shows they are newer
+    again = sorted(owner for owner, at in newest.items() if user_key(owner) in erased
                    and (at is None or at < erased[user_key(owner)]))  # fmt: skip
     for owner in again:
         await erase_user(db, owner, 10_000, None)
@@ -133,6 +162,11 @@ def read_log_file(path: Path) -> list[dict[str, Any]]:
         raise InvalidValueError(f"{path} is not an erasure log ({type(exc).__name__})") from exc
 
 
+def checked_log(log: Iterable[dict[str, Any]]) -> dict[str, datetime]:
+    """The log's entries, each checked (a hex SHA-256, an aware time not in the future): by user key."""
+    return _checked_log(log)
+
+
 def _checked_log(log: Iterable[dict[str, Any]]) -> dict[str, datetime]:
     erased: dict[str, datetime] = {}
     for entry in log:
@@ -142,6 +176,8 @@ def _checked_log(log: Iterable[dict[str, Any]]) -> dict[str, datetime]:
             raise InvalidValueError(f"not an erasure log entry: {str(entry)[:100]}") from exc
         if not (isinstance(key, str) and len(key) == 64 and all(c in "0123456789abcdef" for c in key)) or not at.tzinfo:
             raise InvalidValueError(f"not an erasure log entry: {str(entry)[:100]}")
+        if at > datetime.now(UTC) + timedelta(minutes=5):  # a wrong clock's: its fence would shut the user out
+            raise InvalidValueError(f"an erasure log entry dated in the future ({at.isoformat()}): nothing applied")
         erased[key] = max(at, erased.get(key, at))
     return erased
 
@@ -157,12 +193,21 @@ def _sqlite_copy(source: Path, target: Path) -> None:
     """SQLite's online backup: a consistent copy while others write (it restarts if they write meanwhile)."""
     if not source.is_file():
         raise InvalidValueError(f"no SQLite database at {source}")
-    target.unlink(missing_ok=True)
-    with sqlite3.connect(f"{source.absolute().as_uri()}?mode=ro", uri=True) as src, sqlite3.connect(target) as dst:
-        try:
-            src.backup(dst)
-        except sqlite3.DatabaseError as exc:
-            raise InvalidValueError(f"{source} is not a SQLite database ({exc})") from exc
+    try:
+        with sqlite3.connect(f"{source.absolute().as_uri()}?mode=ro", uri=True) as src, sqlite3.connect(target) as dst:
+            try:
+                src.backup(dst)
+            except sqlite3.DatabaseError as exc:
+                raise InvalidValueError(f"{source} is not a SQLite database ({exc})") from exc
+            try:  # a damaged page is refused here, not at the first read after the restore
+                checked = dst.execute("PRAGMA quick_check").fetchone()[0]
+            except sqlite3.DatabaseError as exc:
+                checked = str(exc)
+            if checked != "ok":
+                raise InvalidValueError(f"{source} is damaged (SQLite quick_check: {str(checked)[:200]})")
+            dst.execute("PRAGMA journal_mode = DELETE")  # one self-contained file (a store sets WAL again on open)
+    except sqlite3.OperationalError as exc:
+        raise InvalidValueError(f"cannot copy {source} to {target}: {exc}") from exc
 
 
 async def _run(program: str, arguments: list[str], url: URL) -> None:
@@ -185,4 +230,5 @@ async def _run(program: str, arguments: list[str], url: URL) -> None:
     _, err = await done.communicate()
     if done.returncode != 0:
         said = err.decode(errors="replace").strip().splitlines()
-        raise InvalidValueError(f"{program} failed: {said[-1] if said else f'exit status {done.returncode}'}"[:500])
+        errors = [line for line in said if "error:" in line.lower()] or said  # the first error says why
+        raise InvalidValueError(f"{program} failed: {errors[0] if errors else f'exit status {done.returncode}'}"[:500])

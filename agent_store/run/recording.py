@@ -48,15 +48,16 @@ def stop_recording(token: Token[list[ModelCall] | None]) -> None:
 
 
 def say_if_unrecorded(calls: list[ModelCall], history: Sequence[Message], loaded_ids: set[str]) -> None:
-    """A ``store.session`` run that adds a model's answer with no model call recorded: say so, once per process.
+    """A ``store.session`` run that adds more model answers than it recorded model calls (a plain agent, or two
+    agents of which one records): say so, once per process.
 
     No store hook sees a plain agent's response (the framework hands it to chat middleware and to history
     providers only): without ``UsageRecorder`` in the agent's middleware, on a client that runs chat middleware
     (the framework's ``ChatMiddlewareLayer``), the ledger gets nothing and budgets never trip."""
     global _TOLD
-    if _TOLD or calls:
-        return
-    if not any(m.role == "assistant" and m.additional_properties.get(STORE_ID) not in loaded_ids for m in history):
+    new = (m for m in history if m.additional_properties.get(STORE_ID) not in loaded_ids)
+    answers = sum(1 for m in new if m.role == "assistant")
+    if _TOLD or answers <= len(calls):  # each new assistant message came from a model call: fewer calls, some unseen
         return
     _TOLD = True
     log.warning(
