@@ -88,7 +88,7 @@ def row_values(kind: str, row: dict[str, Any], settings: Settings) -> dict[str, 
     """The insert values of one exported ``kind`` row, checked; :class:`InvalidValueError` says what is wrong."""
     table = TABLES[kind]
     try:
-        values = _columns(table, row, _FILLED.get(kind, set()))
+        values = columns(table, row, _FILLED.get(kind, set()))
         for name in _IDS.get(kind, ()):
             codec.check_id(values.get(name), f"{kind}.{name}", required=not table.c[name].nullable)
         for name in _NON_NEGATIVE:
@@ -124,7 +124,7 @@ def _check_usage(values: dict[str, Any]) -> None:
             raise InvalidValueError(f"usage.{column} must be from 0 to {COUNT_MAX - 1}, as a commit stores it")
 
 
-def _columns(table: Table, data: dict[str, Any], filled: set[str]) -> dict[str, Any]:
+def columns(table: Table, data: dict[str, Any], filled: set[str]) -> dict[str, Any]:
     """Column values for an insert, each of its column's type; JSON re-serialized with the store's own rules."""
     values = {column.name: data[column.name] for column in table.c if column.name in data}
     for column in table.c:

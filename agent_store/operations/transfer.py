@@ -47,7 +47,7 @@ from agent_store.db.tables import (
 )
 from agent_store.errors import ConflictError, InvalidValueError
 from agent_store.models import TransferReport
-from agent_store.operations import import_trees, transfer_hosted
+from agent_store.operations import import_trees, transfer_config, transfer_hosted
 from agent_store.operations.import_rows import TABLES, row_values
 
 FORMAT = "agent_store.jsonl"
@@ -222,6 +222,13 @@ async def import_lines(
                 trailer = record
                 if record.get("lines") != number or record.get("sessions") != imported + skipped:
                     raise InvalidValueError("import: the trailer's counts do not match the file; nothing was imported")
+                continue
+            if kind in transfer_config.KINDS and isinstance(row, dict):  # a whole store's own rows (--all-users)
+                await flush()
+                try:
+                    await transfer_config.add(conn, kind, row, db.settings)
+                except InvalidValueError as exc:
+                    raise InvalidValueError(f"import: line {number}: {exc}; nothing was imported") from exc
                 continue
             if not isinstance(kind, str) or kind not in TABLES or not isinstance(row, dict):
                 raise InvalidValueError(f"import: line {number}: unknown record kind {kind!r}"[:300])

@@ -1,9 +1,10 @@
 """A whole-store export (``agent-store export --all-users``): every user's export, one after the other, in one file.
 
 The file is the usual format (transfer.py): one header, then each owner's lines as ``export(user_id=...)`` writes
-them (sessions, ``user:`` keys, checkpoints, hosted responses), then one trailer, so ``import`` reads it back as
-it reads one user's. Owners are found in every table that has them (a user may have checkpoints or hosted
-responses and no session), a page at a time, and each owner's session ids are listed when its turn comes: memory
+them (sessions, ``user:`` keys, checkpoints, hosted responses), then the store's own rows (``app:`` keys, budgets,
+prices: transfer_config.py), then one trailer, so ``import`` reads it back as it reads one user's. Owners are
+found in every table that has them (a user may have checkpoints or hosted responses and no session), a page at a
+time, and each owner's session ids are listed when its turn comes: memory
 stays flat however many users the store has. No owner (``None``: sessions without a user, and the ``""``
 partition of checkpoints and hosted rows) comes first.
 """
@@ -19,7 +20,7 @@ from agent_store.db.database import Database
 from agent_store.db.hosted_tables import hosted_responses_t
 from agent_store.db.tables import SCHEMA_REVISION, checkpoints_t, sessions_t, user_state_t
 from agent_store.errors import InvalidValueError
-from agent_store.operations import transfer
+from agent_store.operations import transfer, transfer_config
 
 __all__ = ["export", "export_all"]
 OWNERS_PAGE = 500
@@ -48,6 +49,9 @@ async def export_all(db: Database) -> AsyncIterator[str]:
             written += 1
             sessions += line.startswith('{"kind": "session"')
             yield line
+    async for line in transfer_config.export(db, lambda kind, t, row: transfer._line(kind, transfer._to_json(t, row))):
+        written += 1  # the store's own rows: app: keys, budgets, prices (transfer_config.py)
+        yield line
     yield json.dumps({"kind": "trailer", "sessions": sessions, "lines": written + 1})
 
 
