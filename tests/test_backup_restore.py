@@ -121,3 +121,14 @@ async def test_bad_backups_and_restores_are_one_line_errors(store: Store, url: s
         target = f"sqlite+aiosqlite:///{tmp_path}/from-damaged.db"
         refused = cli("restore", str(broken), url=target, cwd=tmp_path)
         assert refused.returncode == 1 and "damaged" in refused.stderr and not (tmp_path / "from-damaged.db").exists()
+
+
+def test_pg_dump_and_pg_restore_refuse_a_pgbouncer_url(tmp_path: Path) -> None:
+    """Behind PgBouncer in transaction mode their session settings and snapshot do not hold: said, nothing run."""
+    url = "postgresql+asyncpg://app@127.0.0.1:6439/agents?pgbouncer=true"  # never reached: refused before
+    for args in (["backup", "-o", str(tmp_path / "b.backup")], ["restore", str(tmp_path / "b.backup")]):
+        if args[0] == "restore":
+            (tmp_path / "b.backup").write_bytes(b"PGDMP")
+        done = cli(*args, url=url, cwd=tmp_path)
+        assert done.returncode == 1 and "needs a direct connection to the server" in done.stderr, done.stderr
+

@@ -258,6 +258,7 @@ async def test_sqlite_writers_wait_as_long_as_the_caller_says(sqlite_url: str) -
             return int((await conn.exec_driver_sql("PRAGMA busy_timeout")).scalar_one())
 
     async with Store.from_url(sqlite_url) as store:
+        await store.migrate()  # the database (a read never creates one)
         assert await busy_ms(store) == 30_000
     async with Store.from_url(sqlite_url, connect_args={"timeout": 0.2}) as store:
         assert await busy_ms(store) == 200

@@ -23,6 +23,7 @@ from agent_store.operations import backup as backups
 @runs_async
 async def backup(url: str | None, output: Path, as_json: bool) -> None:
     """Back up the store, safely while it is in use (SQLite: online backup; PostgreSQL: pg_dump)."""
+    backups.direct_only(resolve_url(url), "pg_dump")
     async with open_store(url) as store:  # the database is there and reachable; the copy is made apart
         await store.db.check_schema()
         size = await backups.backup(store.url, output)
@@ -42,6 +43,7 @@ async def restore(url: str | None, source: Path, erasures_from: str | None, as_j
 
     Restore before the app uses the database: the erasures are re-applied before this command returns."""
     target = resolve_url(url)
+    backups.direct_only(target, "pg_restore")
     log = None if erasures_from is None else backups.checked_log(await _erasure_log(erasures_from))  # before anything
     await backups.restore(source, target)
     again: list[str] = []

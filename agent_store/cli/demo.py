@@ -20,6 +20,7 @@ from typing import Any
 from agent_framework import Agent
 from sqlalchemy import text
 
+from agent_store.agent_framework.usage_recorder import UsageRecorder
 from agent_store.db.tables import SCHEMA_REVISION
 from agent_store.db.urls import DEFAULT_URL
 from agent_store.errors import redact
@@ -38,7 +39,7 @@ def count_turn(state: dict[str, Any]) -> int:
 
 
 async def turn_one(url: str | None, chat_id: str, say: Callable[[str], None]) -> None:
-    agent = Agent(client=OfflineChatClient(), name="Assistant", instructions="友好的助手")
+    agent = Agent(client=OfflineChatClient(), name="Assistant", instructions="友好的助手", middleware=[UsageRecorder()])
     async with Store.from_url(url, check_schema=False) as setup:
         # A new database gets the schema; one of an older agent_store is left for `agent-store upgrade` to take.
         if await setup.db.revision() is None:
@@ -54,7 +55,7 @@ async def turn_one(url: str | None, chat_id: str, say: Callable[[str], None]) ->
 
 
 async def turn_two(url: str | None, chat_id: str, say: Callable[[str], None]) -> None:
-    agent = Agent(client=OfflineChatClient(), name="Assistant", instructions="友好的助手")
+    agent = Agent(client=OfflineChatClient(), name="Assistant", instructions="友好的助手", middleware=[UsageRecorder()])
     async with Store.from_url(url) as store:
         async with store.session(chat_id, user_id="li-ming") as session:
             turn = count_turn(session.state)
@@ -66,8 +67,8 @@ async def turn_two(url: str | None, chat_id: str, say: Callable[[str], None]) ->
 
 async def shared_session(url: str | None, shared_id: str, say: Callable[[str], None]) -> None:
     client = OfflineChatClient()
-    translator = Agent(client=client, name="Translator", instructions="翻译助手")
-    summarizer = Agent(client=client, name="Summarizer", instructions="摘要助手")
+    translator = Agent(client=client, name="Translator", instructions="翻译助手", middleware=[UsageRecorder()])
+    summarizer = Agent(client=client, name="Summarizer", instructions="摘要助手", middleware=[UsageRecorder()])
     async with Store.from_url(url) as store:
         async with store.session(shared_id, user_id="li-ming") as session:
             translated = await translator.run("Sessions keep state across agent runs.", session=session)

@@ -48,7 +48,7 @@ from agent_store.db.tables import (
 from agent_store.errors import ConfigurationError, InvalidValueError
 from agent_store.operations.retention import erase_user
 
-__all__ = ["ERASURE_LOG_KEPT", "backup", "checked_log", "erasure_log", "reapply_erasures", "restore"]
+__all__ = ["ERASURE_LOG_KEPT", "backup", "checked_log", "direct_only", "erasure_log", "reapply_erasures", "restore"]
 # Where a user's rows are, and when each was last written (None: the table keeps no time): every table erase_user
 # deletes from, so an owner with rows only there is found too. A checkpoint owner may be a user's hosted workflow
 # context (``user`` + CHECKPOINT_CONTEXT + a hash): it is that user's.
@@ -182,6 +182,14 @@ def _checked_log(log: Iterable[dict[str, Any]]) -> dict[str, datetime]:
     return erased
 
 
+def direct_only(url: URL, program: str = "a backup") -> None:
+    """pg_dump and pg_restore need the server itself: behind PgBouncer in transaction mode their settings and
+    snapshot would not hold. Checked before any connection is made."""
+    if url.query.get("pgbouncer") in ("true", "1", "yes") or "prepared_statement_cache_size" in url.query:
+        raise ConfigurationError(f"{program} needs a direct connection to the server, not PgBouncer in "
+                                 "transaction mode (its settings and snapshot would not hold): give the server's URL")
+
+
 def _sqlite_path(url: URL) -> Path:
     database = url.database or ""
     if database in ("", ":memory:") or database.startswith("file:"):
@@ -212,6 +220,7 @@ def _sqlite_copy(source: Path, target: Path) -> None:
 
 async def _run(program: str, arguments: list[str], url: URL) -> None:
     """pg_dump or pg_restore on the URL's database; the connection in PG* variables, its stderr in the error."""
+    direct_only(url, program)
     binary = shutil.which(program)
     if binary is None:
         raise ConfigurationError(f"{program} is not installed here (Debian: apt-get install postgresql-client)")
