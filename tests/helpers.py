@@ -121,6 +121,17 @@ async def expire_now(store: Store, session_id: str) -> None:
         )
 
 
+async def dead_run(store: Store, stream_id: str, *, conversation_id: str | None = None) -> None:
+    """What a worker that died mid-run leaves in the journal: a run ``in_progress`` whose lease ran out."""
+    past = datetime.now(UTC) - timedelta(seconds=5)
+    async with store.engine.begin() as conn:
+        await conn.execute(text(
+            "INSERT INTO agent_streams (user_id, stream_id, conversation_id, kind, status, last_seq, owner,"
+            " lease_until, cancel_requested, created_at, updated_at) VALUES ('u', :sid, :cid, 'agui', 'in_progress',"
+            " 2, 'gone:1', :t, :f, :t, :t)"
+        ), {"sid": stream_id, "cid": conversation_id, "t": past, "f": False})  # fmt: skip
+
+
 def plain_dsn(sa_url: str) -> str:
     """The libpq URL of a ``postgresql+asyncpg://`` one, for a raw asyncpg connection (the query dropped)."""
     return make_url(sa_url).set(drivername="postgresql", query={}).render_as_string(hide_password=False)

@@ -7,7 +7,6 @@ client replaying its own transcript."""
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -15,6 +14,7 @@ import pytest
 from agent_framework import Agent, tool
 from agent_framework_ag_ui import AgentFrameworkAgent
 from fastapi import FastAPI
+from helpers import dead_run
 from sqlalchemy import text
 from test_agui_resume import frames
 
@@ -113,7 +113,14 @@ async def test_a_hard_cancel_during_the_last_batch_still_ends_the_run_with_every
 
 
 async def test_a_batch_over_the_statement_limit_goes_as_several(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(writer_module, "BATCH_BYTES", 2**20)  # 1 MiB: a 64-event batch of 100 kB is 7 statements
+    monkeypatch.setattr(writer_module, "BATCH_CHARS", 2**18)  # 64 events of 33,000 characters: 9 statements
+    real, sent = writer_module.send_batch, []
+
+    async def counted(db: Any, params: Any, batch: list[str]) -> Any:
+        sent.append(sum(len(event) for event in batch))
+        return await real(db, params, batch)
+
+    monkeypatch.setattr(writer_module, "send_batch", counted)
     journal = store.journal(batch_events=64, batch_ms=60_000)
     async with await journal.start("big", user_id="u") as writer:
         for n in range(64):
@@ -121,6 +128,7 @@ async def test_a_batch_over_the_statement_limit_goes_as_several(store: Store, mo
     events, info = await journal.read("big", user_id="u")
     assert info["status"] == "completed" and [e.event["n"] for e in events] == list(range(64))
     assert [e.seq for e in events] == list(range(1, 65))
+    assert len(sent) >= 9 and max(sent) <= 2**18  # several statements, none over the limit
     await journal.close()
 
 
@@ -241,13 +249,7 @@ async def test_the_end_is_sent_again_while_the_database_is_briefly_away(
 
 
 async def test_a_run_whose_worker_died_does_not_hold_its_thread(store: Store) -> None:
-    past = datetime.now(UTC) - timedelta(seconds=5)
-    async with store.engine.begin() as conn:  # what a worker that died mid-run leaves: in_progress, lease run out
-        await conn.execute(text(
-            "INSERT INTO agent_streams (user_id, stream_id, conversation_id, kind, status, last_seq, owner,"
-            " lease_until, cancel_requested, created_at, updated_at) VALUES ('u', 'dead', 'thread-1', 'agui',"
-            " 'in_progress', 2, 'gone:1', :t, :f, :t, :t)"
-        ), {"t": past, "f": False})  # fmt: skip
+    await dead_run(store, "dead", conversation_id="thread-1")  # its worker died mid-run
     journal = store.journal()
     writer = await journal.start("next", user_id="u", kind="agui", conversation_id="thread-1")
     await writer.finish("completed")

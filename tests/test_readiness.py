@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from cli_support import cli, ok
+from helpers import dead_run
 from sqlalchemy import text
 
 from agent_store import ConflictError, SchemaOutOfDateError, Store
@@ -30,13 +31,7 @@ async def test_figures_show_purge_lag_conflicts_and_stuck_runs(store: Store, url
     async with store.engine.begin() as conn:  # it expired an hour ago and no purge has run since
         await conn.execute(text("UPDATE agent_sessions SET expires_at = :t"),
                            {"t": datetime.now(UTC) - timedelta(hours=1)})  # fmt: skip
-    past = datetime.now(UTC) - timedelta(seconds=5)
-    async with store.engine.begin() as conn:  # what a worker that died mid-run leaves: in_progress, lease run out
-        await conn.execute(text(
-            "INSERT INTO agent_streams (user_id, stream_id, kind, status, last_seq, owner, lease_until,"
-            " cancel_requested, created_at, updated_at) VALUES ('u', 'r', 'agui', 'in_progress', 3, 'gone:1', :t,"
-            " :f, :t, :t)"
-        ), {"t": past, "f": False})  # fmt: skip
+    await dead_run(store, "r")  # a worker died mid-run
     seen = json.loads(ok(cli("check", "--figures", "--json", url=url, cwd=tmp_path)))
     assert seen["ok"] is True and seen["revision"] == (await store.ready())["revision"]
     assert seen["expired_waiting"] == 1 and 3500 <= seen["purge_lag_s"] <= 3700

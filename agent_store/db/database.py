@@ -8,7 +8,6 @@ cleanup after a failure never replaces the caller's exception with its own.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -21,7 +20,14 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from agent_store.db import codec, message_rows
 from agent_store.db.connections import checkout, once_more_if_dropped, quietly
 from agent_store.db.driver_path import DriverPath
-from agent_store.db.engine import NO_TRANSACTION, check_schema, configure_engine, migration_connection, migrations_dir
+from agent_store.db.engine import (
+    NO_TRANSACTION,
+    check_schema,
+    configure_engine,
+    migration_connection,
+    migrations_dir,
+    no_sqlite_file,
+)
 from agent_store.errors import (
     ConfigurationError,
     InvalidValueError,
@@ -269,7 +275,7 @@ class Database:
 
     async def revision(self) -> str | None:
         """The schema revision, None for none (also a SQLite path with no database yet: nothing is created)."""
-        if self.dialect == "sqlite" and _no_database_file(self.url.database or ""):
+        if self.dialect == "sqlite" and no_sqlite_file(self.url.database or ""):
             return None
         with translated(self.url, "reading the schema revision"):
             async with self.engine.connect() as conn:
@@ -288,7 +294,3 @@ def _current_revision(sync_conn: Any) -> str | None:
 
     return MigrationContext.configure(sync_conn).get_current_revision()
 
-
-def _no_database_file(path: str) -> bool:
-    """A SQLite path (not a ``file:`` URI) where no database exists yet."""
-    return bool(path) and not path.startswith("file:") and not os.path.exists(path)

@@ -89,11 +89,16 @@ def _create(url: URL, **engine_kwargs: Any) -> AsyncEngine:
 CREATING_SQLITE: ContextVar[bool] = ContextVar("agent_store_creating_sqlite", default=False)
 
 
+def no_sqlite_file(path: str) -> bool:
+    """A SQLite path (not a ``file:`` URI) where no database exists yet."""
+    return bool(path) and not path.startswith("file:") and not Path(path).exists()
+
+
 def _sqlite_existing_only(_dialect: Any, _record: Any, cargs: list[Any], cparams: dict[str, Any]) -> None:
     """A read, a run or a warm-up on a path with no database fails here, instead of leaving an empty file behind
     (sqlite3's connect would create one): only a migration creates the database."""
     path = str(cargs[0]) if cargs else str(cparams.get("database", ""))
-    if CREATING_SQLITE.get() or cparams.get("uri") or path.startswith("file:") or Path(path).exists():
+    if CREATING_SQLITE.get() or cparams.get("uri") or not no_sqlite_file(path):
         return
     raise SchemaOutOfDateError(
         f"no SQLite database at {path} (none was created): create it with `await store.migrate()` or "
@@ -260,10 +265,10 @@ async def check_schema(conn: AsyncConnection, url: URL) -> None:
             f"{where} is at schema revision {current}, behind this agent_store ({SCHEMA_REVISION}); "
             f"run `{upgrade}` (or `await store.migrate()`)"
         )
-    oldest = await oldest_code(conn) if current.isdigit() else None
     newer = current.isdigit() and len(current) == len(SCHEMA_REVISION) and current > SCHEMA_REVISION  # 0021, ...
+    oldest = await oldest_code(conn) if newer else None
     needs = "upgrade the agent-store package"
-    if newer and oldest is not None:
+    if oldest is not None:
         if oldest <= SCHEMA_REVISION:  # zero-padded revisions: text order
             log.info("%s is at schema %s, newer than this code (%s), which it keeps working (oldest code %s)",
                      where, current, SCHEMA_REVISION, oldest)  # fmt: skip

@@ -30,9 +30,10 @@ __all__ = ["StreamWriter"]
 log = logging.getLogger("agent_store.journal")
 QUEUED_BATCHES = 16  # an append past this many batches' events unsent waits for a batch to go (or raises)
 TRIES = 3
-# At most this many bytes of events in one statement (PostgreSQL's JSONB array of a batch stops at 256 MiB): a
-# bigger batch goes as several, one round trip each, in order.
-BATCH_BYTES = 32 * 2**20
+# At most this many characters of events (JSON text) in one statement: PostgreSQL's JSONB array of a batch stops at
+# 256 MiB, and a character is at most 4 bytes in UTF-8, so 32 Mi characters stay under 128 MiB. A bigger batch goes
+# as several, one round trip each, in order.
+BATCH_CHARS = 32 * 2**20
 
 
 class Journal(Protocol):
@@ -153,7 +154,7 @@ class StreamWriter:
 
     async def flush(self, status: str = "in_progress", error: str | None = None) -> None:
         """Send what is queued (maybe nothing: a heartbeat) as one batch (as several if it holds over
-        ``BATCH_BYTES``); ``status`` other than in_progress ends the run with the last. On return every event
+        ``BATCH_CHARS``); ``status`` other than in_progress ends the run with the last. On return every event
         numbered before the call is written."""
         async with self._lock:
             if self._timer is not None:
@@ -161,7 +162,7 @@ class StreamWriter:
                 self._timer = None
             while True:
                 n, size = 0, 0
-                while n < len(self._pending) and (n == 0 or size + len(self._pending[n]) <= BATCH_BYTES):
+                while n < len(self._pending) and (n == 0 or size + len(self._pending[n]) <= BATCH_CHARS):
                     size += len(self._pending[n])
                     n += 1
                 last = n == len(self._pending)

@@ -55,9 +55,14 @@ def say_if_unrecorded(calls: list[ModelCall], history: Sequence[Message], loaded
     providers only): without ``UsageRecorder`` in the agent's middleware, on a client that runs chat middleware
     (the framework's ``ChatMiddlewareLayer``), the ledger gets nothing and budgets never trip."""
     global _TOLD
-    new = (m for m in history if m.additional_properties.get(STORE_ID) not in loaded_ids)
-    answers = sum(1 for m in new if m.role == "assistant")
-    if _TOLD or answers <= len(calls):  # each new assistant message came from a model call: fewer calls, some unseen
+    if _TOLD:
+        return
+    answers = 0
+    for message in reversed(history):  # the run's new messages are its last: read only those
+        if message.additional_properties.get(STORE_ID) in loaded_ids:
+            break
+        answers += message.role == "assistant"
+    if answers <= len(calls):  # each new assistant message came from a model call: fewer calls, some unseen
         return
     _TOLD = True
     log.warning(
