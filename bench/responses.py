@@ -98,26 +98,32 @@ async def fresh(base_url: str, name: str) -> str:
     return make_url(base_url).set(database=database).render_as_string(hide_password=False)
 
 
-async def bytes_table(base_url: str, turns: int) -> None:
-    figures = {}
-    for name, conversation in (("linear", True), ("chained", False)):
-        url = await fresh(base_url, name)
-        async with Store.from_url(url) as store:
-            await store.migrate()
-            empty = await store_bytes(store, url)
-            await chain(AgentState(AGENT, session_store=StoreSessionStore(store, user_id="u")), turns,
-                        conversation=conversation)  # fmt: skip
-            figures[name] = await store_bytes(store, url) - empty
+async def bytes_table(base_url: str, turns: int, rounds: int = 3) -> None:
+    """Median of ``rounds`` (each in fresh databases): a B-tree page more or less is 2% of this bench's figure, and
+    which page splits, with random ids, moves from one round to the next."""
+    runs: dict[str, list[int]] = {"linear": [], "chained": []}
+    for _ in range(rounds):
+        for name, conversation in (("linear", True), ("chained", False)):
+            url = await fresh(base_url, name)
+            async with Store.from_url(url) as store:
+                await store.migrate()
+                empty = await store_bytes(store, url)
+                await chain(AgentState(AGENT, session_store=StoreSessionStore(store, user_id="u")), turns,
+                            conversation=conversation)  # fmt: skip
+                runs[name].append(await store_bytes(store, url) - empty)
+    ratios = sorted(c / line for c, line in zip(runs["chained"], runs["linear"], strict=True))
+    figures = {name: int(statistics.median(values)) for name, values in runs.items()}
     folder = Path(tempfile.mkdtemp())
     await chain(AgentState(AGENT, session_store=FileSessionStore(folder)), turns, conversation=False)
     files = [f for f in folder.rglob("*") if f.is_file()]  # noqa: ASYNC240 - once, after the chain
     file_bytes = sum(f.stat().st_size for f in files)
     backend = "PostgreSQL" if base_url.startswith("postgresql") else "SQLite"
-    print(f"\n{turns} turns, {backend}: bytes (what the turns added)\n")
+    print(f"\n{turns} turns, {backend}: bytes (what the turns added; medians of {rounds} rounds)\n")
     print("| stored as | bytes | per turn | x linear |\n|---|---|---|---|")
     print(f"| one conversation, advanced in place | {figures['linear']:,} | {figures['linear'] / turns:,.0f} | 1.00 |")
     print(f"| {turns} chained response ids (StoreSessionStore) | {figures['chained']:,} | "
-          f"{figures['chained'] / turns:,.0f} | {figures['chained'] / figures['linear']:.2f} |")  # fmt: skip
+          f"{figures['chained'] / turns:,.0f} | {statistics.median(ratios):.2f} "
+          f"({ratios[0]:.2f}-{ratios[-1]:.2f}) |")  # fmt: skip
     print(f"| {turns} chained response ids (core's FileSessionStore, {len(files)} files) | {file_bytes:,} | "
           f"{file_bytes / turns:,.0f} | {file_bytes / figures['linear']:.2f} |")  # fmt: skip
 

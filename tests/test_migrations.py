@@ -25,6 +25,7 @@ from agent_store import (
     Store,
 )
 from agent_store.db.engine import migrations_dir
+from agent_store.db.history_tables import PG_KEY_INDEX, SQLITE_KEY_INDEX, SQLITE_SESSION_INDEX
 from agent_store.db.tables import SCHEMA_REVISION, Base
 from agent_store.errors import DatabaseError
 
@@ -69,8 +70,11 @@ async def test_the_orm_models_match_the_head_schema(url: str) -> None:
         postgres = store.engine.dialect.name == "postgresql"
 
         def compared(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
-            # PostgreSQL keys the message id's unique index by its MD5 (0011): checked below, not by the ORM.
-            return modelled(obj, name, type_, reflected, compare_to) and not (postgres and name == MESSAGE_ID_INDEX)
+            # PostgreSQL keys the message id's unique index by its MD5 (0011); a response key's index is a hash
+            # index there and an index of key_hash on SQLite, which also indexes a session's responses (0021; on
+            # PostgreSQL the primary key does): checked below, not by the ORM.
+            dialects_own = (MESSAGE_ID_INDEX, SQLITE_SESSION_INDEX, SQLITE_KEY_INDEX) if postgres else (PG_KEY_INDEX,)
+            return modelled(obj, name, type_, reflected, compare_to) and name not in dialects_own
 
         def diff(sync_conn: Any) -> list[Any]:
             context = MigrationContext.configure(sync_conn, opts={"compare_type": True, "include_object": compared})
@@ -84,6 +88,18 @@ async def test_the_orm_models_match_the_head_schema(url: str) -> None:
                 "CREATE UNIQUE INDEX ix_agent_messages_session_id_message_id ON public.agent_messages USING btree "
                 "(session_id, ((md5((message_id)::text))::uuid))",
             )]  # fmt: skip
+            assert await rows(store, query, n="ix_agent_responses_response_id") == [(
+                "CREATE INDEX ix_agent_responses_response_id ON public.agent_responses USING hash (response_id)",)]
+            assert await rows(store, query, n="pk_agent_responses") == [(
+                "CREATE UNIQUE INDEX pk_agent_responses ON public.agent_responses USING btree (session_id, id)",)]
+        else:
+            query = "SELECT sql FROM sqlite_master WHERE tbl_name = 'agent_responses' AND type = 'index'"
+            assert sorted(await rows(store, query)) == [
+                ("CREATE INDEX ix_agent_responses_key_hash ON agent_responses (key_hash)",),
+                ("CREATE INDEX ix_agent_responses_session_id ON agent_responses (session_id)",),
+            ]
+            table = (await rows(store, "SELECT sql FROM sqlite_master WHERE name = 'agent_responses'"))[0][0]
+            assert "id INTEGER NOT NULL PRIMARY KEY AUTOINCREMENT," in table  # the rowid, never reused
 
 
 async def test_alembic_upgrade_head_from_the_repo_root(url: str) -> None:

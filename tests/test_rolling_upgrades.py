@@ -13,15 +13,20 @@ from pathlib import Path
 
 import pytest
 from agent_framework import Agent
+from agent_framework_hosting import AgentState
+from helpers import rows
 from sqlalchemy import text
 
 from agent_store import SchemaTooNewError, Store
+from agent_store.agent_framework import StoreSessionStore
 from agent_store.db.tables import SCHEMA_REVISION
 from agent_store.offline import OfflineChatClient
 
 ROOT = Path(__file__).resolve().parent.parent
-# The previous release: the last landing before migration 0020 (its code is at schema 0019).
+# The releases before this one: the last landing before migration 0020 (its code is at schema 0019), and the last
+# before 0021 (at 0020: the first to read the rule).
 PREVIOUS_RELEASE = "73210434cc6202d2e884484c3d4dba39951eda83"
+RELEASE_0020 = "42425fe4040503527370dc7fe76fa2429639339f"
 FUTURE = f"{int(SCHEMA_REVISION) + 1:04d}"
 
 
@@ -59,15 +64,15 @@ async def test_a_newer_schema_that_breaks_this_code_is_refused_naming_the_code_i
             await store.warm_up()
 
 
-def previous_release(tmp_path: Path) -> Path:
-    """The previous release's agent_store package and migrations, as git has them."""
-    archive = tmp_path / "previous.tar"
+def previous_release(tmp_path: Path, commit: str = PREVIOUS_RELEASE) -> Path:
+    """A previous release's agent_store package and migrations, as git has them."""
+    archive = tmp_path / f"{commit}.tar"
     try:
-        subprocess.run(["git", "-C", str(ROOT), "archive", "-o", str(archive), PREVIOUS_RELEASE, "agent_store",
-                        "migrations"], check=True, capture_output=True, timeout=60)  # fmt: skip
+        subprocess.run(["git", "-C", str(ROOT), "archive", "-o", str(archive), commit, "agent_store", "migrations"],
+                       check=True, capture_output=True, timeout=60)  # fmt: skip
     except (OSError, subprocess.CalledProcessError) as exc:
-        pytest.fail(f"git cannot give the previous release {PREVIOUS_RELEASE[:12]} ({exc}): a clone with history")
-    target = tmp_path / "previous"
+        pytest.fail(f"git cannot give the previous release {commit[:12]} ({exc}): a clone with history")
+    target = tmp_path / commit
     with tarfile.open(archive) as tar:
         tar.extractall(target, filter="data")
     return target
@@ -103,7 +108,7 @@ asyncio.run(main(sys.argv[1]))
 async def test_the_previous_release_runs_on_this_release_s_schema(url: str, tmp_path: Path) -> None:
     old = previous_release(tmp_path)
     async with Store.from_url(url) as store:
-        await store.migrate()  # this release's migrations: 0020
+        await store.migrate()  # this release's migrations
     env = {**os.environ, "PYTHONPATH": str(old)}
     done = subprocess.run([sys.executable, "-c", OLD_CODE_RUN, url], env=env, cwd=old, capture_output=True,
                           text=True, timeout=180)  # fmt: skip
@@ -113,3 +118,55 @@ async def test_the_previous_release_runs_on_this_release_s_schema(url: str, tmp_
     async with Store.from_url(url) as store:  # and this release reads what the old code wrote
         assert (await store.load("old-2", user_id="u")).session.state["turns"] == 1
         assert len(await store.messages("old-2", user_id="u")) == 4
+
+
+OLD_CHAIN_RUN = """
+import asyncio, sys
+from agent_framework import Agent
+from agent_framework_hosting import AgentState
+from agent_store import Store
+from agent_store.agent_framework import StoreSessionStore
+from agent_store.db.tables import SCHEMA_REVISION
+from agent_store.offline import OfflineChatClient
+
+async def main(url):
+    assert SCHEMA_REVISION == "0020", SCHEMA_REVISION  # the release before 0021, which reads the rule
+    async with Store.from_url(url) as store:
+        agent = Agent(client=OfflineChatClient(), name="Bot")
+        state = AgentState(agent, session_store=StoreSessionStore(store, user_id="u"))
+        keys = []
+        for n, words in enumerate(("我叫李明", "今天天气很好", "我叫什么名字？")):
+            session = await state.get_or_create_session(keys[-1] if keys else "r0")
+            await (await state.get_target()).run(words, session=session)
+            keys.append(f"r{n}")
+            await state.set_session(keys[-1], session)
+        print(" ".join(keys))
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+async def test_the_release_before_0021_writes_a_chain_this_release_reads(url: str, tmp_path: Path) -> None:
+    """0021 numbers response rows and names a parent by its row; the code before it still writes the parent's key
+    (and no number), and opens the schema by the rule (no check_schema=False): this code reads its chain."""
+    old = previous_release(tmp_path, RELEASE_0020)
+    async with Store.from_url(url) as store:
+        await store.migrate()
+    done = subprocess.run([sys.executable, "-c", OLD_CHAIN_RUN, url], env={**os.environ, "PYTHONPATH": str(old)},
+                          cwd=old, capture_output=True, text=True, timeout=180)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["r0", "r1", "r2"]
+    async with Store.from_url(url) as store:
+        tree = {n.response_id: n.parent_id for n in await store.tree("r0", user_id="u") if n.response_id}
+        assert tree == {"r0": None, "r1": "r0", "r2": "r1"}
+        parents = await rows(store, "SELECT response_id, parent, parent_id FROM agent_responses ORDER BY id")
+        assert parents == [("r0", None, None), ("r1", None, "r0"), ("r2", None, "r1")]  # by key, as it wrote them
+        # and this code continues the old code's chain, naming the parent by its row
+        state = AgentState(Agent(client=OfflineChatClient(), name="Bot"),
+                           session_store=StoreSessionStore(store, user_id="u"))  # fmt: skip
+        session = await state.get_or_create_session("r2")
+        answer = await (await state.get_target()).run("我叫什么名字？", session=session)
+        assert answer.text == "你叫李明。"
+        await state.set_session("r3", session)
+        (parent,) = (await rows(store, "SELECT parent FROM agent_responses WHERE response_id = 'r3'"))[0]
+        assert await rows(store, "SELECT response_id FROM agent_responses WHERE id = :p", p=parent) == [("r2",)]

@@ -12,14 +12,20 @@ Every row belongs to a session and goes with it.
 
 from __future__ import annotations
 
+import hashlib
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import BigInteger, Boolean, ForeignKey, Index, Integer, String, Table, false
+from sqlalchemy import BigInteger, Boolean, ColumnElement, ForeignKey, Index, Integer, String, Table, and_, false, or_
+from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.orm import Mapped, mapped_column
 
 from agent_store.db.column_types import JsonText, UTCDateTime
 from agent_store.db.schema_base import ID_MAX, Base
+
+# 0021: the key's index by dialect (a hash either way), and SQLite's index of a session's responses.
+PG_KEY_INDEX, SQLITE_KEY_INDEX = "ix_agent_responses_response_id", "ix_agent_responses_key_hash"
+SQLITE_SESSION_INDEX = "ix_agent_responses_session_id"
 
 
 class MessageMarksRow(Base):
@@ -44,27 +50,55 @@ class MessageMarksRow(Base):
 
 class ResponseRow(Base):
     """A key (a response id) naming a point of a conversation (0017): the session holding that point's last turn,
-    the seq after its last message, and the session's version then. A point never changes."""
+    the seq after its last message, and the session's version then. A point never changes.
+
+    0021: rows are numbered (``id``, in the order they were made) and a response names the point it continued from
+    by that number (``parent``), so a row holds its key and its session once; the primary key is
+    ``(session_id, id)`` on PostgreSQL and the rowid on SQLite (indexed by session there: see the migration)."""
 
     __tablename__ = "agent_responses"
 
-    session_id: Mapped[str] = mapped_column(
-        String(ID_MAX), ForeignKey("agent_sessions.id", ondelete="CASCADE"), primary_key=True
-    )
-    response_id: Mapped[str] = mapped_column(String(ID_MAX), primary_key=True)
-    user_id: Mapped[str | None] = mapped_column(String(ID_MAX))
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer(), "sqlite"), primary_key=True)
+    parent: Mapped[int | None] = mapped_column(BigInteger)  # the row of the point it continued from
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     seq_end: Mapped[int] = mapped_column(Integer)
     version: Mapped[int] = mapped_column(Integer)
-    parent_id: Mapped[str | None] = mapped_column(String(ID_MAX))  # the point it continued from
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     # 0018: the key names the session's head and moves with it (a conversation id kept beside the session's own
     # id); seq_end and version are where it was last set.
     moves: Mapped[bool] = mapped_column(Boolean, server_default=false())
+    session_id: Mapped[str] = mapped_column(String(ID_MAX), ForeignKey("agent_sessions.id", ondelete="CASCADE"))
+    response_id: Mapped[str] = mapped_column(String(ID_MAX))
+    user_id: Mapped[str | None] = mapped_column(String(ID_MAX))
+    # The parent's key where ``parent`` names no row, as code before 0021 writes it too (a rolling upgrade).
+    parent_id: Mapped[str | None] = mapped_column(String(ID_MAX))
+    key_hash: Mapped[int | None] = mapped_column(Integer)  # SQLite: key_hash(response_id); NULL on PostgreSQL
 
     __table_args__ = (
-        Index("ix_agent_responses_response_id", "response_id"),  # one key, one point: see 0017
-        {"sqlite_with_rowid": False},
+        # Found by its key (one key, one point: the store checks under a lock on the key; no unique index, as the
+        # key is not the distribution column on Citus), by equality only: the index holds a hash of the key (a
+        # hash index on PostgreSQL; SQLite has none, nor a hash function: an index on the hash the store writes).
+        Index(PG_KEY_INDEX, "response_id", postgresql_using="hash"),
+        Index(SQLITE_KEY_INDEX, "key_hash"),
+        Index(SQLITE_SESSION_INDEX, "session_id"),  # PostgreSQL: the primary key's first column
+        {"sqlite_autoincrement": True},
     )
+
+
+def key_hash(key: str) -> int:
+    """A response key's 32-bit hash (``agent_responses.key_hash``, SQLite; migration 0021 computes it the same):
+    as wide as PostgreSQL's hash index keeps, and a lookup compares the key as well."""
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=4).digest(), "big", signed=True)
+
+
+def key_is(columns: Any, key: Any, hashed: Any) -> ColumnElement[bool]:
+    """The rows of a key: by its hash where one was written (SQLite's index), or by the key alone where none was
+    (PostgreSQL, whose index hashes by itself, and rows that code before 0021 wrote)."""
+    return and_(columns.response_id == key, or_(columns.key_hash == hashed, columns.key_hash.is_(None)))
+
+
+def with_key_hash(db: AsyncConnection, row: dict[str, Any]) -> dict[str, Any]:
+    """A response row as this store writes it: with the key's hash on SQLite."""
+    return {**row, "key_hash": key_hash(row["response_id"])} if db.dialect.name == "sqlite" else row
 
 
 class StateHistoryRow(Base):

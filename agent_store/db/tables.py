@@ -46,7 +46,7 @@ from agent_store.db.usage_tables import prices_t as prices_t
 from agent_store.db.usage_tables import usage_t as usage_t
 
 # The Alembic revision this code expects; tests/test_migrations.py pins it to the scripts' head.
-SCHEMA_REVISION = "0020"
+SCHEMA_REVISION = "0021"
 
 
 class SessionRow(Base):

@@ -248,9 +248,10 @@ async def tree(db: Database, session_id: str, user_id: str | None) -> list[TreeN
     child = sessions_t.alias("child")
     down = down.union_all(select(child.c.id, child.c.base_id, child.c.base_seq, down.c.depth + 1)
                           .where(child.c.base_id == down.c.id, down.c.depth < 10_000))  # fmt: skip
-    r = responses_t.c
-    query = select(down, r.response_id, r.parent_id, r.seq_end).outerjoin(
-        responses_t, and_(r.session_id == down.c.id, r.seq_end != GONE))  # fmt: skip
+    r, up = responses_t.c, responses_t.alias("up")  # up: the point a response continued from (0021)
+    parent_key = func.coalesce(up.c.response_id, r.parent_id).label("parent_id")
+    query = select(down, r.response_id, parent_key, r.seq_end).select_from(down).outerjoin(
+        responses_t, and_(r.session_id == down.c.id, r.seq_end != GONE)).outerjoin(up, up.c.id == r.parent)  # fmt: skip
     async with db.transaction(write=False, replica=True, doing="reading a conversation tree") as conn:
         found = (await conn.execute(query.order_by(down.c.depth, down.c.id, r.seq_end, r.response_id))).all()
     if not found:

@@ -34,7 +34,7 @@ from sqlalchemy import BigInteger, Boolean, Float, Integer, String, Table
 from agent_store.db import codec, message_decode, message_rows
 from agent_store.db.codec import _TAGS
 from agent_store.db.database import Settings
-from agent_store.db.history_tables import branch_marks_t, message_marks_t, responses_t, state_history_t
+from agent_store.db.history_tables import branch_marks_t, message_marks_t, state_history_t
 from agent_store.db.ledger import COUNT_MAX, COUNTS, PURPOSES, RUN_LOG_MAX
 from agent_store.db.load_statement import POSITION_STEP
 from agent_store.db.scopes import APP_PREFIX, TEMP_PREFIX, USER_PREFIX
@@ -59,7 +59,7 @@ __all__ = ["TABLES", "check_usage", "row_values"]
 TABLES: dict[str, Table] = {
     "session": sessions_t, "state": state_t, "run": runs_t, "message": messages_t, "tool_call": tool_calls_t,
     "user_state": user_state_t, "checkpoint": checkpoints_t, "usage": usage_t, "mark_history": message_marks_t,
-    "state_history": state_history_t, "response": responses_t, "branch_mark": branch_marks_t,  # import_trees.py
+    "state_history": state_history_t, "response": import_trees.RESPONSE_LINE, "branch_mark": branch_marks_t,
     **transfer_hosted.KINDS}  # fmt: skip
 # Columns the import fills in itself (fresh stamps, the session a row belongs to, the checkpoint's new seq).
 _FILLED = {

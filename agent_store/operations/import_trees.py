@@ -14,17 +14,48 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import Boolean, Column, Integer, MetaData, Select, String, Table, false, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agent_store.db import message_rows
+from agent_store.db.column_types import UTCDateTime
 from agent_store.db.cut_points import GONE
+from agent_store.db.history_tables import key_hash, key_is
+from agent_store.db.schema_base import ID_MAX
 from agent_store.db.scopes import APP_PREFIX, TEMP_PREFIX, USER_PREFIX
 from agent_store.db.tables import messages_t, responses_t, sessions_t
 from agent_store.errors import InvalidValueError
+from agent_store.run import responses
 
-__all__ = ["KINDS", "check_row", "check_tree", "finish"]
+__all__ = ["KINDS", "RESPONSE_LINE", "check_row", "check_tree", "finish", "insert_rows", "rows_of"]
 KINDS = ("mark_history", "state_history", "response", "branch_mark")
+# A response as a line of an export: its parent by key (rows name it by row id since 0021, which is the store's own
+# numbering; the key is what another store can resolve). The same shape as before 0021.
+RESPONSE_LINE = Table(
+    "agent_responses", MetaData(),
+    Column("session_id", String(ID_MAX), nullable=False), Column("response_id", String(ID_MAX), nullable=False),
+    Column("user_id", String(ID_MAX)), Column("seq_end", Integer, nullable=False),
+    Column("version", Integer, nullable=False), Column("parent_id", String(ID_MAX)),
+    Column("created_at", UTCDateTime(), nullable=False), Column("moves", Boolean, server_default=false()),
+)  # fmt: skip
+
+
+def rows_of(kind: str, table: Table, sid: str) -> Select[Any]:
+    """A session's rows of ``kind`` for an export, in the order an import inserts them (a parent first)."""
+    if kind != "response":
+        return select(table).where(table.c.session_id == sid).order_by(*table.primary_key.columns)
+    r, up = responses_t.c, responses_t.alias("up")
+    parent_key = func.coalesce(up.c.response_id, r.parent_id).label("parent_id")
+    shape = [parent_key if c.name == "parent_id" else r[c.name] for c in RESPONSE_LINE.c]
+    return select(*shape).outerjoin(up, up.c.id == r.parent).where(r.session_id == sid).order_by(r.id)
+
+
+async def insert_rows(conn: AsyncConnection, kind: str, table: Table, rows: list[dict[str, Any]]) -> None:
+    if kind != "response":
+        await conn.execute(insert(table), rows)
+        return
+    for row in rows:  # one at a time: a row's parent may be the one before it
+        await responses.insert_row(conn, {k: v for k, v in row.items() if k != "parent_id"}, row.get("parent_id"))
 
 
 def check_row(kind: str, values: dict[str, Any], max_bytes: int) -> None:
@@ -78,7 +109,8 @@ async def check_tree(conn: AsyncConnection, session: dict[str, Any], rest: list[
                     gone or (base_seq or 0) <= row["seq_end"] <= end):  # fmt: skip
                 raise InvalidValueError(f"{where}: response {row['response_id']!r} is another user's or out of range")
             owner = R.user_id.is_(None) if row.get("user_id") is None else R.user_id == row["user_id"]  # per user
-            if (await conn.execute(select(R.session_id).where(R.response_id == row["response_id"], owner))).first():
+            keyed = key_is(R, row["response_id"], key_hash(row["response_id"]))
+            if (await conn.execute(select(R.session_id).where(keyed, owner))).first():
                 raise InvalidValueError(f"{where}: response id {row['response_id']!r} already names a point here")
 
 

@@ -62,7 +62,7 @@ PAGE = 1000  # messages per short read transaction
 def _to_json(table: Table, row: Any) -> dict[str, Any]:
     out = {}
     for column in table.c:
-        value = row._mapping[column]
+        value = row._mapping[column.name]  # by name: a response line is a select of its own (import_trees.py)
         out[column.name] = value.isoformat() if isinstance(value, datetime) else value
     return out
 
@@ -134,8 +134,7 @@ async def _export_session(db: Database, sid: str) -> AsyncIterator[str]:
         lines = [_line("session", _to_json(sessions_t, row))]
         for kind in ("state", "run", "usage", *import_trees.KINDS):
             table = _SESSION_TABLES[kind]
-            order = list(table.primary_key.columns)
-            for r in await conn.execute(select(table).where(table.c.session_id == sid).order_by(*order)):
+            for r in await conn.execute(import_trees.rows_of(kind, table, sid)):
                 lines.append(_line(kind, _to_json(table, r)))
     for line in lines:
         yield line
@@ -313,6 +312,6 @@ async def _insert_session(conn: AsyncConnection, records: list[tuple[str, dict[s
         if kind == "state":
             rows = [{**r, "version": stamp} for r in rows]
         if rows:
-            await conn.execute(insert(table), rows)
+            await import_trees.insert_rows(conn, kind, table, rows)
     await import_trees.finish(conn, session_row)
     return True

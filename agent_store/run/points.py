@@ -25,6 +25,7 @@ from agent_store.db import codec, erasures, message_decode, message_rows
 from agent_store.db import statements as sql
 from agent_store.db.cut_points import GONE, forget_point
 from agent_store.db.database import Database
+from agent_store.db.history_tables import key_hash, key_is
 from agent_store.db.load_statement import POSITION_STEP
 from agent_store.db.scopes import APP_PREFIX, USER_PREFIX, scopes
 from agent_store.db.tables import (
@@ -60,7 +61,8 @@ async def resolve(db: Database, key: str, user_id: str | None) -> Point | None:
     head: read through its bases, with no second lookup), else None (keys are per user: another user's is not
     seen)."""
     query = _RESOLVE_NONE if user_id is None else _RESOLVE
-    rows = await db.one_statement(query, {"key": key, "user": user_id}, doing="resolving a response id")  # one trip
+    rows = await db.one_statement(query, {"key": key, "key_hash": key_hash(key), "user": user_id},
+                                  doing="resolving a response id")  # one trip
     found = rows[0] if rows else None
     if found is None or found.user_id != user_id:
         return None
@@ -81,7 +83,7 @@ def _resolving(with_user: bool) -> Any:
     r = responses_t.c
     keyed = select(literal(False).label("by_id"), r.session_id, r.seq_end, r.version, r.user_id, r.moves,
                    _S.version.label("head"), _S.next_seq, _S.base_id).join(sessions_t, _S.id == r.session_id)
-    keyed = keyed.where(r.response_id == bindparam("key"),
+    keyed = keyed.where(key_is(r, bindparam("key"), bindparam("key_hash")),
                         r.user_id == bindparam("user") if with_user else r.user_id.is_(None))
     branch = select(literal(True), _S.id, _S.next_seq, _S.version, _S.user_id, literal(False), _S.version,
                     _S.next_seq, _S.base_id).where(_S.id == bindparam("key"), _S.base_id.is_not(None),

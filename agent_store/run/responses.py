@@ -14,17 +14,18 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import String, case, func, literal, null, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agent_store.db import message_rows
 from agent_store.db import statements as sql
 from agent_store.db.database import SESSION_LOCK
+from agent_store.db.history_tables import key_hash, key_is, with_key_hash
 from agent_store.db.tables import branch_marks_t, responses_t, sessions_t
 from agent_store.errors import ConflictError, InvalidValueError
 from agent_store.run.one_call import OneCall
 
-__all__ = ["before_writes", "branch_rewrites", "record"]
+__all__ = ["before_writes", "branch_rewrites", "insert_row", "record"]
 RESPONSE_LOCK = 4  # advisory lock class of a response key (SESSION_LOCK, USER_LOCK, APP_LOCK are 1-3)
 assert RESPONSE_LOCK != SESSION_LOCK
 
@@ -35,7 +36,8 @@ async def _key_row(db: AsyncConnection, key: str, user_id: str | None) -> Any:
         await db.execute(select(func.pg_advisory_xact_lock(RESPONSE_LOCK, func.hashtext(key))))
     r = responses_t.c
     mine = r.user_id.is_(None) if user_id is None else r.user_id == user_id
-    return (await db.execute(select(r.session_id, r.moves).where(r.response_id == key, mine))).first()
+    found = select(r.session_id, r.moves).where(key_is(r, key, key_hash(key)), mine)
+    return (await db.execute(found)).first()
 
 
 async def _key_taken(db: AsyncConnection, key: str, user_id: str | None) -> bool:
@@ -65,10 +67,8 @@ async def before_writes(db: AsyncConnection, call: OneCall, version: int, head_s
     await db.execute(update(sessions_t).where(sessions_t.c.id == sid, sessions_t.c.keeps_history.is_(False))
                      .values(keeps_history=True))  # fmt: skip
     if call.base_seq is None and call.snapshot.exists and key != sid and not await _key_taken(db, sid, call.user_id):
-        await db.execute(responses_t.insert(), {
-            "session_id": sid, "response_id": sid, "user_id": call.user_id, "seq_end": head_seq,
-            "version": version - 1, "parent_id": None, "created_at": now,
-        })  # fmt: skip
+        await insert_row(db, {"session_id": sid, "response_id": sid, "user_id": call.user_id, "seq_end": head_seq,
+                              "version": version - 1, "created_at": now}, None)  # fmt: skip
 
 
 async def record(db: AsyncConnection, call: OneCall, version: int, seq_end: int, now: datetime) -> None:
@@ -87,10 +87,25 @@ async def _record(
         .values(seq_end=seq_end, version=version)
     )).rowcount:  # fmt: skip
         return
-    await db.execute(responses_t.insert(), {
-        "session_id": call.session_id, "response_id": key, "user_id": call.user_id, "seq_end": seq_end,
-        "version": version, "parent_id": parent, "created_at": now, "moves": moves,
-    })  # fmt: skip
+    row = {"session_id": call.session_id, "response_id": key, "user_id": call.user_id, "seq_end": seq_end,
+           "version": version, "created_at": now, "moves": moves}  # fmt: skip
+    await insert_row(db, row, parent)
+
+
+async def insert_row(db: AsyncConnection, row: dict[str, Any], parent: str | None) -> None:
+    """A key's row, naming the point it continued from by that point's row (0021): the parent key's row of the same
+    user, found in the insert itself (no round trip); by its key only where it names no row (a session's own id
+    that never became a key). An import writes its rows through here too."""
+    row = with_key_hash(db, row)
+    if parent is None:
+        await db.execute(responses_t.insert(), row)
+        return
+    up = responses_t.alias("up")
+    user = row.get("user_id")
+    mine = up.c.user_id.is_(None) if user is None else up.c.user_id == user
+    found = select(up.c.id).where(key_is(up.c, parent, key_hash(parent)), mine).order_by(up.c.id).limit(1)
+    named = case((found.scalar_subquery().is_(None), literal(parent, String)), else_=null())
+    await db.execute(responses_t.insert().values(parent=found.scalar_subquery(), parent_id=named), row)
 
 
 async def branch_rewrites(
