@@ -172,3 +172,41 @@ async def test_a_window_planned_before_any_statistics_reads_only_the_window(url:
                 cursor = await driver.execute("EXPLAIN QUERY PLAN " + statement, parameters)
                 plan = [r[3] for r in await cursor.fetchall()]
                 assert any("agent_messages" in line and "seq>?" in line for line in plan), plan
+
+
+async def test_the_last_20_of_5000_messages_read_20_rows_and_sort_no_more(store: Store) -> None:
+    """Issue 43 point 2: a last-20 load of a 5,000-message session reads the window's rows from the primary key's
+    (session_id, seq) range and sorts nothing bigger than what it returns (the union of the load's parts, 21
+    rows), in the plan a connection caches after five loads (the generic one) as in the first: EXPLAIN ANALYZE's
+    row counts on PostgreSQL, the plan's steps on SQLite."""
+    run = await store.load("big", user_id="u")
+    for n in range(2500):
+        run.history.extend([Message(role="user", contents=[f"q{n}"]), Message(role="assistant", contents=[f"a{n}"])])
+    await run.commit()
+    await analyze(store)
+    ((statement, parameters),) = [s for s in await captured(store, lambda: store.load("big", user_id="u",
+                                                                                       history_limit=20))
+                                  if "agent_messages" in s[0]]  # fmt: skip
+    loaded = await store.load("big", user_id="u", history_limit=20)
+    assert [m.text for m in loaded.history][-2:] == ["q2499", "a2499"] and len(loaded.history) == 20
+    async with store.engine.connect() as conn:
+        driver: Any = (await conn.get_raw_connection()).driver_connection
+        if store.engine.dialect.name == "postgresql":
+            types = [t.name for t in (await driver.prepare(statement)).get_parameters()]
+            values = [await driver.fetchval("SELECT quote_literal($1::text)", str(p)) for p in parameters]
+            for mode in ("force_custom_plan", "force_generic_plan"):
+                async with driver.transaction():
+                    await driver.execute(f"SET LOCAL plan_cache_mode = {mode}")
+                    await driver.execute(f"PREPARE last20({', '.join(types)}) AS {statement}")
+                    plan = [r[0] for r in await driver.fetch(f"EXPLAIN ANALYZE EXECUTE last20({', '.join(values)})")]
+                    await driver.execute("DEALLOCATE last20")
+                rows_of = [int(m.group(1)) for line in plan for m in [re.search(r"actual time=\S+ rows=(\d+)", line)]
+                           if m and ("Sort" in line or "on agent_messages" in line)]  # fmt: skip
+                assert rows_of and max(rows_of) <= 21, plan  # the window (and the session's row), never 5,000
+                scans = [line for line in plan if "on agent_messages" in line]
+                assert scans and all("pk_agent_messages" in line for line in scans), plan
+        else:
+            cursor = await driver.execute("EXPLAIN QUERY PLAN " + statement, parameters)
+            plan = [r[3] for r in await cursor.fetchall()]
+            messages = [line for line in plan if "agent_messages" in line]
+            assert messages and all(line.startswith("SEARCH") and "seq" in line for line in messages), plan
