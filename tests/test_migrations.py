@@ -25,7 +25,7 @@ from agent_store import (
     Store,
 )
 from agent_store.db.engine import migrations_dir
-from agent_store.db.history_tables import PG_KEY_INDEX, SQLITE_KEY_INDEX, SQLITE_SESSION_INDEX
+from agent_store.db.history_tables import PG_ID_INDEX, PG_KEY_INDEX, SQLITE_KEY_INDEX, SQLITE_SESSION_INDEX
 from agent_store.db.tables import SCHEMA_REVISION, Base
 from agent_store.errors import DatabaseError
 
@@ -71,9 +71,10 @@ async def test_the_orm_models_match_the_head_schema(url: str) -> None:
 
         def compared(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
             # PostgreSQL keys the message id's unique index by its MD5 (0011); a response key's index is a hash
-            # index there and an index of key_hash on SQLite, which also indexes a session's responses (0021; on
-            # PostgreSQL the primary key does): checked below, not by the ORM.
-            dialects_own = (MESSAGE_ID_INDEX, SQLITE_SESSION_INDEX, SQLITE_KEY_INDEX) if postgres else (PG_KEY_INDEX,)
+            # index there and an index of key_hash on SQLite, and a response's primary key differs (0021): checked
+            # below, not by the ORM.
+            dialects_own = (MESSAGE_ID_INDEX, SQLITE_KEY_INDEX, SQLITE_SESSION_INDEX) if postgres else (
+                PG_KEY_INDEX, PG_ID_INDEX)
             return modelled(obj, name, type_, reflected, compare_to) and name not in dialects_own
 
         def diff(sync_conn: Any) -> list[Any]:
@@ -92,6 +93,8 @@ async def test_the_orm_models_match_the_head_schema(url: str) -> None:
                 "CREATE INDEX ix_agent_responses_response_id ON public.agent_responses USING hash (response_id)",)]
             assert await rows(store, query, n="pk_agent_responses") == [(
                 "CREATE UNIQUE INDEX pk_agent_responses ON public.agent_responses USING btree (session_id, id)",)]
+            assert await rows(store, query, n=PG_ID_INDEX) == [(
+                "CREATE INDEX ix_agent_responses_id ON public.agent_responses USING btree (id)",)]
         else:
             query = "SELECT sql FROM sqlite_master WHERE tbl_name = 'agent_responses' AND type = 'index'"
             assert sorted(await rows(store, query)) == [

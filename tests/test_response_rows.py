@@ -10,11 +10,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from helpers import rows
+import pytest
+from helpers import doc_block, rows
 from hosting_route import serve
 from sqlalchemy import event, insert, text
 
-from agent_store import Store
+from agent_store import InvalidValueError, Store
 from agent_store.db.history_tables import PG_KEY_INDEX, SQLITE_KEY_INDEX, responses_t, with_key_hash
 from agent_store.run import points, responses
 
@@ -52,6 +53,7 @@ async def test_a_chain_names_each_parent_by_its_row(url: str, store: Store) -> N
 OLD_ROWS = [  # the 0020 shape: the parent by key; "k9" names no row (kept by key)
     ("s1", "s1", "u", 2, 1, None), ("s1", "k1", "u", 4, 2, "s1"), ("s1", "k2", "u", 6, 3, "k1"),
     ("s1", "k3", "u", 8, 4, "k9"), ("s2", "k1", "v", 2, 1, "s1"),  # v's k1's parent "s1" is u's key: not v's
+    ("s3", "k9", "u", 2, 1, None),  # made after k3 in another conversation: never k3's parent
 ]
 
 
@@ -60,7 +62,7 @@ async def test_the_migration_numbers_old_rows_and_keeps_every_parent_both_ways(u
         await store.migrate("0020")
         async with store.engine.begin() as conn:
             now = datetime.now(UTC)
-            for sid, user in (("s1", "u"), ("s2", "v")):
+            for sid, user in (("s1", "u"), ("s2", "v"), ("s3", "u")):
                 await conn.execute(text("INSERT INTO agent_sessions (id, user_id, version, next_seq, created_at, "
                                         "updated_at, incarnation) VALUES (:s, :u, 5, 9, :t, :t, 1)"),
                                    {"s": sid, "u": user, "t": now})  # fmt: skip
@@ -74,15 +76,18 @@ async def test_the_migration_numbers_old_rows_and_keeps_every_parent_both_ways(u
         by_key = {(k, u): i for i, (k, u) in enumerate([(k, u) for k, u, _, _ in numbered])}
         ids = [i for (i,) in await rows(store, "SELECT id FROM agent_responses ORDER BY id")]
         parent_keys = {(k, u): (None if p is None else numbered[ids.index(p)][0], pid) for k, u, p, pid in numbered}
-        assert len(by_key) == 5
+        assert len(by_key) == 6
         assert parent_keys == {
             ("s1", "u"): (None, None), ("k1", "u"): ("s1", None), ("k2", "u"): ("k1", None),
-            ("k3", "u"): (None, "k9"), ("k1", "v"): (None, "s1"),  # not found for its user: kept by key
+            ("k3", "u"): (None, "k9"), ("k1", "v"): (None, "s1"),  # no earlier row of its user: kept by key
+            ("k9", "u"): (None, None),
         }
+        assert await rows(store, "SELECT oldest_code FROM agent_schema_compat") == [("0021",)]
         await store.downgrade("0020")
         back = await rows(store, "SELECT session_id, response_id, user_id, seq_end, version, parent_id "
                                  "FROM agent_responses ORDER BY session_id, response_id")  # fmt: skip
         assert back == sorted(OLD_ROWS)
+        assert await rows(store, "SELECT oldest_code FROM agent_schema_compat") == [("0019",)]
         await store.migrate()  # and up again
 
 
@@ -119,11 +124,16 @@ async def test_an_import_resolves_parent_keys_to_the_new_store_s_rows(url: str, 
         assert "2号" in str(answer["output"])
 
 
-async def plan_of(store: Store, statement: str, parameters: Any) -> list[str]:
+async def plan_of(store: Store, statement: str, parameters: Any, *, index_paths: bool = False) -> list[str]:
+    """The plan; ``index_paths``: PostgreSQL plans as if tables were big (a small table's scan is cheaper by cost,
+    so this shows whether an index can serve each read at all)."""
     async with store.engine.connect() as conn:
         driver: Any = (await conn.get_raw_connection()).driver_connection
         if store.engine.dialect.name == "postgresql":
-            return [r[0] for r in await driver.fetch("EXPLAIN " + statement, *(parameters or ()))]
+            async with driver.transaction():
+                if index_paths:
+                    await driver.execute("SET LOCAL enable_seqscan = off")
+                return [r[0] for r in await driver.fetch("EXPLAIN " + statement, *(parameters or ()))]
         cursor = await driver.execute("EXPLAIN QUERY PLAN " + statement, parameters or ())
         return [r[3] for r in await cursor.fetchall()]
 
@@ -170,3 +180,67 @@ async def test_a_key_and_a_parent_are_found_by_the_key_s_index_among_many(store:
         plan = await plan_of(store, statement, parameters)
         assert not reads_responses_whole(plan), plan
         assert any(index in " ".join(plan) for index in (PG_KEY_INDEX, SQLITE_KEY_INDEX)), plan
+
+
+async def test_a_deleted_or_cut_parent_leaves_its_key_with_its_children(url: str, store: Store) -> None:
+    """Its row goes (a deleted key names nothing); the responses that continued from it, in its session and in
+    branches, keep its key, as the tree and an export show, and no number of theirs names another row."""
+    from agent_store.agent_framework import StoreSessionStore
+
+    keys = await chain(url, "u1", 4)
+    branch = (await serve(url, "u1", {"model": "offline", "input": "分支", "previous_response_id": keys[1]}))["id"]
+    async with Store.from_url(url) as store:
+        await StoreSessionStore(store, user_id="u1").delete(keys[1])
+        assert dict(await rows(store, TREE))[keys[2]] == keys[1] and dict(await rows(store, TREE))[branch] == keys[1]
+        tree = {n.response_id: n.parent_id for n in await store.tree(keys[0], user_id="u1") if n.response_id}
+        assert keys[1] not in tree and tree[keys[2]] == keys[1] and tree[branch] == keys[1] and tree[keys[3]] == keys[2]
+        await store.truncate(keys[0], 4, user_id="u1")  # keys[2] (seq_end 6) and keys[3] go: keys[3] named keys[2]
+        assert keys[2] not in dict(await rows(store, TREE)) and keys[3] not in dict(await rows(store, TREE))
+        dangling = "SELECT count(*) FROM agent_responses r WHERE r.parent IS NOT NULL AND NOT EXISTS (" \
+                   "SELECT 1 FROM agent_responses p WHERE p.id = r.parent)"  # fmt: skip
+        assert await rows(store, dangling) == [(0,)]
+        lines = [line async for line in store.export(user_id="u1")]
+        assert any(f'"parent_id": "{keys[1]}", "response_id": "{branch}"' in line for line in lines)
+
+
+async def test_an_import_with_two_points_under_one_key_is_refused_whole(url: str, store: Store) -> None:
+    keys = await chain(url, "u1", 3)
+    async with Store.from_url(url) as store:
+        lines = [line async for line in store.export(user_id="u1")]
+    at = next(n for n, line in enumerate(lines) if f'"response_id": "{keys[2]}"' in line)
+    twice = [*lines[: at + 1], lines[at].replace('"seq_end": 6', '"seq_end": 4'), *lines[at + 1 :]]
+    assert twice[at + 1] != twice[at]
+    async with Store.from_url(url.replace("store.db", "other.db")) if url.startswith("sqlite") else \
+            Store.from_url(url) as other:  # fmt: skip
+        if url.startswith("sqlite"):
+            await other.migrate()
+        else:
+            await other.delete(keys[0], user_id="u1")
+        with pytest.raises(InvalidValueError, match="already names a point"):
+            await other.import_lines(twice)
+        assert await rows(other, "SELECT count(*) FROM agent_responses") == [(0,)]
+        assert await rows(other, "SELECT count(*) FROM agent_sessions") == [(0,)]
+
+
+async def test_the_tree_and_an_export_find_parents_by_the_primary_key(store: Store) -> None:
+    """The documented tree query and an export's response rows join a parent by its row id: the primary key."""
+    now = datetime.now(UTC)
+    async with store.engine.begin() as conn:
+        for s in range(300):
+            await conn.execute(text("INSERT INTO agent_sessions (id, user_id, version, next_seq, created_at, "
+                                    "updated_at, incarnation) VALUES (:s, :u, 10, 0, :t, :t, 1)"),
+                               {"s": f"s{s}", "u": f"u{s % 30}", "t": now})  # fmt: skip
+        for n in range(3000):
+            await responses.insert_row(conn, with_key_hash(conn, {
+                "session_id": f"s{n % 300}", "response_id": f"resp_{n:06d}", "user_id": f"u{n % 300 % 30}",
+                "seq_end": n % 20, "version": n % 10, "created_at": now, "moves": False}),
+                f"resp_{n - 300:06d}" if n >= 300 else None)  # fmt: skip
+        await conn.execute(text("ANALYZE"))
+    with reads_sent(store) as sent:
+        _ = [line async for line in store.export(user_id="u4", session_id="s34")]
+    exported = [(s, p) for s, p in sent if "agent_responses" in s]
+    assert len(exported) == 1
+    documented = doc_block("docs/serving.md", "response-tree").replace("'u1'", "'u4'")
+    for statement, parameters in [*exported, (documented.strip().rstrip(";"), None)]:
+        plan = await plan_of(store, statement, parameters, index_paths=True)
+        assert not reads_responses_whole(plan), plan

@@ -124,14 +124,19 @@ OLD_CHAIN_RUN = """
 import asyncio, sys
 from agent_framework import Agent
 from agent_framework_hosting import AgentState
-from agent_store import Store
+from agent_store import SchemaTooNewError, Store
 from agent_store.agent_framework import StoreSessionStore
 from agent_store.db.tables import SCHEMA_REVISION
 from agent_store.offline import OfflineChatClient
 
 async def main(url):
     assert SCHEMA_REVISION == "0020", SCHEMA_REVISION  # the release before 0021, which reads the rule
-    async with Store.from_url(url) as store:
+    try:
+        async with Store.from_url(url) as store:
+            await store.warm_up()
+    except SchemaTooNewError as exc:
+        print("refused:", exc)
+    async with Store.from_url(url, check_schema=False) as store:  # an operator's override
         agent = Agent(client=OfflineChatClient(), name="Bot")
         state = AgentState(agent, session_store=StoreSessionStore(store, user_id="u"))
         keys = []
@@ -146,16 +151,20 @@ asyncio.run(main(sys.argv[1]))
 """
 
 
-async def test_the_release_before_0021_writes_a_chain_this_release_reads(url: str, tmp_path: Path) -> None:
-    """0021 numbers response rows and names a parent by its row; the code before it still writes the parent's key
-    (and no number), and opens the schema by the rule (no check_schema=False): this code reads its chain."""
+async def test_the_release_before_0021_is_refused_and_its_chain_still_reads_back(url: str, tmp_path: Path) -> None:
+    """0021 names a parent by its row, which the code before it does not read (it would show and export this
+    code's rows without parents): ``oldest_code`` 0021 makes it refuse the schema, naming the code it needs. Run
+    anyway (``check_schema=False``, or a worker started before the upgrade), it writes the parent's key, which this
+    code reads."""
     old = previous_release(tmp_path, RELEASE_0020)
     async with Store.from_url(url) as store:
         await store.migrate()
     done = subprocess.run([sys.executable, "-c", OLD_CHAIN_RUN, url], env={**os.environ, "PYTHONPATH": str(old)},
                           cwd=old, capture_output=True, text=True, timeout=180)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == ["r0", "r1", "r2"]
+    said = done.stdout.strip().split("\n")
+    assert said[0].startswith("refused:") and "needs agent_store code at schema 0021 or newer" in said[0], said
+    assert said[1].split() == ["r0", "r1", "r2"]
     async with Store.from_url(url) as store:
         tree = {n.response_id: n.parent_id for n in await store.tree("r0", user_id="u") if n.response_id}
         assert tree == {"r0": None, "r1": "r0", "r2": "r1"}

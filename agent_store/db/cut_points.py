@@ -3,21 +3,37 @@
 A response key past the cut goes with the messages it named. A session's own id frozen as a point (the first
 request of a served conversation is stored under its response id, which is frozen where the head was once
 another key is recorded on the session) stays, naming nothing (``GONE``): without its row, that id would fall
-back to naming the session's head, a different history. A moving key (0018) stays on the head.
+back to naming the session's head, a different history. A moving key (0018) stays on the head. A deleted key's
+children (in the session and its branches) keep its key in ``parent_id`` (0021: their ``parent``, its row number,
+would name nothing).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import delete, true, update
+from sqlalchemy import ColumnElement, delete, or_, select, true, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from agent_store.db.tables import responses_t
+from agent_store.db.tables import responses_t, sessions_t
 
 __all__ = ["GONE", "cut_points", "forget_point"]
 GONE = -1  # seq_end and version of a frozen own id whose history was cut or which was deleted
 _R = responses_t.c
+
+
+Rows = Callable[[Any], tuple[ColumnElement[bool], ...]]  # the rows of a session to delete, on a table's columns
+
+
+async def _delete(conn: AsyncConnection, session_id: str, rows: Rows) -> None:
+    gone = responses_t.alias("gone")
+    branches = select(sessions_t.c.id).where(sessions_t.c.base_id == session_id)
+    key = select(gone.c.response_id).where(gone.c.session_id == session_id, gone.c.id == _R.parent)
+    await conn.execute(update(responses_t).where(
+        or_(_R.session_id == session_id, _R.session_id.in_(branches)),
+        _R.parent.in_(select(gone.c.id).where(*rows(gone.c)))).values(parent_id=key.scalar_subquery(), parent=None))
+    await conn.execute(delete(responses_t).where(*rows(_R)))
 
 
 async def cut_points(conn: AsyncConnection, session_id: str, after: int | None) -> None:
@@ -26,7 +42,8 @@ async def cut_points(conn: AsyncConnection, session_id: str, after: int | None) 
     mine = (_R.session_id == session_id, past)
     await conn.execute(update(responses_t).where(*mine, _R.response_id == session_id, _R.moves.is_(False))
                        .values(seq_end=GONE, version=GONE))  # fmt: skip
-    await conn.execute(delete(responses_t).where(*mine, _R.response_id != session_id, _R.moves.is_(False)))
+    await _delete(conn, session_id, lambda c: (c.session_id == session_id, c.seq_end > after if after is not None
+                                               else true(), c.response_id != session_id, c.moves.is_(False)))
     await conn.execute(update(responses_t).where(*mine, _R.moves.is_(True)).values(seq_end=after or 0))
 
 
@@ -37,4 +54,4 @@ async def forget_point(conn: AsyncConnection, session_id: str, key: str) -> None
     if key == session_id:
         await conn.execute(update(responses_t).where(*named).values(seq_end=GONE, version=GONE))
     else:
-        await conn.execute(delete(responses_t).where(*named))
+        await _delete(conn, session_id, lambda c: (c.session_id == session_id, c.response_id == key))

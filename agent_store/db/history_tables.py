@@ -23,9 +23,9 @@ from sqlalchemy.orm import Mapped, mapped_column
 from agent_store.db.column_types import JsonText, UTCDateTime
 from agent_store.db.schema_base import ID_MAX, Base
 
-# 0021: the key's index by dialect (a hash either way), and SQLite's index of a session's responses.
+# 0021: the indexes by dialect: the key's (a hash either way), and a parent's by id or a session's rows.
 PG_KEY_INDEX, SQLITE_KEY_INDEX = "ix_agent_responses_response_id", "ix_agent_responses_key_hash"
-SQLITE_SESSION_INDEX = "ix_agent_responses_session_id"
+PG_ID_INDEX, SQLITE_SESSION_INDEX = "ix_agent_responses_id", "ix_agent_responses_session_id"
 
 
 class MessageMarksRow(Base):
@@ -53,8 +53,9 @@ class ResponseRow(Base):
     the seq after its last message, and the session's version then. A point never changes.
 
     0021: rows are numbered (``id``, in the order they were made) and a response names the point it continued from
-    by that number (``parent``), so a row holds its key and its session once; the primary key is
-    ``(session_id, id)`` on PostgreSQL and the rowid on SQLite (indexed by session there: see the migration)."""
+    by that number (``parent``; ``parent_id``, its key, where no row names it), so a row holds its key and its
+    session once. The primary key is ``(session_id, id)`` on PostgreSQL (an index on ``id`` finds a parent) and
+    the rowid on SQLite (an index on ``session_id`` finds a session's rows)."""
 
     __tablename__ = "agent_responses"
 
@@ -69,7 +70,7 @@ class ResponseRow(Base):
     session_id: Mapped[str] = mapped_column(String(ID_MAX), ForeignKey("agent_sessions.id", ondelete="CASCADE"))
     response_id: Mapped[str] = mapped_column(String(ID_MAX))
     user_id: Mapped[str | None] = mapped_column(String(ID_MAX))
-    # The parent's key where ``parent`` names no row, as code before 0021 writes it too (a rolling upgrade).
+    # The parent's key where ``parent`` names no row (deleted, or never a row here), and as code before 0021 wrote it.
     parent_id: Mapped[str | None] = mapped_column(String(ID_MAX))
     key_hash: Mapped[int | None] = mapped_column(Integer)  # SQLite: key_hash(response_id); NULL on PostgreSQL
 
@@ -79,7 +80,8 @@ class ResponseRow(Base):
         # hash index on PostgreSQL; SQLite has none, nor a hash function: an index on the hash the store writes).
         Index(PG_KEY_INDEX, "response_id", postgresql_using="hash"),
         Index(SQLITE_KEY_INDEX, "key_hash"),
-        Index(SQLITE_SESSION_INDEX, "session_id"),  # PostgreSQL: the primary key's first column
+        Index(SQLITE_SESSION_INDEX, "session_id"),
+        Index(PG_ID_INDEX, "id"),
         {"sqlite_autoincrement": True},
     )
 

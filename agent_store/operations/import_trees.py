@@ -91,6 +91,7 @@ async def check_tree(conn: AsyncConnection, session: dict[str, Any], rest: list[
     elif base_seq is not None:
         raise InvalidValueError(f"{where}: base_seq without a base_id")
     M, R = messages_t.c, responses_t.c
+    keys: set[str] = set()  # one key, one point: a second row of a key in the file is refused as one in the database is
     for kind, row in rest:
         if kind == "mark_history" and not (row["message_id"] in own and own[row["message_id"]] < row["horizon"] <= end):
             raise InvalidValueError(f"{where}: a mark_history row names a message it lacks, or a horizon out of range")
@@ -110,8 +111,9 @@ async def check_tree(conn: AsyncConnection, session: dict[str, Any], rest: list[
                 raise InvalidValueError(f"{where}: response {row['response_id']!r} is another user's or out of range")
             owner = R.user_id.is_(None) if row.get("user_id") is None else R.user_id == row["user_id"]  # per user
             keyed = key_is(R, row["response_id"], key_hash(row["response_id"]))
-            if (await conn.execute(select(R.session_id).where(keyed, owner))).first():
+            if row["response_id"] in keys or (await conn.execute(select(R.session_id).where(keyed, owner))).first():
                 raise InvalidValueError(f"{where}: response id {row['response_id']!r} already names a point here")
+            keys.add(row["response_id"])
 
 
 async def finish(conn: AsyncConnection, session: dict[str, Any]) -> None:

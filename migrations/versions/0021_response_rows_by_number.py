@@ -5,21 +5,20 @@ key), and both its primary key and its key's index carried the key and the sessi
 took 1.21-1.27x the bytes of the same turns kept as one conversation (docs/performance.md). Now:
 
 - ``id``: a row number (an identity on PostgreSQL; SQLite's rowid, ``AUTOINCREMENT`` so a number is never
-  reused), given in the order rows were made. The primary key is ``(session_id, id)`` on PostgreSQL (it holds the
-  distribution column, for Citus, and serves a session's rows) and ``id`` on SQLite (the rowid: the table is
-  written in order), with an index on ``session_id`` there.
-- ``parent``: the row id of the point a response continued from. ``parent_id`` (its key) stays, written only by
-  code before this revision during a rolling upgrade; this one reads the parent's key through ``parent`` and falls
-  back to ``parent_id``. Rows copied here get ``parent`` where their parent's key names a row of their user, and
-  keep ``parent_id`` only where it names none.
+  reused), given in the order rows were made. PostgreSQL: the primary key is ``(session_id, id)`` (it holds the
+  distribution column, for Citus, and serves a session's rows) and an index on ``id`` finds a parent. SQLite: the
+  rowid is the key (a parent is found by it; the table is written in order) and an index on ``session_id``
+  serves a session's rows.
+- ``parent``: the row id of the point a response continued from. ``parent_id`` (its key) stays where no row
+  names it: a parent key that names no earlier row of the same user here, and a parent the store deletes later
+  (its children keep its key: db/cut_points.py). Code before this revision reads only ``parent_id``: it would show
+  and export new rows without their parents, so ``oldest_code`` becomes 0021 (it refuses to open this schema;
+  with ``check_schema=False`` it still runs, and this code reads the parents it writes by key).
 - The key's index holds a hash of the key instead of the key and the session again (the store looks keys up by
   equality only): a hash index on PostgreSQL; on SQLite, which has no hash index nor hash function, an index on
   ``key_hash``, the key's 32-bit BLAKE2b hash the store writes (as wide as PostgreSQL's hash index keeps; a lookup
   compares the key too). It is NULL on PostgreSQL and in rows code before this revision writes: the store also
   looks at rows whose hash is NULL.
-
-Rolling upgrades: code at 0019 and 0020 runs here (it writes ``parent_id``, which this code reads, and never names
-``id``), so ``oldest_code`` stays 0019.
 
 Revision ID: 0021
 Revises: 0020
@@ -51,9 +50,9 @@ FROM agent_responses_0021 r LEFT JOIN agent_responses_0021 p ON p.id = r.parent"
 _PARENT = """
 UPDATE agent_responses SET parent = (
     SELECT p.id FROM agent_responses p
-    WHERE p.response_id = agent_responses.parent_id
+    WHERE p.response_id = agent_responses.parent_id AND p.id < agent_responses.id
       AND (p.user_id = agent_responses.user_id OR (p.user_id IS NULL AND agent_responses.user_id IS NULL))
-    ORDER BY p.id LIMIT 1)
+    ORDER BY p.id DESC LIMIT 1)
 WHERE parent_id IS NOT NULL"""
 
 
@@ -94,22 +93,23 @@ def upgrade() -> None:
         op.create_index("ix_agent_responses_response_id", "agent_responses", ["response_id"], postgresql_using="hash")
         op.execute(_PARENT)
         op.execute("UPDATE agent_responses SET parent_id = NULL WHERE parent IS NOT NULL")
+        op.create_index("ix_agent_responses_id", "agent_responses", ["id"])
     else:  # no index on the key to join on: hashes and parents found here, a pass over the rows
         _number_sqlite()
         op.create_index("ix_agent_responses_key_hash", "agent_responses", ["key_hash"])
         op.create_index("ix_agent_responses_session_id", "agent_responses", ["session_id"])
+    op.execute("UPDATE agent_schema_compat SET oldest_code = '0021'")  # see above: older code misreads parents
 
 
 def _number_sqlite() -> None:
     bind = op.get_bind()
     found = bind.execute(sa.text("SELECT id, response_id, user_id, parent_id FROM agent_responses ORDER BY id")).all()
-    first: dict[tuple[str, str | None], int] = {}
-    for row_id, key, user, _ in found:
-        first.setdefault((key, user), row_id)
+    earlier: dict[tuple[str, str | None], int] = {}  # the latest row of each key so far: a parent came before
     changes = []
     for row_id, key, user, parent_key in found:
-        parent = None if parent_key is None else first.get((parent_key, user))
+        parent = None if parent_key is None else earlier.get((parent_key, user))
         changes.append({"i": row_id, "h": key_hash(key), "p": parent, "k": parent_key if parent is None else None})
+        earlier[(key, user)] = row_id
     if changes:
         bind.execute(sa.text("UPDATE agent_responses SET key_hash = :h, parent = :p, parent_id = :k WHERE id = :i"),
                      changes)  # fmt: skip
@@ -122,10 +122,12 @@ def key_hash(key: str) -> int:
 
 def downgrade() -> None:
     postgres = op.get_bind().dialect.name == "postgresql"
+    op.execute("UPDATE agent_schema_compat SET oldest_code = '0019'")
     if not postgres:
-        op.drop_index("ix_agent_responses_key_hash", "agent_responses")
         op.drop_index("ix_agent_responses_session_id", "agent_responses")
+        op.drop_index("ix_agent_responses_key_hash", "agent_responses")
     else:
+        op.drop_index("ix_agent_responses_id", "agent_responses")
         op.drop_index("ix_agent_responses_response_id", "agent_responses")
         op.execute("ALTER TABLE agent_responses RENAME CONSTRAINT pk_agent_responses TO pk_agent_responses_0021")
     op.rename_table("agent_responses", "agent_responses_0021")
