@@ -16,8 +16,8 @@ from hosting_route import serve
 from sqlalchemy import event, insert, text
 
 from agent_store import InvalidValueError, Store
-from agent_store.db.history_tables import PG_KEY_INDEX, SQLITE_KEY_INDEX, responses_t, with_key_hash
-from agent_store.run import points, responses
+from agent_store.db.history_tables import PG_KEY_INDEX, SQLITE_KEY_INDEX, insert_row, responses_t, with_key_hash
+from agent_store.run import points
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from big_tables import reads_sent
@@ -169,7 +169,7 @@ async def test_a_key_and_a_parent_are_found_by_the_key_s_index_among_many(store:
         async with store.engine.begin() as conn:
             row = {"session_id": "s34", "response_id": "resp_new", "user_id": "u4", "seq_end": 20, "version": 10,
                    "created_at": now, "moves": False}  # fmt: skip
-            await responses.insert_row(conn, row, "resp_001234")
+            await insert_row(conn, row, "resp_001234")
             await conn.rollback()
     finally:
         event.remove(store.engine.sync_engine, "before_cursor_execute", capture)
@@ -231,7 +231,7 @@ async def test_the_tree_and_an_export_find_parents_by_the_primary_key(store: Sto
                                     "updated_at, incarnation) VALUES (:s, :u, 10, 0, :t, :t, 1)"),
                                {"s": f"s{s}", "u": f"u{s % 30}", "t": now})  # fmt: skip
         for n in range(3000):
-            await responses.insert_row(conn, with_key_hash(conn, {
+            await insert_row(conn, with_key_hash(conn, {
                 "session_id": f"s{n % 300}", "response_id": f"resp_{n:06d}", "user_id": f"u{n % 300 % 30}",
                 "seq_end": n % 20, "version": n % 10, "created_at": now, "moves": False}),
                 f"resp_{n - 300:06d}" if n >= 300 else None)  # fmt: skip

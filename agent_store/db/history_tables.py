@@ -16,7 +16,23 @@ import hashlib
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import BigInteger, Boolean, ColumnElement, ForeignKey, Index, Integer, String, Table, and_, false, or_
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    ColumnElement,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Table,
+    and_,
+    case,
+    false,
+    literal,
+    null,
+    or_,
+    select,
+)
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -139,3 +155,19 @@ message_marks_t = cast(Table, MessageMarksRow.__table__)
 responses_t = cast(Table, ResponseRow.__table__)
 state_history_t = cast(Table, StateHistoryRow.__table__)
 branch_marks_t = cast(Table, BranchMarksRow.__table__)
+
+
+async def insert_row(db: AsyncConnection, row: dict[str, Any], parent: str | None) -> None:
+    """A key's row, naming the point it continued from by that point's row (0021): the parent key's row of the same
+    user, found in the insert itself (no round trip); by its key only where it names no row (a session's own id
+    that never became a key). A commit (run/responses.py) and an import write their rows through here."""
+    row = with_key_hash(db, row)
+    if parent is None:
+        await db.execute(responses_t.insert(), row)
+        return
+    up = responses_t.alias("up")
+    user = row.get("user_id")
+    mine = up.c.user_id.is_(None) if user is None else up.c.user_id == user
+    found = select(up.c.id).where(key_is(up.c, parent, key_hash(parent)), mine).order_by(up.c.id).limit(1)
+    named = case((found.scalar_subquery().is_(None), literal(parent, String)), else_=null())
+    await db.execute(responses_t.insert().values(parent=found.scalar_subquery(), parent_id=named), row)

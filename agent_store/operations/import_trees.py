@@ -20,12 +20,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from agent_store.db import message_rows
 from agent_store.db.column_types import UTCDateTime
 from agent_store.db.cut_points import GONE
-from agent_store.db.history_tables import key_hash, key_is
+from agent_store.db.history_tables import insert_row, key_hash, key_is
 from agent_store.db.schema_base import ID_MAX
 from agent_store.db.scopes import APP_PREFIX, TEMP_PREFIX, USER_PREFIX
 from agent_store.db.tables import messages_t, responses_t, sessions_t
 from agent_store.errors import InvalidValueError
-from agent_store.run import responses
 
 __all__ = ["KINDS", "RESPONSE_LINE", "check_row", "check_tree", "finish", "insert_rows", "rows_of"]
 KINDS = ("mark_history", "state_history", "response", "branch_mark")
@@ -55,7 +54,7 @@ async def insert_rows(conn: AsyncConnection, kind: str, table: Table, rows: list
         await conn.execute(insert(table), rows)
         return
     for row in rows:  # one at a time: a row's parent may be the one before it
-        await responses.insert_row(conn, {k: v for k, v in row.items() if k != "parent_id"}, row.get("parent_id"))
+        await insert_row(conn, {k: v for k, v in row.items() if k != "parent_id"}, row.get("parent_id"))
 
 
 def check_row(kind: str, values: dict[str, Any], max_bytes: int) -> None:

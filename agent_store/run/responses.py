@@ -14,18 +14,18 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import String, case, func, literal, null, select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agent_store.db import message_rows
 from agent_store.db import statements as sql
 from agent_store.db.database import SESSION_LOCK
-from agent_store.db.history_tables import key_hash, key_is, with_key_hash
+from agent_store.db.history_tables import insert_row, key_hash, key_is
 from agent_store.db.tables import branch_marks_t, responses_t, sessions_t
 from agent_store.errors import ConflictError, InvalidValueError
 from agent_store.run.one_call import OneCall
 
-__all__ = ["before_writes", "branch_rewrites", "insert_row", "record"]
+__all__ = ["before_writes", "branch_rewrites", "record"]
 RESPONSE_LOCK = 4  # advisory lock class of a response key (SESSION_LOCK, USER_LOCK, APP_LOCK are 1-3)
 assert RESPONSE_LOCK != SESSION_LOCK
 
@@ -90,22 +90,6 @@ async def _record(
     row = {"session_id": call.session_id, "response_id": key, "user_id": call.user_id, "seq_end": seq_end,
            "version": version, "created_at": now, "moves": moves}  # fmt: skip
     await insert_row(db, row, parent)
-
-
-async def insert_row(db: AsyncConnection, row: dict[str, Any], parent: str | None) -> None:
-    """A key's row, naming the point it continued from by that point's row (0021): the parent key's row of the same
-    user, found in the insert itself (no round trip); by its key only where it names no row (a session's own id
-    that never became a key). An import writes its rows through here too."""
-    row = with_key_hash(db, row)
-    if parent is None:
-        await db.execute(responses_t.insert(), row)
-        return
-    up = responses_t.alias("up")
-    user = row.get("user_id")
-    mine = up.c.user_id.is_(None) if user is None else up.c.user_id == user
-    found = select(up.c.id).where(key_is(up.c, parent, key_hash(parent)), mine).order_by(up.c.id).limit(1)
-    named = case((found.scalar_subquery().is_(None), literal(parent, String)), else_=null())
-    await db.execute(responses_t.insert().values(parent=found.scalar_subquery(), parent_id=named), row)
 
 
 async def branch_rewrites(
