@@ -5,6 +5,9 @@
 - ``community-agent-framework-postgres`` ``PostgresSessionStore`` (PostgreSQL only): the framework's
   ``SessionStore`` protocol, so a run loads and stores the whole session (every message, the state), and
   writes are last-writer-wins.
+- Microsoft's ``agent-framework-postgres`` (PostgreSQL only) through core's ``VectorStoreHistoryProvider`` (no
+  embedding generator: no vector column, so no pgvector extension): a run loads the whole transcript and appends
+  two records; it keeps no state, so ``run`` and ``run_whole`` are one.
 
 A run: load, append a user and an assistant message, set ``counter`` and ``user:last_seen`` (where the peer
 keeps state), store. Peers that are not installed are skipped with a note.
@@ -37,6 +40,7 @@ def available() -> dict[str, bool]:
         "openai-agents": importlib.util.find_spec("agents") is not None,
         "community-agent-framework-postgres": importlib.util.find_spec("agent_framework_community_postgres")
         is not None,
+        "agent-framework-postgres": importlib.util.find_spec("agent_framework_postgres") is not None,
     }
 
 
@@ -47,6 +51,8 @@ def preload() -> None:
         importlib.import_module("agents.extensions.memory.sqlalchemy_session")
     if found["community-agent-framework-postgres"]:
         importlib.import_module("agent_framework_community_postgres")
+    if found["agent-framework-postgres"]:
+        importlib.import_module("agent_framework_postgres")
 
 
 class OpenAIAgentsSession:
@@ -120,13 +126,48 @@ class CommunityPostgresStore:
         await self.hub.close()
 
 
-def peers_for(backend: str) -> list[type[OpenAIAgentsSession] | type[CommunityPostgresStore]]:
+class MicrosoftPostgresHistory:
+    name = "agent-framework-postgres"
+
+    def __init__(self, pool: Any, provider: Any, texts: Any) -> None:
+        self.pool, self.provider, self.texts = pool, provider, texts
+
+    @classmethod
+    async def open(cls, url: str, size: int, texts: Any) -> MicrosoftPostgresHistory:
+        from agent_framework import VectorStoreHistoryProvider
+        from agent_framework_postgres import PostgresStore
+        from psycopg_pool import AsyncConnectionPool
+
+        pool = AsyncConnectionPool(url.replace("+asyncpg", ""), min_size=size, max_size=size, open=False)
+        await pool.open(wait=True)  # every connection opened before timing, as the other sides' pools
+        provider = VectorStoreHistoryProvider(PostgresStore(client=pool), application_id="bench")
+        await provider.save_messages("setup", [Message(role="user", contents=["setup"])])  # creates its table
+        return cls(pool, provider, texts)
+
+    async def run(self, sid: str, n: int) -> None:
+        await self.provider.get_messages(sid)
+        question, answer = self.texts(n)
+        await self.provider.save_messages(sid, [Message(role="user", contents=[question]),
+                                                Message(role="assistant", contents=[answer])])  # fmt: skip
+
+    run_whole = run  # it always loads the whole transcript
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+
+PeerClass = type[OpenAIAgentsSession] | type[CommunityPostgresStore] | type[MicrosoftPostgresHistory]
+
+
+def peers_for(backend: str) -> list[PeerClass]:
     found = available()
-    chosen: list[type[OpenAIAgentsSession] | type[CommunityPostgresStore]] = []
+    chosen: list[PeerClass] = []
     if found["openai-agents"]:
         chosen.append(OpenAIAgentsSession)
     if backend == "postgresql" and found["community-agent-framework-postgres"]:
         chosen.append(CommunityPostgresStore)
+    if backend == "postgresql" and found["agent-framework-postgres"]:
+        chosen.append(MicrosoftPostgresHistory)
     return chosen
 
 
