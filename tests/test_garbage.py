@@ -124,3 +124,32 @@ async def test_a_plain_session_with_the_history_provider_frees_its_messages(
     monkeypatch.setattr(StoreHistoryProvider, "get_messages", observed)
     await agent.run("我叫李明", session=AgentSession(session_id="s"))
     assert len(loaded) >= 50 and all(p() is None for p in loaded)
+
+
+SERVING = """
+import asyncio, sys
+from agent_framework import Agent
+from agent_store import Store
+from agent_store.offline import OfflineChatClient
+
+async def main(url):
+    async with Store.from_url(url) as store:
+        agent = Agent(client=OfflineChatClient(), name="Bot")
+        async with store.session("s", user_id="u") as session:
+            await agent.run("我叫李明", session=session)
+        print(sorted(name for name in ("alembic", "mako") if name in sys.modules))
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+async def test_a_serving_process_never_imports_the_migration_machinery(store: Store, url: str) -> None:
+    """A full collection walks every tracked object in the process (issue 43): opening a store on a migrated
+    database, checking its schema and running a turn import neither Alembic nor Mako (about 15,000 objects, a
+    third of a full pass's time measured in a small service)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", SERVING, url], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]", done.stdout

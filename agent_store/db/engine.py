@@ -17,7 +17,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import event
+from sqlalchemy import Column, MetaData, String, Table, event, inspect, select
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import ArgumentError, DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
@@ -234,6 +234,9 @@ def migrations_dir() -> Path:
     raise ConfigurationError("agent_store's migrations are missing from this installation")
 
 
+_VERSIONS = Table("alembic_version", MetaData(), Column("version_num", String(32)))  # Alembic's own table
+
+
 def known_revisions() -> set[str]:
     from alembic.script import ScriptDirectory
 
@@ -246,9 +249,16 @@ async def check_schema(conn: AsyncConnection, url: URL) -> None:
     keeps this code working (compat.py)."""
 
     def read_revision(sync_conn: Any) -> str | None:
-        from alembic.migration import MigrationContext
+        # Read here, not through Alembic's MigrationContext: importing it on a serving process's path adds about
+        # 15,000 objects that every full pass of the garbage collector walks (issue 43; tests/test_garbage.py).
+        if not inspect(sync_conn).has_table(_VERSIONS.name):
+            return None
+        found = sync_conn.execute(select(_VERSIONS.c.version_num)).all()
+        if len(found) > 1:  # several heads: Alembic's own error says so
+            from alembic.migration import MigrationContext
 
-        return MigrationContext.configure(sync_conn).get_current_revision()
+            return MigrationContext.configure(sync_conn).get_current_revision()
+        return found[0][0] if found else None
 
     current = await conn.run_sync(read_revision)
     if current == SCHEMA_REVISION:
