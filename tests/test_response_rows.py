@@ -5,6 +5,7 @@ key and an import into another store resolves them to that store's rows, and the
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -244,3 +245,59 @@ async def test_the_tree_and_an_export_find_parents_by_the_primary_key(store: Sto
     for statement, parameters in [*exported, (documented.strip().rstrip(";"), None)]:
         plan = await plan_of(store, statement, parameters, index_paths=True)
         assert not reads_responses_whole(plan), plan
+
+
+async def test_a_delete_racing_a_continuation_leaves_the_parent_s_key(
+    url: str, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:  # fmt: skip
+    """A response is deleted while a request continuing from it commits: the commit holds the parent's key shared
+    and the delete takes it alone (PostgreSQL; SQLite serializes writers), so the new response ends up naming its
+    parent by row (the delete waited, saw it, and left the key with it) or by key (it waited for the delete): never
+    a row number of a row deleted meanwhile. The delete's transaction is made slow to open the window."""
+    from agent_store.agent_framework import StoreSessionStore
+    from agent_store.run import points as points_module
+
+    keys = await chain(url, "u1", 2)
+    forget = points_module.forget_point
+
+    async def slow(conn: Any, sid: str, key: str) -> None:
+        await forget(conn, sid, key)
+        await asyncio.sleep(1.0)  # its COMMIT comes after the continuation's INSERT would have run
+
+    monkeypatch.setattr(points_module, "forget_point", slow)
+
+    async def delete() -> None:
+        async with Store.from_url(url) as other:
+            await StoreSessionStore(other, user_id="u1").delete(keys[1])
+
+    async def continuation() -> str:
+        await asyncio.sleep(0.3)
+        body = {"model": "offline", "input": "接着说", "previous_response_id": keys[1]}
+        return str((await serve(url, "u1", body))["id"])
+
+    _, child = await asyncio.gather(delete(), continuation())
+    ((parent, parent_key, names),) = await rows(
+        store, "SELECT parent, parent_id, (SELECT count(*) FROM agent_responses p WHERE p.id = r.parent) "
+               "FROM agent_responses r WHERE response_id = :c", c=child)  # fmt: skip
+    assert (parent is None and parent_key == keys[1]) or (parent is not None and names == 1), (parent, parent_key)
+    tree = {n.response_id: n.parent_id for n in await store.tree(keys[0], user_id="u1") if n.response_id}
+    assert tree[child] == keys[1]
+
+
+async def test_a_parent_is_found_only_in_the_child_s_session_or_its_base(url: str, store: Store) -> None:
+    """An imported response naming a key the user holds in an unrelated conversation does not take that row as its
+    parent (that row may be deleted with its conversation, which the child outlives): its parent stays by key."""
+    keys = await chain(url, "u1", 2)
+    other = await chain(url, "u1", 1)
+    async with Store.from_url(url) as source:
+        lines = [line async for line in source.export(user_id="u1", session_id=keys[0])]
+    at = next(n for n, line in enumerate(lines) if f'"response_id": "{keys[1]}"' in line)
+    lines[at] = lines[at].replace(f'"parent_id": "{keys[0]}"', f'"parent_id": "{other[0]}"')
+    async with Store.from_url(url) as target:
+        await target.delete(keys[0], user_id="u1")
+        await target.import_lines(lines)
+        found = await rows(target, "SELECT parent, parent_id FROM agent_responses WHERE response_id = :k", k=keys[1])
+        assert found == [(None, other[0])]  # by key: the row of other[0] is another conversation's
+        await target.delete(other[0], user_id="u1")
+        tree = {n.response_id: n.parent_id for n in await target.tree(keys[0], user_id="u1") if n.response_id}
+        assert tree[keys[1]] == other[0]

@@ -13,12 +13,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import ColumnElement, delete, or_, select, true, update
+from sqlalchemy import ColumnElement, delete, func, or_, select, true, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agent_store.db.tables import responses_t, sessions_t
 
-__all__ = ["GONE", "cut_points", "forget_point"]
+__all__ = ["GONE", "RESPONSE_LOCK", "cut_points", "forget_point"]
+RESPONSE_LOCK = 4  # advisory lock class of a response key (SESSION_LOCK, USER_LOCK, APP_LOCK are 1-3)
 GONE = -1  # seq_end and version of a frozen own id whose history was cut or which was deleted
 _R = responses_t.c
 
@@ -51,6 +52,8 @@ async def forget_point(conn: AsyncConnection, session_id: str, key: str) -> None
     """A response key is deleted (the history it named stays: other points and branches share it); a frozen own
     id stays, naming nothing."""
     named = (_R.session_id == session_id, _R.response_id == key)
+    if conn.dialect.name == "postgresql":  # a commit continuing from the key holds it shared (run/responses.py)
+        await conn.execute(select(func.pg_advisory_xact_lock(RESPONSE_LOCK, func.hashtext(key))))
     if key == session_id:
         await conn.execute(update(responses_t).where(*named).values(seq_end=GONE, version=GONE))
     else:

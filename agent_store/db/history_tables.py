@@ -165,9 +165,15 @@ async def insert_row(db: AsyncConnection, row: dict[str, Any], parent: str | Non
     if parent is None:
         await db.execute(responses_t.insert(), row)
         return
-    up = responses_t.alias("up")
+    up, base = responses_t.alias("up"), responses_t.metadata.tables["agent_sessions"].alias("base")
     user = row.get("user_id")
     mine = up.c.user_id.is_(None) if user is None else up.c.user_id == user
-    found = select(up.c.id).where(key_is(up.c, parent, key_hash(parent)), mine).order_by(up.c.id).limit(1)
+    # Only in the child's session or its base (where a run continues from): rows there outlive the child (a base
+    # is deleted with its branches, never purged before them), and a deleted one leaves its key with its
+    # children there (cut_points.py).
+    near = or_(up.c.session_id == row["session_id"],
+               up.c.session_id == select(base.c.base_id).where(base.c.id == row["session_id"]).scalar_subquery())
+    found = select(up.c.id).where(key_is(up.c, parent, key_hash(parent)), mine, near).order_by(up.c.id.desc())
+    found = found.limit(1)
     named = case((found.scalar_subquery().is_(None), literal(parent, String)), else_=null())
     await db.execute(responses_t.insert().values(parent=found.scalar_subquery(), parent_id=named), row)

@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agent_store.db import message_rows
 from agent_store.db import statements as sql
+from agent_store.db.cut_points import RESPONSE_LOCK
 from agent_store.db.database import SESSION_LOCK
 from agent_store.db.history_tables import insert_row, key_hash, key_is
 from agent_store.db.tables import branch_marks_t, responses_t, sessions_t
@@ -26,14 +27,19 @@ from agent_store.errors import ConflictError, InvalidValueError
 from agent_store.run.one_call import OneCall
 
 __all__ = ["before_writes", "branch_rewrites", "record"]
-RESPONSE_LOCK = 4  # advisory lock class of a response key (SESSION_LOCK, USER_LOCK, APP_LOCK are 1-3)
 assert RESPONSE_LOCK != SESSION_LOCK
 
 
-async def _key_row(db: AsyncConnection, key: str, user_id: str | None) -> Any:
-    """The row ``key`` names for ``user_id`` (keys are per user since 0018), under the key's lock."""
+async def _key_row(db: AsyncConnection, key: str, user_id: str | None, parent: str | None = None) -> Any:
+    """The row ``key`` names for ``user_id`` (keys are per user since 0018), under the key's lock; and the
+    ``parent`` key's, shared, in the same statement: a delete of the parent (which takes it alone) waits for this
+    commit and then sees its row, or this commit waits for the delete and then finds no parent row (its key is
+    kept instead), never a row number of a row deleted meanwhile (0021)."""
     if db.dialect.name == "postgresql":  # one key, one point: concurrent writers of one key queue here
-        await db.execute(select(func.pg_advisory_xact_lock(RESPONSE_LOCK, func.hashtext(key))))
+        locks = [func.pg_advisory_xact_lock(RESPONSE_LOCK, func.hashtext(key))]
+        if parent is not None and parent != key:
+            locks.append(func.pg_advisory_xact_lock_shared(RESPONSE_LOCK, func.hashtext(parent)))
+        await db.execute(select(*locks))
     r = responses_t.c
     mine = r.user_id.is_(None) if user_id is None else r.user_id == user_id
     found = select(r.session_id, r.moves).where(key_is(r, key, key_hash(key)), mine)
@@ -48,8 +54,8 @@ async def before_writes(db: AsyncConnection, call: OneCall, version: int, head_s
     """Lock and check the key, keep the session's history, freeze its own id at the head it had (see above).
     A moving key (0018) may already name this session's head: it moves with this commit."""
     key, sid = call.response.key, call.session_id
-    if (found := await _key_row(db, key, call.user_id)) is not None and not (call.response.moves and found.moves
-                                                               and found.session_id == sid):  # fmt: skip
+    found = await _key_row(db, key, call.user_id, call.response.parent)
+    if found is not None and not (call.response.moves and found.moves and found.session_id == sid):
         if call.response.moves and found.moves:  # two requests started one conversation: this one came second
             raise ConflictError(sid, [], reason=f"another request started the conversation {key!r} first: load it "
                                                 "again")  # fmt: skip

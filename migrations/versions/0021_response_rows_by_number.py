@@ -9,8 +9,9 @@ took 1.21-1.27x the bytes of the same turns kept as one conversation (docs/perfo
   distribution column, for Citus, and serves a session's rows) and an index on ``id`` finds a parent. SQLite: the
   rowid is the key (a parent is found by it; the table is written in order) and an index on ``session_id``
   serves a session's rows.
-- ``parent``: the row id of the point a response continued from. ``parent_id`` (its key) stays where no row
-  names it: a parent key that names no earlier row of the same user here, and a parent the store deletes later
+- ``parent``: the row id of the point a response continued from, looked up in its session and its base (where a
+  run continues from). ``parent_id`` (its key) stays where no row names it: a parent key that names no earlier
+  row of the same user there, and a parent the store deletes later
   (its children keep its key: db/cut_points.py). Code before this revision reads only ``parent_id``: it would show
   and export new rows without their parents, so ``oldest_code`` becomes 0021 (it refuses to open this schema;
   with ``check_schema=False`` it still runs, and this code reads the parents it writes by key).
@@ -52,6 +53,8 @@ UPDATE agent_responses SET parent = (
     SELECT p.id FROM agent_responses p
     WHERE p.response_id = agent_responses.parent_id AND p.id < agent_responses.id
       AND (p.user_id = agent_responses.user_id OR (p.user_id IS NULL AND agent_responses.user_id IS NULL))
+      AND (p.session_id = agent_responses.session_id
+           OR p.session_id = (SELECT s.base_id FROM agent_sessions s WHERE s.id = agent_responses.session_id))
     ORDER BY p.id DESC LIMIT 1)
 WHERE parent_id IS NOT NULL"""
 
@@ -103,13 +106,18 @@ def upgrade() -> None:
 
 def _number_sqlite() -> None:
     bind = op.get_bind()
-    found = bind.execute(sa.text("SELECT id, response_id, user_id, parent_id FROM agent_responses ORDER BY id")).all()
-    earlier: dict[tuple[str, str | None], int] = {}  # the latest row of each key so far: a parent came before
+    found = bind.execute(sa.text("SELECT id, response_id, user_id, parent_id, session_id FROM agent_responses "
+                                 "ORDER BY id")).all()  # fmt: skip
+    bases = dict(bind.execute(sa.text("SELECT id, base_id FROM agent_sessions WHERE base_id IS NOT NULL")).all())
+    # The latest row so far of each key, user and session: a parent came before, in the session or its base.
+    earlier: dict[tuple[str, str | None, str], int] = {}
     changes = []
-    for row_id, key, user, parent_key in found:
-        parent = None if parent_key is None else earlier.get((parent_key, user))
+    for row_id, key, user, parent_key, sid in found:
+        parent = None
+        if parent_key is not None:
+            parent = earlier.get((parent_key, user, sid)) or earlier.get((parent_key, user, bases.get(sid, "")))
         changes.append({"i": row_id, "h": key_hash(key), "p": parent, "k": parent_key if parent is None else None})
-        earlier[(key, user)] = row_id
+        earlier[(key, user, sid)] = row_id
     if changes:
         bind.execute(sa.text("UPDATE agent_responses SET key_hash = :h, parent = :p, parent_id = :k WHERE id = :i"),
                      changes)  # fmt: skip
