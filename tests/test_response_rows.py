@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from helpers import doc_block, rows
 from hosting_route import serve
-from sqlalchemy import event, insert, text
+from sqlalchemy import event, text
 
 from agent_store import InvalidValueError, Store
-from agent_store.db.history_tables import PG_KEY_INDEX, SQLITE_KEY_INDEX, insert_row, responses_t, with_key_hash
+from agent_store.db.history_tables import PG_KEY_INDEX, SQLITE_KEY_INDEX, insert_row
 from agent_store.run import points
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
@@ -144,19 +144,27 @@ def reads_responses_whole(plan: list[str]) -> bool:
                                                          and "agent_responses" in line) for line in plan)  # fmt: skip
 
 
-async def test_a_key_and_a_parent_are_found_by_the_key_s_index_among_many(store: Store) -> None:
-    """3,000 keys of 30 users: resolving a key (the hosted get) and naming a parent (the commit's insert) read the
-    key's index (a hash index on PostgreSQL, key_hash on SQLite), never the whole table."""
+async def many_keys(store: Store) -> datetime:
+    """300 sessions of 30 users (no messages) and 3,000 keys, each session's keys a chain (written as a commit
+    writes them), then ANALYZE: a table where a read of the whole of it shows in the plan."""
     now = datetime.now(UTC)
     async with store.engine.begin() as conn:
         for s in range(300):
             await conn.execute(text("INSERT INTO agent_sessions (id, user_id, version, next_seq, created_at, "
-                                    "updated_at, incarnation) VALUES (:s, :u, 10, 20, :t, :t, 1)"),
+                                    "updated_at, incarnation) VALUES (:s, :u, 10, 0, :t, :t, 1)"),
                                {"s": f"s{s}", "u": f"u{s % 30}", "t": now})  # fmt: skip
-        await conn.execute(insert(responses_t), [with_key_hash(conn, {
-            "session_id": f"s{n % 300}", "response_id": f"resp_{n:06d}", "user_id": f"u{n % 300 % 30}",
-            "seq_end": n % 20, "version": n % 10, "created_at": now, "moves": False}) for n in range(3000)])
+        for n in range(3000):
+            row = {"session_id": f"s{n % 300}", "response_id": f"resp_{n:06d}", "user_id": f"u{n % 300 % 30}",
+                   "seq_end": n % 20, "version": n % 10, "created_at": now, "moves": False}  # fmt: skip
+            await insert_row(conn, row, f"resp_{n - 300:06d}" if n >= 300 else None)
         await conn.execute(text("ANALYZE"))
+    return now
+
+
+async def test_a_key_and_a_parent_are_found_by_the_key_s_index_among_many(store: Store) -> None:
+    """3,000 keys of 30 users: resolving a key (the hosted get) and naming a parent (the commit's insert) read the
+    key's index (a hash index on PostgreSQL, key_hash on SQLite), never the whole table."""
+    now = await many_keys(store)
     sent: list[tuple[str, Any]] = []
 
     def capture(conn: Any, cursor: Any, statement: str, parameters: Any, *rest: Any) -> None:
@@ -223,20 +231,10 @@ async def test_an_import_with_two_points_under_one_key_is_refused_whole(url: str
         assert await rows(other, "SELECT count(*) FROM agent_sessions") == [(0,)]
 
 
-async def test_the_tree_and_an_export_find_parents_by_the_primary_key(store: Store) -> None:
-    """The documented tree query and an export's response rows join a parent by its row id: the primary key."""
-    now = datetime.now(UTC)
-    async with store.engine.begin() as conn:
-        for s in range(300):
-            await conn.execute(text("INSERT INTO agent_sessions (id, user_id, version, next_seq, created_at, "
-                                    "updated_at, incarnation) VALUES (:s, :u, 10, 0, :t, :t, 1)"),
-                               {"s": f"s{s}", "u": f"u{s % 30}", "t": now})  # fmt: skip
-        for n in range(3000):
-            await insert_row(conn, with_key_hash(conn, {
-                "session_id": f"s{n % 300}", "response_id": f"resp_{n:06d}", "user_id": f"u{n % 300 % 30}",
-                "seq_end": n % 20, "version": n % 10, "created_at": now, "moves": False}),
-                f"resp_{n - 300:06d}" if n >= 300 else None)  # fmt: skip
-        await conn.execute(text("ANALYZE"))
+async def test_the_tree_and_an_export_find_parents_by_an_index_on_the_row_id(store: Store) -> None:
+    """The documented tree query and an export's response rows join a parent by its row id: an index (the rowid on
+    SQLite, ``ix_agent_responses_id`` on PostgreSQL), never a read of the whole table."""
+    await many_keys(store)
     with reads_sent(store) as sent:
         _ = [line async for line in store.export(user_id="u4", session_id="s34")]
     exported = [(s, p) for s, p in sent if "agent_responses" in s]

@@ -39,13 +39,13 @@ async def _delete(conn: AsyncConnection, session_id: str, rows: Rows) -> None:
 
 async def cut_points(conn: AsyncConnection, session_id: str, after: int | None) -> None:
     """The points past seq ``after`` (every one: None) lose their history; moving keys move to ``after`` (0)."""
-    past: Any = _R.seq_end > after if after is not None else true()
-    mine = (_R.session_id == session_id, past)
-    await conn.execute(update(responses_t).where(*mine, _R.response_id == session_id, _R.moves.is_(False))
+    def mine(c: Any) -> tuple[ColumnElement[bool], ...]:
+        return c.session_id == session_id, c.seq_end > after if after is not None else true()
+
+    await conn.execute(update(responses_t).where(*mine(_R), _R.response_id == session_id, _R.moves.is_(False))
                        .values(seq_end=GONE, version=GONE))  # fmt: skip
-    await _delete(conn, session_id, lambda c: (c.session_id == session_id, c.seq_end > after if after is not None
-                                               else true(), c.response_id != session_id, c.moves.is_(False)))
-    await conn.execute(update(responses_t).where(*mine, _R.moves.is_(True)).values(seq_end=after or 0))
+    await _delete(conn, session_id, lambda c: (*mine(c), c.response_id != session_id, c.moves.is_(False)))
+    await conn.execute(update(responses_t).where(*mine(_R), _R.moves.is_(True)).values(seq_end=after or 0))
 
 
 async def forget_point(conn: AsyncConnection, session_id: str, key: str) -> None:

@@ -114,11 +114,6 @@ def key_is(columns: Any, key: Any, hashed: Any) -> ColumnElement[bool]:
     return and_(columns.response_id == key, or_(columns.key_hash == hashed, columns.key_hash.is_(None)))
 
 
-def with_key_hash(db: AsyncConnection, row: dict[str, Any]) -> dict[str, Any]:
-    """A response row as this store writes it: with the key's hash on SQLite."""
-    return {**row, "key_hash": key_hash(row["response_id"])} if db.dialect.name == "sqlite" else row
-
-
 class StateHistoryRow(Base):
     """A session's own state key before a commit changed it (0017; a trigger, once the session keeps history)."""
 
@@ -161,7 +156,8 @@ async def insert_row(db: AsyncConnection, row: dict[str, Any], parent: str | Non
     """A key's row, naming the point it continued from by that point's row (0021): the parent key's row of the same
     user, found in the insert itself (no round trip); by its key only where it names no row (a session's own id
     that never became a key). A commit (run/responses.py) and an import write their rows through here."""
-    row = with_key_hash(db, row)
+    if db.dialect.name == "sqlite":  # the key's index (see ResponseRow)
+        row = {**row, "key_hash": key_hash(row["response_id"])}
     if parent is None:
         await db.execute(responses_t.insert(), row)
         return
@@ -174,6 +170,6 @@ async def insert_row(db: AsyncConnection, row: dict[str, Any], parent: str | Non
     near = or_(up.c.session_id == row["session_id"],
                up.c.session_id == select(base.c.base_id).where(base.c.id == row["session_id"]).scalar_subquery())
     found = select(up.c.id).where(key_is(up.c, parent, key_hash(parent)), mine, near).order_by(up.c.id.desc())
-    found = found.limit(1)
-    named = case((found.scalar_subquery().is_(None), literal(parent, String)), else_=null())
-    await db.execute(responses_t.insert().values(parent=found.scalar_subquery(), parent_id=named), row)
+    row_of = found.limit(1).scalar_subquery()
+    named = case((row_of.is_(None), literal(parent, String)), else_=null())
+    await db.execute(responses_t.insert().values(parent=row_of, parent_id=named), row)
