@@ -130,18 +130,29 @@ async def _read(
             break
         start = first.n1
     snap, session = checked_session(rows, session_id, user_id, agent_id)
-    messages = [_message(message, cipher) for message in found]
+    # Each row is let go as soon as its message is built: rows are namedtuples, which the collector never
+    # untracks, so rows still held when a young collection runs mid-decode would be promoted to the old
+    # generation, whose size decides when the next full collection (a whole-process pause) comes.
+    del rows
+    found.reverse()
+    messages: list[Message] = []
+    loaded: list[tuple[str, int, int, dict[str, Any] | None]] = []  # key, seq, position, marks as loaded
+    while found:
+        message = found.pop()
+        messages.append(_message(message, cipher))
+        # The message got copies of its marks (message_decode); a summary's links only if they were read.
+        marks = (message_rows.with_links(message.marks, message.links) or {}) if message.marks else None
+        loaded.append((message.key, message.n1, message.n3, marks))
     if window is None and history_limit is not None:  # the whole history was read: its pair-safe tail
         messages = pair_safe_tail(messages, history_limit) if history_limit else []
-        found = found[len(found) - len(messages) :]
-    snap.message_ids.update(message.key for message in found)
-    snap.windowed = history_limit is not None and bool(found) and min(r.n1 for r in found) > 0
+        loaded = loaded[len(loaded) - len(messages) :]
+    snap.message_ids.update(key for key, _seq, _place, _marks in loaded)
+    snap.windowed = history_limit is not None and bool(loaded) and min(seq for _key, seq, _p, _m in loaded) > 0
     snap.included_only = included_only
-    for message in found:  # where each message is in the list, and its compaction marks as loaded
-        snap.places[message.key] = message.n3
-        if message.marks:
-            # The message got copies (message_decode.message_from_row); a summary's links only if they were read.
-            snap.marks[message.key] = message_rows.with_links(message.marks, message.links) or {}
+    for key, _seq, place, marks in loaded:  # where each message is in the list, and its marks as loaded
+        snap.places[key] = place
+        if marks is not None:
+            snap.marks[key] = marks
     messages, synthetic = close_tool_pairs(messages, answered)
     snap.message_ids |= synthetic  # handed to the model, never stored
     history = session.state.get(HISTORY_KEY)
