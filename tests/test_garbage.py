@@ -182,3 +182,25 @@ async def test_a_load_lets_each_row_go_once_its_message_is_built(store: Store) -
     await run.discard()
     assert len(seen) >= 10, seen  # collections did land inside the load
     assert max(seen) - before <= 600 + 20, (before, seen)
+
+
+
+def own_dict(message: Message) -> bool:
+    """Whether ``message`` keeps its attributes in a dict of its own (a tracked object) rather than in the object
+    (CPython's shared keys: then the collector sees the attribute values themselves, and no dict with a role)."""
+    return any(type(r) is dict and "role" in r for r in gc.get_referents(message))
+
+
+async def test_a_loaded_text_message_keeps_its_attributes_in_the_object(store: Store) -> None:
+    """The framework's constructors make four tracked objects per text message (``Message``, its contents list,
+    the ``Content`` and its 46-attribute dict); the load's fast decode makes no more, even with the two
+    attributes the store adds (give_id) and after the process has made many messages (issue 43)."""
+    many = [Message(role="user", contents=[f"turn {i}"]) for i in range(600)]
+    async with store.session("s", user_id="u") as session:
+        session.state["in_memory"]["messages"] += many
+    run = await store.load("s", user_id="u")
+    assert [m.text for m in run.history] == [m.text for m in many]
+    assert not any(own_dict(m) for m in run.history)
+    vars(run.history[0])  # and the check can fail: asking for the dict makes one
+    assert own_dict(run.history[0])
+    await run.discard()
