@@ -81,3 +81,19 @@ def test_an_escaped_backslash_u0000_is_not_a_nul() -> None:
     assert dumps("literal \\u0000 text", where="x") == '"literal \\\\u0000 text"'
     with pytest.raises(InvalidValueError, match="NUL"):
         dumps("a\\\x00", where="x")
+
+
+def test_made_ids_are_unique_twenty_characters_and_sort_by_time() -> None:
+    import time
+
+    from agent_store.db import ids
+
+    made = [ids.random_id() for _ in range(50_000)] + [ids.run_id() for _ in range(50_000)]
+    assert len(set(made)) == len(made) and {len(i) for i in made} == {20}
+    assert set("".join(made)) <= set("0123456789abcdefghjkmnpqrstvwxyz")
+    earlier = ids.run_id()
+    time.sleep(0.002)
+    assert ids.run_id() > earlier  # the time comes first, in milliseconds
+    # The time is the first 42 of the 100 bits: decoded back, it is now.
+    value = int("".join(format("0123456789abcdefghjkmnpqrstvwxyz".index(c), "05b") for c in ids.run_id()), 2)
+    assert abs((value >> 58) - time.time_ns() // 1_000_000) < 1_000

@@ -370,3 +370,22 @@ async def test_ids_sharing_an_md5_are_refused_by_name_on_postgresql_and_kept_apa
     else:  # SQLite's index keys the id itself
         await run.commit()
         assert await rows(store, "SELECT count(*) FROM agent_messages") == [(2,)]
+
+
+async def test_the_ids_the_store_makes_are_short_and_a_sessions_runs_sort_by_time(store: Store) -> None:
+    """A run's id and a message's own id are 20 characters of one sortable alphabet (not a UUID's 32 hex digits:
+    both are in every message row, issue 43), and a session's run ids sort in the order its runs committed."""
+    import re
+
+    for n in range(5):
+        run = await store.load("s", user_id="u")
+        run.history.append(Message(role="user", contents=[f"turn {n}"]))
+        await run.commit()
+        await asyncio.sleep(0.002)  # a millisecond apart at least: the id's time is in milliseconds
+    logged = await rows(store, "SELECT run_id FROM agent_runs WHERE session_id = 's' ORDER BY version")
+    stored = await rows(store, "SELECT message_id, run_id FROM agent_messages WHERE session_id = 's' ORDER BY seq")
+    run_ids = [r for (r,) in logged]
+    assert len(run_ids) == 5 and run_ids == sorted(run_ids) and len(set(run_ids)) == 5
+    assert all(re.fullmatch(r"[0-9a-hjkmnp-tv-z]{20}", r) for r in run_ids), run_ids
+    assert [r for _m, r in stored] == run_ids
+    assert all(re.fullmatch(r"~[0-9a-hjkmnp-tv-z]{20}", m) for m, _r in stored), stored

@@ -7,13 +7,13 @@ decides what goes into which column, what the body leaves out, and how a ``Messa
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from agent_framework import Content, Message
 
+from agent_store.db import ids
 from agent_store.db.codec import MAX_DEPTH, dumps
 from agent_store.errors import InvalidValueError
 
@@ -240,7 +240,7 @@ def store_id(message: Message) -> str:
     """
     identity = message.additional_properties.get(STORE_ID)
     if not isinstance(identity, str):
-        identity = (NO_ID_PREFIX if message.message_id is None else "") + uuid.uuid4().hex
+        identity = (NO_ID_PREFIX if message.message_id is None else "") + ids.random_id()
         message.additional_properties[STORE_ID] = identity
     if message.message_id is None and getattr(message, "id", None) is None:
         give_id(message, identity)  # never sent, never stored (message_record drops it)

@@ -21,7 +21,6 @@ Concurrency is settled by the database, not by locks in this process:
 from __future__ import annotations
 
 import logging
-import uuid
 import weakref
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
@@ -35,7 +34,7 @@ import agent_store.run.checked_commit as checked_commit
 import agent_store.run.commit_postgresql as commit_postgresql
 import agent_store.run.commit_sqlite as commit_sqlite
 import agent_store.telemetry as telemetry
-from agent_store.db import codec, runlog
+from agent_store.db import codec, ids, runlog
 from agent_store.db.database import Database
 from agent_store.db.ledger import ModelCall
 from agent_store.db.load_statement import POSITION_STEP
@@ -164,7 +163,7 @@ class Run:
 
     def _next_run_id(self) -> str:
         if self._key is None:
-            return uuid.uuid4().hex
+            return ids.run_id()
         return self._key if self._commits == 0 else f"{self._key}#{self._commits + 1}"
 
     async def commit(self) -> CommitResult:
@@ -292,10 +291,11 @@ class Run:
     async def log_unwritten(self, outcome: str) -> None:
         """Log a run that wrote nothing ("conflict", "failed") and its model calls, in a transaction of its own:
         operators see conflicts, and spent tokens are charged (also where no log row may go: record_unwritten)."""
-        snap, ids = self._snapshot, self._log_ids(uuid.uuid4().hex)
+        snap, log_ids = self._snapshot, self._log_ids(ids.run_id())
         incarnation = snap.incarnation if snap.exists else None
-        await runlog.log_unwritten(self.db, outcome, self.calls, ids, snap.version, incarnation, user_id=self.user_id,
-                                   agent_id=self.agent_id, since=self._fence_since())  # fmt: skip
+        await runlog.log_unwritten(self.db, outcome, self.calls, log_ids, snap.version, incarnation,
+                                   user_id=self.user_id, agent_id=self.agent_id,
+                                   since=self._fence_since())  # fmt: skip
 
     def _log_ids(self, run_id: str) -> dict[str, Any]:
         return {"session_id": self.storage_id, "run_id": run_id, "started_at": self._started_at}
