@@ -4,7 +4,8 @@
     python bench/bench.py --reps 5 --backends postgresql
 
 Every figure is the median of ``--reps`` repetitions and is shown with its ratio to the floor of the same run.
-The work of S1-S4 is in scenarios.py; S5 is bytes on disk per message (and in parts, space.py); CPU is Python
+The work of S1-S4 is in scenarios.py; S5 is bytes on disk per message once every side (the peers too) has done
+S1, S1 whole and S2, the same 6,000 messages in 3,000 runs (the store's also in parts, space.py); CPU is Python
 CPU time per run (S1); round trips are counted on the wire (peers.py).
 """
 
@@ -22,35 +23,17 @@ from pathlib import Path
 
 import asyncpg
 import scenarios
-from floor import TABLES as FLOOR_TABLES
 from floor import Floor
 from peers import fresh_url, peers_for, preload, round_trips_per_run
 from scenarios import Sides, open_floor, open_store, per_second, s1, s2, s3, s4_floor, s4_store, texts
-from space import PARTS, postgres_parts, sqlite_parts
+from space import PARTS, postgres_parts, side_bytes, sqlite_parts
 from sqlalchemy import text
 
 from agent_store import Store
 
-STORE_TABLES = ["agent_sessions", "agent_messages", "agent_state", "agent_runs", "agent_tool_calls", "agent_usage"]
-
-
-async def table_bytes(store: Store, tables: list[str], sqlite_file: Path | None) -> int:
-    async with store.engine.connect() as conn:
-        if sqlite_file is None:
-            # VACUUM first, as autovacuum would on its own schedule: dead row versions left by the state
-            # upserts of the last seconds are not bytes a message keeps (they made both sides' figures vary).
-            await conn.execution_options(isolation_level="AUTOCOMMIT")
-            for table in tables:
-                await conn.exec_driver_sql("VACUUM " + table)  # the bench's own table names
-            return sum(
-                [(await conn.execute(text("SELECT pg_total_relation_size(:t)"), {"t": t})).scalar_one() for t in tables]
-            )
-        await conn.execute(text("PRAGMA wal_checkpoint(TRUNCATE)"))
-    return os.path.getsize(sqlite_file)  # noqa: ASYNC240 - one stat() after the benchmark
-
 
 async def one_rep(
-    url: str, floor_url: str, rep: int, workers: int, sqlite_files: tuple[Path, Path] | None,
+    url: str, floor_url: str, rep: int, workers: int,
     traces: dict[str, list[tuple[float, float]]],
 ) -> dict[str, dict[str, float]]:  # fmt: skip
     """Every figure of one repetition, by metric and side; S2's latency trace of the first into ``traces``."""
@@ -68,6 +51,21 @@ async def one_rep(
             trace = traces.setdefault(side, []) if rep == 0 else None
             for key, value in (await s2(run, f"s2-{rep}-{side}", workers, trace)).items():
                 out.setdefault("S2 " + key, {})[side] = value
+        # S5 now, when every side has done the same work (S1, S1 whole, S2: 6,000 messages in 3,000 runs; the
+        # floor's tables hold its and the rows-only side's): bytes per message, and the store's in parts.
+        out["S5 bytes/message"], parts = {}, {}
+        for side, side_url in (("store", url), ("floor", floor_url)):
+            size, tables = await side_bytes(side_url, side)
+            messages = await count_messages(side_url, "agent_messages" if side == "store" else "floor_messages")
+            out["S5 bytes/message"][side] = size / messages
+            if tables:
+                async with store.engine.connect() as conn:
+                    parts[side] = await postgres_parts(conn, tables, messages)
+            else:
+                parts[side] = sqlite_parts(Path(side_url.split("///", 1)[1]), messages)
+            parts[side]["the rest"] = size / messages - sum(parts[side].values())
+        for part in (*PARTS, "the rest"):  # S5's profile: what each side's bytes are spent on (bench/space.py)
+            out["S5 part: " + part] = {side: parts[side][part] for side in parts}
         postgres = url.startswith("postgresql")
         for number, peer_class in enumerate(peers_for("postgresql" if postgres else "sqlite")):
             peer_url = await fresh_url(url, f"peer{number}")
@@ -82,6 +80,8 @@ async def one_rep(
                     out["S2 " + key][peer.name] = value
             finally:
                 await peer.close()
+            # Every peer run adds a user message and a reply: 6,000 messages, in its own database or file.
+            out["S5 bytes/message"][peer.name] = (await side_bytes(peer_url, "peer"))[0] / 6000
             if postgres:
                 out.setdefault("round trips/run", {})[peer.name] = await round_trips_per_run(
                     peer_url, lambda u, c=peer_class: c.open(u, 1, texts)
@@ -98,33 +98,13 @@ async def one_rep(
         for key, value in (await s4_floor(floor, f"s4-{rep}-floor")).items():
             out.setdefault("S4 " + key, {})["floor"] = value
         await floor.close()
-        async with store.engine.connect() as conn:
-            store_messages = (await conn.execute(text("SELECT count(*) FROM agent_messages"))).scalar_one()
-        async with Store.from_url(floor_url, check_schema=False) as floor_db, floor_db.engine.connect() as conn:
-            floor_messages = (await conn.execute(text("SELECT count(*) FROM floor_messages"))).scalar_one()
-        if sqlite_files is None:
-            out["S5 bytes/message"] = {
-                "store": await table_bytes(store, STORE_TABLES, None) / store_messages,
-                "floor": await table_bytes(store, FLOOR_TABLES, None) / floor_messages,
-            }
-            async with store.engine.connect() as conn:
-                parts = {
-                    "store": await postgres_parts(conn, STORE_TABLES, store_messages),
-                    "floor": await postgres_parts(conn, FLOOR_TABLES, floor_messages),
-                }
-    if sqlite_files is not None:
-        async with Store.from_url(url) as store, Store.from_url(floor_url, check_schema=False) as floor_store:
-            out["S5 bytes/message"] = {
-                "store": await table_bytes(store, [], sqlite_files[0]) / store_messages,
-                "floor": await table_bytes(floor_store, [], sqlite_files[1]) / floor_messages,
-            }
-        parts = {
-            "store": sqlite_parts(sqlite_files[0], store_messages),
-            "floor": sqlite_parts(sqlite_files[1], floor_messages),
-        }
-    for part in PARTS:  # S5's profile: what each side's bytes are spent on (bench/space.py)
-        out["S5 part: " + part] = {side: parts[side][part] for side in parts}
     return out
+
+
+async def count_messages(url: str, table: str) -> int:
+    query = {name: f"SELECT count(*) FROM {name}" for name in ("agent_messages", "floor_messages")}  # noqa: S608
+    async with Store.from_url(url, check_schema=False) as side, side.engine.connect() as conn:
+        return int((await conn.execute(text(query[table]))).scalar_one())
 
 
 TARGETS = {  # issue 11's targets, then issue 26's (whole history, tail latency, bytes, the rows-only floor)
@@ -152,15 +132,14 @@ async def backend(name: str, reps: int, pg_url: str) -> tuple[Rows, Traces]:
             url = pg_url.rsplit("/", 1)[0] + "/agent_store_bench"
             async with Store.from_url(url) as store:
                 await store.migrate()
-            results.append(await one_rep(url, url, rep, 32, None, traces))
+            results.append(await one_rep(url, url, rep, 32, traces))
         else:
             folder = Path(tempfile.mkdtemp(prefix="agent_store_bench_"))
             store_file, floor_file = folder / "store.db", folder / "floor.db"
             url = f"sqlite+aiosqlite:///{store_file}"
             async with Store.from_url(url) as store:
                 await store.migrate()
-            files = (store_file, floor_file)
-            results.append(await one_rep(url, f"sqlite+aiosqlite:///{floor_file}", rep, 32, files, traces))
+            results.append(await one_rep(url, f"sqlite+aiosqlite:///{floor_file}", rep, 32, traces))
     rows = []
     for metric in results[0]:
         sides = {side for r in results for side in r.get(metric, {})}

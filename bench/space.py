@@ -73,3 +73,35 @@ def sqlite_parts(path: Path, messages: int) -> dict[str, float]:
         if part is not None:
             parts[part] += size / messages
     return parts
+
+
+async def side_bytes(url: str, side: str) -> tuple[int, list[str]]:
+    """Bytes on disk of one side of the comparison after its work, and (PostgreSQL) its tables.
+
+    PostgreSQL: every table of the side in the database (``floor``: the floor's ``floor_*`` tables; ``store``: every
+    other table, the empty ones of features the work did not use included; a peer: every table of its own
+    database), with indexes and TOAST, each VACUUMed first as autovacuum would do on its own schedule (dead row
+    versions of the last seconds' updates are not bytes a message keeps). SQLite: the side's file, after a WAL
+    checkpoint.
+    """
+    if not url.startswith("postgresql"):
+        path = url.split("///", 1)[1]
+        conn = sqlite3.connect(path)
+        try:
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            conn.close()
+        return Path(path).stat().st_size, []  # noqa: ASYNC240 - one stat() after the benchmark
+    import asyncpg
+
+    pg = await asyncpg.connect(url.replace("+asyncpg", ""))
+    try:
+        names = [r[0] for r in await pg.fetch("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")]
+        tables = [t for t in names if side not in ("store", "floor") or t.startswith("floor_") == (side == "floor")]
+        for table in tables:
+            await pg.execute(f'VACUUM "{table}"')  # names read from the catalog
+        size = await pg.fetchval("SELECT sum(pg_total_relation_size(c.oid)) FROM pg_class c "
+                                 "WHERE c.relname = ANY($1::text[]) AND c.relkind = 'r'", tables)  # fmt: skip
+        return int(size or 0), tables
+    finally:
+        await pg.close()

@@ -12,12 +12,12 @@ from sqlalchemy import text
 from agent_store import Store
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-from space import PARTS, postgres_parts, sqlite_parts
+from space import PARTS, postgres_parts, side_bytes, sqlite_parts
 
 TABLES = ["agent_sessions", "agent_messages", "agent_state", "agent_runs", "agent_tool_calls", "agent_usage"]
 
 
-async def test_s5_parts_name_where_a_messages_bytes_go(store: Store) -> None:
+async def test_s5_parts_name_where_a_messages_bytes_go(store: Store, url: str) -> None:
     for n in range(40):
         run = await store.load(f"s{n % 4}", user_id="u")
         question = f"李明 question {n} " * 30
@@ -44,3 +44,11 @@ async def test_s5_parts_name_where_a_messages_bytes_go(store: Store) -> None:
     # 80 messages of ~500 characters: the rows are the largest part, and the parts never exceed the whole.
     assert parts["message rows"] == max(parts.values())
     assert sum(parts.values()) <= total / 80
+    # The side's whole (bench.py's S5): every table of the store, the empty ones of unused features included,
+    # so at least the six above; on PostgreSQL the floor's side of the same database is its floor_* tables only.
+    whole, tables = await side_bytes(url, "store")
+    assert whole >= total if tables else whole == total
+    assert set(TABLES) <= set(tables) or not tables
+    if tables:
+        assert "alembic_version" in tables and not any(t.startswith("floor_") for t in tables)
+        assert await side_bytes(url, "floor") == (0, [])
