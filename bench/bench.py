@@ -4,8 +4,8 @@
     python bench/bench.py --reps 5 --backends postgresql
 
 Every figure is the median of ``--reps`` repetitions and is shown with its ratio to the floor of the same run.
-The work of S1-S4 is in scenarios.py; S5 is bytes on disk per message once every side (the peers too) has done
-S1, S1 whole and S2, the same 6,000 messages in 3,000 runs (the store's also in parts, space.py); CPU is Python
+The work of S1-S4 is in scenarios.py; S5 is bytes on disk per message after S1, every side (the peers too) in a
+database of its own (s5.py; the store's also in parts, space.py); CPU is Python
 CPU time per run (S1); round trips are counted on the wire (peers.py).
 """
 
@@ -25,9 +25,8 @@ import asyncpg
 import scenarios
 from floor import Floor
 from peers import fresh_url, peers_for, preload, round_trips_per_run
+from s5 import s5
 from scenarios import Sides, open_floor, open_store, per_second, s1, s2, s3, s4_floor, s4_store, texts
-from space import PARTS, postgres_parts, side_bytes, sqlite_parts
-from sqlalchemy import text
 
 from agent_store import Store
 
@@ -51,21 +50,6 @@ async def one_rep(
             trace = traces.setdefault(side, []) if rep == 0 else None
             for key, value in (await s2(run, f"s2-{rep}-{side}", workers, trace)).items():
                 out.setdefault("S2 " + key, {})[side] = value
-        # S5 now, when every side has done the same work (S1, S1 whole, S2: 6,000 messages in 3,000 runs; the
-        # floor's tables hold its and the rows-only side's): bytes per message, and the store's in parts.
-        out["S5 bytes/message"], parts = {}, {}
-        for side, side_url in (("store", url), ("floor", floor_url)):
-            size, tables = await side_bytes(side_url, side)
-            messages = await count_messages(side_url, "agent_messages" if side == "store" else "floor_messages")
-            out["S5 bytes/message"][side] = size / messages
-            if tables:
-                async with store.engine.connect() as conn:
-                    parts[side] = await postgres_parts(conn, tables, messages)
-            else:
-                parts[side] = sqlite_parts(Path(side_url.split("///", 1)[1]), messages)
-            parts[side]["the rest"] = size / messages - sum(parts[side].values())
-        for part in (*PARTS, "the rest"):  # S5's profile: what each side's bytes are spent on (bench/space.py)
-            out["S5 part: " + part] = {side: parts[side][part] for side in parts}
         postgres = url.startswith("postgresql")
         for number, peer_class in enumerate(peers_for("postgresql" if postgres else "sqlite")):
             peer_url = await fresh_url(url, f"peer{number}")
@@ -80,8 +64,6 @@ async def one_rep(
                     out["S2 " + key][peer.name] = value
             finally:
                 await peer.close()
-            # Every peer run adds a user message and a reply: 6,000 messages, in its own database or file.
-            out["S5 bytes/message"][peer.name] = (await side_bytes(peer_url, "peer"))[0] / 6000
             if postgres:
                 out.setdefault("round trips/run", {})[peer.name] = await round_trips_per_run(
                     peer_url, lambda u, c=peer_class: c.open(u, 1, texts)
@@ -98,13 +80,8 @@ async def one_rep(
         for key, value in (await s4_floor(floor, f"s4-{rep}-floor")).items():
             out.setdefault("S4 " + key, {})["floor"] = value
         await floor.close()
+    out.update(await s5(url, rep))
     return out
-
-
-async def count_messages(url: str, table: str) -> int:
-    query = {name: f"SELECT count(*) FROM {name}" for name in ("agent_messages", "floor_messages")}  # noqa: S608
-    async with Store.from_url(url, check_schema=False) as side, side.engine.connect() as conn:
-        return int((await conn.execute(text(query[table]))).scalar_one())
 
 
 TARGETS = {  # issue 11's targets, then issue 26's (whole history, tail latency, bytes, the rows-only floor)
@@ -112,7 +89,8 @@ TARGETS = {  # issue 11's targets, then issue 26's (whole history, tail latency,
     "S1 whole runs/s": "faster than openai-agents", "S2 runs/s": "PG <= 1.5 (time)", "S2 errors": "0",
     "S2 p99 ms": "<= the best peer's", "S3 load whole 5000 ms": "<= 2x rows only",
     "S3 load window 20 of 5000 ms": "<= 1.3x store's 20-message load", "S4 runs/s": "<= 3 (time)",
-    "S5 bytes/message": "PG <= 1.6, SQLite <= 1.4", "S1 CPU ms/run": "<= 1.5", "round trips/run": "<= 3",
+    "S5 bytes/message": "PG <= 1.6, SQLite <= 1.4",
+    "S5 marginal bytes/message": "PG <= 1.6, SQLite <= 1.4", "S1 CPU ms/run": "<= 1.5", "round trips/run": "<= 3",
 }  # fmt: skip
 
 
@@ -211,9 +189,10 @@ def print_main(rows: Rows) -> None:
     print("\n| backend | metric | agent_store | floor | store/floor | rows only | store/rows | target |")
     print("|---|---|---|---|---|---|---|---|")
     for name, metric, values in rows:
-        store, floor, rows_only = values["store"], values["floor"], values.get("rows")
+        store, floor, rows_only = values["store"], values.get("floor"), values.get("rows")
         over_rows = "-" if rows_only is None else ratio(metric, store, rows_only, time_too=True)
-        cells = [name, metric, cell(values, "store"), cell(values, "floor"), ratio(metric, store, floor),
+        over_floor = "-" if floor is None else ratio(metric, store, floor)
+        cells = [name, metric, cell(values, "store"), cell(values, "floor"), over_floor,
                  cell(values, "rows"), over_rows, TARGETS.get(metric, "")]  # fmt: skip
         print("| " + " | ".join(cells) + " |")
     print("\nfloor: the raw driver's loop, building the framework's Message objects (from_dict); rows only: the")
