@@ -100,8 +100,9 @@ async def side_bytes(url: str, side: str) -> tuple[int, list[str]]:
         tables = [t for t in names if side not in ("store", "floor") or t.startswith("floor_") == (side == "floor")]
         for table in tables:
             await pg.execute(f'VACUUM "{table}"')  # names read from the catalog
-        size = await pg.fetchval("SELECT sum(pg_total_relation_size(c.oid)) FROM pg_class c "
-                                 "WHERE c.relname = ANY($1::text[]) AND c.relkind = 'r'", tables)  # fmt: skip
+        size = await pg.fetchval("SELECT sum(pg_total_relation_size(c.oid)) FROM pg_class c WHERE c.relname = "
+                                 "ANY($1::text[]) AND c.relkind = 'r' AND c.relnamespace = 'public'::regnamespace",
+                                 tables)  # fmt: skip
         return int(size or 0), tables
     finally:
         await pg.close()

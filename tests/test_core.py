@@ -389,3 +389,22 @@ async def test_the_ids_the_store_makes_are_short_and_a_sessions_runs_sort_by_tim
     assert all(re.fullmatch(r"[0-9a-hjkmnp-tv-z]{20}", r) for r in run_ids), run_ids
     assert [r for _m, r in stored] == run_ids
     assert all(re.fullmatch(r"~[0-9a-hjkmnp-tv-z]{20}", m) for m, _r in stored), stored
+
+
+async def test_runs_a_session_store_commits_under_response_ids_get_the_stores_ids(store: Store) -> None:
+    """The hosting path (StoreSessionStore.set under a response id) names its runs with the store's own ids too."""
+    import re
+
+    from agent_framework import AgentSession
+
+    from agent_store.agent_framework import StoreSessionStore
+
+    sessions = StoreSessionStore(store)
+    for n in range(4):
+        session = await sessions.get("conv") or AgentSession(session_id="conv")
+        session.state.setdefault("in_memory", {}).setdefault("messages", []).append(Message("user", [f"t{n}"]))
+        await sessions.set(f"resp{n}", session)
+        await asyncio.sleep(0.002)
+    logged = [r for (r,) in await rows(store, "SELECT run_id FROM agent_runs ORDER BY committed_at")]
+    assert len(logged) == 4 and logged == sorted(logged), logged
+    assert all(re.fullmatch(r"[0-9a-hjkmnp-tv-z]{20}", r) for r in logged), logged

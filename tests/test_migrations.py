@@ -221,8 +221,21 @@ async def test_data_survives_a_downgrade_and_upgrade_of_the_newest_revision(url:
         async with store.session("kept", user_id="u") as session:
             session.state["k"] = "v"
             session.state["in_memory"]["messages"].append(Message(role="user", contents=["still here"]))
+        run = await store.load("kept", user_id="u")
+        run.add_usage({"input_token_count": 12, "output_token_count": 3})  # a run log row and a ledger row
+        run.session.state["k"] = "w"
+        await run.commit()
+        logged = "SELECT * FROM agent_runs ORDER BY version"
+        ledger = "SELECT * FROM agent_usage ORDER BY run_id, call_no"
+        async with store.engine.connect() as conn:
+            before = [(await conn.execute(text(q))).all() for q in (logged, ledger)]
+            assert len(before[0]) == 2 and len(before[1]) == 1
         await store.downgrade(previous)
         await store.migrate()
         async with store.engine.connect() as conn:
             assert (await conn.execute(text("SELECT text FROM agent_messages"))).scalars().all() == ["still here"]
             assert (await conn.execute(text("SELECT key FROM agent_state"))).scalars().all() == ["k"]
+            assert [(await conn.execute(text(q))).all() for q in (logged, ledger)] == before
+            if conn.dialect.name == "sqlite":  # 0022: the run log and the ledger are stored in their keys
+                tables = "SELECT sql FROM sqlite_schema WHERE name IN ('agent_runs', 'agent_usage')"
+                assert all("WITHOUT ROWID" in sql for sql in (await conn.execute(text(tables))).scalars())

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 import warnings
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
@@ -11,6 +10,7 @@ from agent_framework import AgentSession, SessionStore
 from agent_framework._feature_stage import ExperimentalWarning
 
 import agent_store.run.points as points
+from agent_store.db import ids
 from agent_store.db.cut_points import GONE
 from agent_store.db.load_statement import POSITION_STEP
 from agent_store.errors import ConflictError, InvalidValueError, SessionNotFoundError
@@ -130,7 +130,7 @@ class StoreSessionStore(_SessionStoreBase):
         run.response = ResponseToRecord(session_id, parent, moves=moves,
                                         claims=None if moves or following else self.claims(session_id, session))
         if run._key is None:  # a retry of this set() (this run) finds its first attempt by this run id
-            run._key = uuid.uuid4().hex
+            run._key = ids.run_id()
         snap = run._snapshot
         try:
             await run.commit()

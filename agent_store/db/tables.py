@@ -46,7 +46,7 @@ from agent_store.db.usage_tables import prices_t as prices_t
 from agent_store.db.usage_tables import usage_t as usage_t
 
 # The Alembic revision this code expects; tests/test_migrations.py pins it to the scripts' head.
-SCHEMA_REVISION = "0021"
+SCHEMA_REVISION = "0022"
 
 
 class SessionRow(Base):
@@ -171,6 +171,8 @@ class RunRow(Base):
     input_tokens: Mapped[int | None] = mapped_column(Integer)
     output_tokens: Mapped[int | None] = mapped_column(Integer)
     outcome: Mapped[str] = mapped_column(String(32), server_default="committed")  # or "conflict"
+
+    __table_args__ = ({"sqlite_with_rowid": False},)  # SQLite: stored in its primary key (0022)
 
 
 class ToolCallRow(Base):

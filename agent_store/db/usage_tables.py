@@ -50,6 +50,7 @@ class UsageRow(Base):
         ),
         Index(None, "called_at"),  # reports over a period
         # One user's calls: through the sessions' user index, then the primary key's prefix (0015).
+        {"sqlite_with_rowid": False},  # SQLite: stored in its primary key (0022)
     )
 
 
