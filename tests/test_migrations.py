@@ -239,3 +239,39 @@ async def test_data_survives_a_downgrade_and_upgrade_of_the_newest_revision(url:
             if conn.dialect.name == "sqlite":  # 0022: the run log and the ledger are stored in their keys
                 tables = "SELECT sql FROM sqlite_schema WHERE name IN ('agent_runs', 'agent_usage')"
                 assert all("WITHOUT ROWID" in sql for sql in (await conn.execute(text(tables))).scalars())
+
+
+async def test_a_sqlite_upgrade_waits_for_a_writer_instead_of_failing(tmp_path: Path) -> None:
+    """A migration takes SQLite's write lock up front: begun deferred, it read first and then could not take the
+    lock an app had written past, and failed at once with "database is locked" (found by the review of 0022)."""
+    import sqlite3
+    import threading
+
+    path = tmp_path / "live.db"
+    url = f"sqlite+aiosqlite:///{path}"
+    async with Store.from_url(url) as store:
+        await store.migrate()
+        await store.downgrade(str(ScriptDirectory(str(migrations_dir())).get_revision(SCHEMA_REVISION).down_revision))
+    stop, writes = threading.Event(), [0]
+
+    def writer() -> None:  # an app writing all the while, each write its own short transaction
+        conn = sqlite3.connect(path, timeout=30, isolation_level=None)
+        conn.execute("CREATE TABLE IF NOT EXISTS app_notes (n INTEGER)")
+        while not stop.is_set():
+            conn.execute("INSERT INTO app_notes VALUES (1)")
+            writes[0] += 1
+        conn.close()
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        async with Store.from_url(url) as store:
+            for _ in range(5):
+                await store.downgrade(str(ScriptDirectory(str(migrations_dir())).get_revision(SCHEMA_REVISION)
+                                          .down_revision))  # fmt: skip
+                await store.migrate()
+            assert await store.db.revision() == SCHEMA_REVISION
+    finally:
+        stop.set()
+        thread.join()
+    assert writes[0] > 0

@@ -207,6 +207,10 @@ async def migration_connection(engine: AsyncEngine) -> AsyncIterator[AsyncConnec
             on_sqlite = conn.dialect.name == "sqlite"
             if on_sqlite:
                 await _sqlite_foreign_keys(conn, on=False)
+                # The write lock up front (BEGIN IMMEDIATE, waiting up to busy_timeout): a deferred transaction
+                # that reads first and writes later fails at once with "database is locked" when an app
+                # writes meanwhile, since SQLite cannot wait to upgrade a read that others have passed.
+                await conn.execution_options(agent_store_begin="immediate")
             try:
                 yield conn
                 await conn.commit()

@@ -7,7 +7,11 @@ run ids. Stored in the primary key instead, a run's row is one entry, not two; t
 43). Nothing reads their rowids. PostgreSQL is unchanged (its tables have no rowid).
 
 Each table is rebuilt by copy (Alembic batch mode; foreign keys are off during a migration, db/engine.py), which
-takes time in proportion to its rows.
+takes time in proportion to its rows (about 7 s per 1.5 million runs), holding SQLite's write lock meanwhile (app
+writers wait up to their busy timeout), and leaves the old pages free in the file until a ``VACUUM``. Objects an
+operator added to these two tables are rebuilt only if SQLAlchemy reflects them: plain and partial indexes come
+back, while triggers and expression indexes are dropped and a ``DESC`` column of an index comes back ascending;
+re-create those after the upgrade.
 
 Revision ID: 0022
 Revises: 0021
