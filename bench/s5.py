@@ -44,10 +44,10 @@ async def s5(url: str, rep: int) -> dict[str, dict[str, float]]:
 
     async def turns(side_url: str, run: Any) -> list[int]:
         """The side's bytes empty, after half the turns and after all of them."""
-        sizes = [(await side_bytes(side_url, "peer"))[0]]
+        sizes = [(await side_bytes(side_url))[0]]
         for n in range(TURNS):
             if n == TURNS // 2:
-                sizes.append((await side_bytes(side_url, "peer"))[0])
+                sizes.append((await side_bytes(side_url))[0])
             await run("s5", n)
         return sizes
 
@@ -55,15 +55,14 @@ async def s5(url: str, rep: int) -> dict[str, dict[str, float]]:
     async with Store.from_url(store_url) as store:
         await store.migrate()
         sizes = await turns(store_url, lambda sid, n: store_run(store, sid, n))
+        full, tables = await side_bytes(store_url)
         async with store.engine.connect() as conn:
             assert (await conn.execute(text("SELECT count(*) FROM agent_messages"))).scalar_one() == 2 * TURNS
-    full, tables = await side_bytes(store_url, "peer")
-    record("store", [*sizes, full])
-    if postgres:
-        async with Store.from_url(store_url, check_schema=False) as store, store.engine.connect() as conn:
-            parts = await postgres_parts(conn, tables, 2 * TURNS)
-    else:
+            if postgres:
+                parts = await postgres_parts(conn, tables, 2 * TURNS)
+    if not postgres:
         parts = sqlite_parts(Path(store_url.split("///", 1)[1]), 2 * TURNS)
+    record("store", [*sizes, full])
     parts["the rest"] = full / (2 * TURNS) - sum(parts.values())
     for part in (*PARTS, "the rest"):
         out["S5 part: " + part] = {"store": parts[part]}
@@ -74,7 +73,7 @@ async def s5(url: str, rep: int) -> dict[str, dict[str, float]]:
         sizes = await turns(floor_url, lambda sid, n: floor_run(floor, sid, n))
     finally:
         await floor.close()
-    record("floor", [*sizes, (await side_bytes(floor_url, "peer"))[0]])
+    record("floor", [*sizes, (await side_bytes(floor_url))[0]])
 
     for number, peer_class in enumerate(peers_for("postgresql" if postgres else "sqlite")):
         peer_url = await fresh_url(url, f"s5_{rep}_peer{number}")
@@ -83,5 +82,5 @@ async def s5(url: str, rep: int) -> dict[str, dict[str, float]]:
             sizes = await turns(peer_url, peer.run)
         finally:
             await peer.close()
-        record(peer.name, [*sizes, (await side_bytes(peer_url, "peer"))[0]])
+        record(peer.name, [*sizes, (await side_bytes(peer_url))[0]])
     return out

@@ -75,14 +75,13 @@ def sqlite_parts(path: Path, messages: int) -> dict[str, float]:
     return parts
 
 
-async def side_bytes(url: str, side: str) -> tuple[int, list[str]]:
-    """Bytes on disk of one side of the comparison after its work, and (PostgreSQL) its tables.
+async def side_bytes(url: str) -> tuple[int, list[str]]:
+    """Bytes on disk of one side of the comparison (bench/s5.py: each in a database or file of its own), and
+    (PostgreSQL) its tables.
 
-    PostgreSQL: every table of the side in the database (``floor``: the floor's ``floor_*`` tables; ``store``: every
-    other table, the empty ones of features the work did not use included; a peer: every table of its own
-    database), with indexes and TOAST, each VACUUMed first as autovacuum would do on its own schedule (dead row
-    versions of the last seconds' updates are not bytes a message keeps). SQLite: the side's file, after a WAL
-    checkpoint.
+    PostgreSQL: every table of the database, the empty ones of features the work did not use included, with
+    indexes and TOAST, each VACUUMed first as autovacuum would do on its own schedule (dead row versions of the
+    last seconds' updates are not bytes a message keeps). SQLite: the side's file, after a WAL checkpoint.
     """
     if not url.startswith("postgresql"):
         path = url.split("///", 1)[1]
@@ -96,8 +95,7 @@ async def side_bytes(url: str, side: str) -> tuple[int, list[str]]:
 
     pg = await asyncpg.connect(url.replace("+asyncpg", ""))
     try:
-        names = [r[0] for r in await pg.fetch("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")]
-        tables = [t for t in names if side not in ("store", "floor") or t.startswith("floor_") == (side == "floor")]
+        tables = [r[0] for r in await pg.fetch("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")]
         for table in tables:
             await pg.execute(f'VACUUM "{table}"')  # names read from the catalog
         size = await pg.fetchval("SELECT sum(pg_total_relation_size(c.oid)) FROM pg_class c WHERE c.relname = "

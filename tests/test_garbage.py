@@ -184,7 +184,6 @@ async def test_a_load_lets_each_row_go_once_its_message_is_built(store: Store) -
     assert max(seen) - before <= 600 + 20, (before, seen)
 
 
-
 def own_dict(message: Message) -> bool:
     """Whether ``message`` keeps its attributes in a dict of its own (a tracked object) rather than in the object
     (CPython's shared keys: then the collector sees the attribute values themselves, and no dict with a role)."""
