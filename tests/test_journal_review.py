@@ -282,3 +282,42 @@ async def test_a_client_replaying_its_own_transcript_sees_each_message_once(stor
                 {"id": "u3", "role": "user", "content": "third"}]  # fmt: skip
         assert await turn(mine) == ["first", "second", "third"]
     await journal.close()
+
+
+async def test_a_cancel_racing_the_start_is_not_answered_ended(store: Store, url: str,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """CI's failure (a cancel answered False for a run that had just started): the cancel's update found no row, the
+    run's row was written next, and the cancel read it as there and not cancelled. Now it asks again."""
+    journal = store.journal()
+    async with Store.from_url(url) as other:
+        canceller = other.journal()
+        real = other.db.transaction
+        started: list[Any] = []
+
+        def transaction(*args: Any, **kwargs: Any) -> Any:
+            opened = real(*args, **kwargs)
+            if kwargs.get("doing") != "cancelling a run" or started:
+                return opened
+
+            class ThenStart:  # the run's row is written just after the cancel's first update found none
+                async def __aenter__(self) -> Any:
+                    return await opened.__aenter__()
+
+                async def __aexit__(self, *exc: Any) -> Any:
+                    done = await opened.__aexit__(*exc)
+                    started.append(await journal.start("racing", user_id="u"))
+                    return done
+
+            return ThenStart()
+
+        monkeypatch.setattr(other.db, "transaction", transaction)
+        assert await canceller.cancel("racing", user_id="u") is True
+        assert started and (await journal.read("racing", user_id="u"))[1]["status"] == "in_progress"
+        for _ in range(100):
+            if started[0].cancel_requested:
+                break
+            await asyncio.sleep(0.05)
+        assert started[0].cancel_requested
+        await started[0].finish("cancelled")
+        await canceller.close()
+    await journal.close()

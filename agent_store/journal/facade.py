@@ -173,16 +173,25 @@ class Journal:
     async def cancel(self, stream_id: str, *, user_id: str | None) -> bool:
         """Ask the run to stop; False if it has ended. Its writer hears it at once on PostgreSQL (a NOTIFY), else
         with its next batch or heartbeat."""
-        async with self.db.transaction(write=True, doing="cancelling a run") as conn:
-            done = await conn.execute(update(streams_t).where(T.user_id == (user_id or ""), T.stream_id == stream_id,
-                                                              T.status == "in_progress")
-                                      .values(cancel_requested=True, updated_at=datetime.now(UTC)))  # fmt: skip
-            if done.rowcount and conn.dialect.name == "postgresql":  # its writer's worker hears it at once
-                payload = json.dumps(["cancel", user_id or "", stream_id])  # any character in ids: JSON
-                await conn.execute(select(func.pg_notify(NOTIFY_CHANNEL, payload)))
-        if not done.rowcount:
-            await self.read(stream_id, user_id=user_id, limit=1)  # not found: StreamNotFoundError
-        return bool(done.rowcount)
+        codec.check_id(stream_id, "stream_id", required=True)
+        codec.check_id(user_id, "user_id")
+        mine = (T.user_id == (user_id or ""), T.stream_id == stream_id, T.status == "in_progress")
+        for _ in range(3):
+            async with self.db.transaction(write=True, doing="cancelling a run") as conn:
+                done = await conn.execute(update(streams_t).where(*mine)
+                                          .values(cancel_requested=True, updated_at=datetime.now(UTC)))  # fmt: skip
+                if done.rowcount and conn.dialect.name == "postgresql":  # its writer's worker hears it at once
+                    payload = json.dumps(["cancel", user_id or "", stream_id])  # any character in ids: JSON
+                    await conn.execute(select(func.pg_notify(NOTIFY_CHANNEL, payload)))
+            if done.rowcount:
+                return True
+            row = await row_now(self.db, user_id or "", stream_id)
+            if row is None:
+                raise StreamNotFoundError(f"no stream {stream_id!r} for this user")
+            if row.status != "in_progress":
+                return False
+            # Started between the update and this read (its row was not there, now it is): ask again.
+        raise StreamBusyError(f"stream {stream_id!r} could not be cancelled: try again")
 
     async def cancel_asked(self, stream_id: str, *, user_id: str | None) -> bool:
         """Whether a cancel was asked for the run (a light read: detached.py's watch where no NOTIFY comes)."""
