@@ -59,6 +59,10 @@ class InvalidValueError(AgentStoreError, ValueError):
     """A value cannot be stored as it is; the message names the key or field and the rule broken."""
 
 
+class EmbeddingProfileError(ConfigurationError):
+    """A query's embedding space is not the stored vectors' (another model, size or version): never compared."""
+
+
 class CheckpointRefusedError(AgentStoreError, WorkflowCheckpointException):
     """A stored workflow checkpoint was not read back: it would run a constructor, names a type outside the
     allow-list, or is malformed. Nothing it names was built. Also a ``WorkflowCheckpointException``, what the

@@ -92,6 +92,8 @@ class SearchHit(_Model):
     rank: int  # how many of the query's terms the message holds
     excluded: bool = False  # a compaction left it out of what the model sees
     summarized_by: str | None = None  # the store id (agent_messages.message_id) of the summary that replaced it
+    similarity: float | None = None  # cosine similarity to the query, where it was ranked by meaning too
+    score: float | None = None  # hybrid ranking: its reciprocal rank fusion score (search/hybrid.py)
 
 
 class SearchPage(_Model):

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from datetime import timedelta
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent_framework import AgentSession
 from sqlalchemy.engine import URL
@@ -27,7 +27,11 @@ from agent_store.run import priming
 from agent_store.run.commit import Run
 from agent_store.run.load import load
 from agent_store.run.recording import recording_into, say_if_unrecorded
-from agent_store.search import query as search
+from agent_store.search import hybrid
+from agent_store.search.vectors import Embeddings
+
+if TYPE_CHECKING:
+    from agent_store.search.embedders import Embedder
 
 Progress = Callable[[int], None]  # called with how many were done since the last call
 
@@ -45,6 +49,7 @@ class Store:
         max_value_bytes: the largest state value or message (as JSON) a run may write.
         message_cipher: encrypts message content at rest (``encrypt(str) -> str``, ``decrypt(str) -> str``).
         check_schema: verify once, before first use, that the database is at this code's schema.
+        embedder: ranks search by meaning too (``agent_store.search.embedders``; ``"wordllama"``: the offline one).
     """
 
     def __init__(
@@ -56,6 +61,7 @@ class Store:
         max_value_bytes: int = codec.DEFAULT_MAX_VALUE_BYTES,
         message_cipher: message_rows.MessageCipher | None = None,
         check_schema: bool = True,
+        embedder: Embedder | str | None = None,
     ) -> None:
         codec.check_id(app_id, "app_id", required=True)
         if type(max_value_bytes) is not int or max_value_bytes < 1024:
@@ -69,6 +75,7 @@ class Store:
         self.db = Database(engine, settings, check_schema=check_schema)
         self.engine = engine
         self.usage = UsageLedger(self.db)  # the usage ledger's reports, budgets and prices
+        self.embeddings = Embeddings(self.db, embedder)  # search by meaning: search/vectors.py
 
     @classmethod
     def from_url(cls, url: str | URL | None = None, **options: Any) -> Store:
@@ -85,7 +92,7 @@ class Store:
         """
         store_options = {
             k: options.pop(k)
-            for k in ("app_id", "idle_ttl", "max_value_bytes", "message_cipher", "check_schema")
+            for k in ("app_id", "idle_ttl", "max_value_bytes", "message_cipher", "check_schema", "embedder")
             if k in options
         }
         replica_url = options.pop("replica_url", None)
@@ -220,14 +227,15 @@ class Store:
 
     async def search(
         self, query: str, *, user_id: str | None = None, all_users: bool = False, session_id: str | None = None,
-        agent_id: str | None = None, limit: int = 20, cursor: str | None = None,
+        agent_id: str | None = None, limit: int = 20, cursor: str | None = None, ranking: str = "auto",
     ) -> SearchPage:  # fmt: skip
         """Messages of ``user_id``'s sessions that match ``query``, best first (see ``agent_store.search``):
         words, ``"phrases"``, ``OR``, ``-exclusions``; Chinese matches inside words. Reads from the replica.
-        ``all_users=True`` (instead of a ``user_id``) searches every user's sessions: an operator's search."""
-        return await search.search(
-            self.db, query, user_id=user_id, session_id=session_id, agent_id=agent_id, limit=limit, cursor=cursor,
-            all_users=all_users,
+        ``all_users=True`` (instead of a ``user_id``) searches every user's sessions: an operator's search.
+        ``ranking``: ``keyword``, ``vector``, ``hybrid`` (both, fused), or ``auto`` (hybrid with an embedder)."""
+        return await hybrid.search(
+            self.db, self.embeddings, query, ranking=ranking, user_id=user_id, session_id=session_id,
+            agent_id=agent_id, limit=limit, cursor=cursor, all_users=all_users,
         )  # fmt: skip
 
     async def get(self, session_id: str, *, user_id: str | None = None) -> SessionInfo:

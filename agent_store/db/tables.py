@@ -44,9 +44,11 @@ from agent_store.db.schema_base import Base as Base
 from agent_store.db.usage_tables import budgets_t as budgets_t
 from agent_store.db.usage_tables import prices_t as prices_t
 from agent_store.db.usage_tables import usage_t as usage_t
+from agent_store.db.vector_tables import profiles_t as profiles_t
+from agent_store.db.vector_tables import vectors_t as vectors_t
 
 # The Alembic revision this code expects; tests/test_migrations.py pins it to the scripts' head.
-SCHEMA_REVISION = "0022"
+SCHEMA_REVISION = "0023"
 
 
 class SessionRow(Base):

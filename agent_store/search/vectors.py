@@ -1,0 +1,178 @@
+"""A store's message vectors in one embedder's profile: the backfill that writes them and the scan that ranks them.
+
+The backfill is a background pass, never part of a run's commit: it reads a batch of messages that have text and
+no vector in the profile (in key order, after the last one it did), embeds them with no transaction open, and
+writes the batch in one short transaction. A vector is written only if its message still holds the text that
+was embedded (the same statement checks), so a message deleted or rewritten meanwhile gets none. Killed at any
+point, it resumes where it stopped: what is written is never embedded again, and nothing is half-written.
+
+Ranking reads the profile's vectors of the sessions in scope (a user's, joined through ``agent_sessions``, the
+same scoping as keyword search) and ranks them by cosine similarity in numpy: for a user with 1,000 messages
+that is 128 KB read. A user with a very long history costs in proportion (docs/search.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import (
+    ColumnElement,
+    Integer,
+    LargeBinary,
+    String,
+    bindparam,
+    cast,
+    exists,
+    func,
+    select,
+    tuple_,
+)
+from sqlalchemy.dialects import postgresql, sqlite
+
+from agent_store.db.database import Database
+from agent_store.db.tables import messages_t, profiles_t, sessions_t, vectors_t
+from agent_store.errors import ConfigurationError, EmbeddingProfileError, InvalidValueError
+
+if TYPE_CHECKING:  # numpy and the embedders load with the first embedder: a store without one never needs them
+    from agent_store.search.embedders import Embedder
+M, S, V, P = messages_t.c, sessions_t.c, vectors_t.c, profiles_t.c
+Progress = Callable[[int], None]
+
+
+class Embeddings:
+    """``store.embeddings``: the store's embedder, its profile's row, the backfill and the vector ranking."""
+
+    def __init__(self, db: Database, embedder: Embedder | str | None) -> None:
+        if isinstance(embedder, str):
+            if embedder != "wordllama":
+                raise ConfigurationError(f"embedder must be 'wordllama' or an embedder object, not {embedder!r}"[:200])
+            from agent_store.search.embedders import WordLlamaEmbedder
+
+            embedder = WordLlamaEmbedder()
+        if embedder is not None and not (hasattr(embedder, "profile") and hasattr(embedder, "embed")):
+            name = type(embedder).__name__
+            raise ConfigurationError(f"an embedder has a profile and an embed() method; {name} has not")
+        self.db, self.embedder = db, embedder
+        self._profile_id: int | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.embedder is not None
+
+    def _need(self) -> Embedder:
+        if self.embedder is None:
+            raise ConfigurationError("this store has no embedder: open it with embedder=WordLlamaEmbedder() (or yours)")
+        return self.embedder
+
+    async def profile_id(self, *, create: bool) -> int | None:
+        """The row of the embedder's profile; made on first use when ``create``. Refuses a profile whose name
+        matches but whose dimensions differ (a row written by another build of the model)."""
+        if self._profile_id is not None:
+            return self._profile_id
+        profile = self._need().profile
+        async with self.db.transaction(write=create, doing="finding the embedding profile") as conn:
+            row = (await conn.execute(select(P.id, P.dimensions).where(P.name == profile.name))).first()
+            if row is None and create:
+                values = {"name": profile.name, "model": profile.model, "dimensions": profile.dimensions,
+                          "version": profile.version, "created_at": datetime.now(UTC)}  # fmt: skip
+                insert = (postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert)(profiles_t)
+                await conn.execute(insert.values(values).on_conflict_do_nothing(index_elements=["name"]))
+                row = (await conn.execute(select(P.id, P.dimensions).where(P.name == profile.name))).first()
+        if row is None:
+            return None
+        if row.dimensions != profile.dimensions:
+            raise EmbeddingProfileError(f"profile {profile.name!r} is stored with {row.dimensions} dimensions")
+        self._profile_id = int(row.id)
+        return self._profile_id
+
+    async def backfill(self, *, batch_size: int = 500, limit: int | None = None,
+                       progress: Progress | None = None) -> int:  # fmt: skip
+        """Embed every message with text and no vector in this profile; returns how many were written."""
+        from agent_store.search.embedders import embed_checked, pack
+
+        embedder = self._need()
+        if type(batch_size) is not int or not 1 <= batch_size <= 10_000:
+            raise InvalidValueError(f"batch_size must be an int from 1 to 10000, not {batch_size!r}")
+        if self.db.settings.message_cipher is not None:  # the text column is empty: vectors would leak the text
+            raise ConfigurationError("a store with a message_cipher keeps no text to embed: hybrid search is off")
+        pid = await self.profile_id(create=True)
+        assert pid is not None  # made above
+        done, after = 0, None
+        while limit is None or done < limit:
+            rows = await self._pending(pid, after, min(batch_size, limit - done) if limit else batch_size)
+            if not rows:
+                break
+            vectors = await embed_checked(embedder, [r.text for r in rows])  # no transaction is open here
+            done += await self._write(pid, rows, pack(vectors))
+            after = (rows[-1].session_id, rows[-1].seq)
+            if progress is not None:
+                progress(len(rows))
+        return done
+
+    async def pending(self) -> int:
+        """How many messages with text have no vector in this profile yet."""
+        pid = await self.profile_id(create=False)
+        async with self.db.transaction(write=False, doing="counting messages to embed") as conn:
+            return int((await conn.execute(select(func.count()).where(*_unembedded(pid)))).scalar_one())
+
+    async def _pending(self, pid: Any, after: tuple[str, int] | None, n: int) -> list[Any]:
+        query = select(M.session_id, M.seq, M.text).where(*_unembedded(pid))
+        if after is not None:
+            query = query.where(tuple_(M.session_id, M.seq) > tuple_(*after))
+        async with self.db.transaction(write=False, doing="reading messages to embed") as conn:
+            return list((await conn.execute(query.order_by(M.session_id, M.seq).limit(n))).all())
+
+    async def _write(self, pid: int, rows: list[Any], blobs: list[bytes]) -> int:
+        sid, seq = bindparam("sid", type_=String), bindparam("seq", type_=Integer)
+        same = exists().where(M.session_id == sid, M.seq == seq, M.text == bindparam("text"))
+        values = select(cast(sid, String), cast(seq, Integer), cast(bindparam("pid"), Integer),
+                        cast(bindparam("vec"), LargeBinary)).where(same)  # fmt: skip
+        params = [{"sid": r.session_id, "seq": r.seq, "text": r.text, "pid": pid, "vec": b}
+                  for r, b in zip(rows, blobs, strict=True)]  # fmt: skip
+        async with self.db.transaction(write=True, doing="writing message vectors") as conn:
+            insert = (postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert)(vectors_t)
+            statement = insert.from_select(["session_id", "seq", "profile_id", "vec"], values).on_conflict_do_nothing()
+            await conn.execute(statement, params)
+            keys = [(r.session_id, r.seq) for r in rows]  # written now, or by another backfill meanwhile
+            counted = select(func.count()).where(V.profile_id == pid, tuple_(V.session_id, V.seq).in_(keys))
+            return int((await conn.execute(counted)).scalar_one())
+
+    async def nearest(self, query_text: str, where: list[ColumnElement[bool]], k: int) -> list[tuple[str, int, float]]:
+        """The ``k`` messages in scope (``where``, on agent_sessions) most similar to ``query_text``: (session,
+        seq, cosine similarity), best first. Raises ``EmbeddingProfileError`` when the store's vectors are all
+        in other profiles (a query is never compared across spaces)."""
+        import numpy as np
+
+        from agent_store.search.embedders import embed_checked, unit, unpack
+
+        embedder = self._need()
+        pid = await self.profile_id(create=False)
+        if pid is None:
+            await self._refuse_other_profiles()
+            return []
+        query = unit(await embed_checked(embedder, [query_text]))[0]
+        scan = (select(V.session_id, V.seq, V.vec).select_from(vectors_t.join(sessions_t, S.id == V.session_id))
+                .where(V.profile_id == pid, *where))  # fmt: skip
+        async with self.db.transaction(write=False, replica=True, doing="ranking messages by meaning") as conn:
+            rows = (await conn.execute(scan)).all()
+        if not rows:
+            return []
+        scores = unpack([r.vec for r in rows], embedder.profile.dimensions) @ query
+        best = np.argsort(-scores, kind="stable")[:k]
+        return [(rows[i].session_id, rows[i].seq, float(scores[i])) for i in best]
+
+    async def _refuse_other_profiles(self) -> None:
+        async with self.db.transaction(write=False, doing="finding the embedding profiles") as conn:
+            names = list((await conn.execute(select(P.name).order_by(P.id))).scalars())
+        if names:
+            raise EmbeddingProfileError(
+                f"this store's embedder is {self._need().profile.name!r}, but the stored vectors are in {names}: "
+                "open the store with the embedder they were made with, or run a backfill in this profile first")
+
+
+def _unembedded(pid: Any) -> list[ColumnElement[bool]]:
+    mine = exists().where(V.session_id == M.session_id, V.seq == M.seq, V.profile_id == pid)
+    return [M.text != "", ~mine]
+

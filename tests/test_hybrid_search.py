@@ -1,0 +1,163 @@
+"""Hybrid search (issue 40) on both backends, with the offline embedder: what it finds that words miss, its
+scoping, the vectors' lifecycle (erasure, delete, rewrite), profiles never compared across, and bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from agent_framework import Message
+from sqlalchemy import text
+from test_search import say
+
+from agent_store import EmbeddingProfileError, InvalidValueError, Store
+from agent_store.errors import ConfigurationError
+from agent_store.search.embedders import EmbeddingProfile, WordLlamaEmbedder, pack, unpack
+
+EMBEDDER = WordLlamaEmbedder()  # loaded once: about a second
+
+
+@pytest.fixture
+async def semantic(url: str, store: Store) -> Any:
+    """The test database, opened again with the offline embedder."""
+    async with Store.from_url(url, embedder=EMBEDDER) as opened:
+        yield opened
+
+
+async def keys(store: Store, query: str, ranking: str, **scope: Any) -> list[tuple[str, int]]:
+    page = await store.search(query, user_id=scope.pop("user_id", "u"), ranking=ranking, **scope)
+    return [(h.session_id, h.seq) for h in page.items]
+
+
+async def vector_count(store: Store) -> int:
+    async with store.engine.connect() as conn:
+        return int((await conn.execute(text("SELECT count(*) FROM agent_message_vectors"))).scalar_one())
+
+
+async def test_meaning_finds_what_words_miss_and_stays_in_scope(semantic: Store) -> None:
+    await say(semantic, "trip", "I booked a flight to Paris for Friday", "My dog is sick again", "Buy milk")
+    await say(semantic, "theirs", "airplane tickets to Rome", user_id="intruder")
+    assert await semantic.embeddings.pending() == 4
+    assert await semantic.embeddings.backfill(batch_size=2) == 4
+    assert await semantic.embeddings.pending() == 0
+    assert await keys(semantic, "airplane ticket", "keyword") == []  # no word shared
+    found = await keys(semantic, "airplane ticket", "hybrid")
+    assert found[0] == ("trip", 0) and all(sid == "trip" for sid, _ in found)  # never the other user's
+    page = await semantic.search("airplane ticket", user_id="u")  # auto: hybrid, with an embedder
+    assert page.items[0].similarity is not None and page.items[0].score is not None and page.next_cursor is None
+    assert sorted(await keys(semantic, "airplane -Paris", "hybrid")) == [("trip", 1), ("trip", 2)]  # exclusions hold
+    assert await keys(semantic, "airplane", "vector", session_id="nowhere") == []
+    both = await keys(semantic, "dog", "hybrid")
+    assert both[0] == ("trip", 1)  # found by its word and by meaning: first
+    assert await keys(semantic, "airplane ticket", "hybrid", user_id="intruder") == [("theirs", 0)]
+
+
+async def test_erased_deleted_and_rewritten_messages_leave_no_vector(semantic: Store, url: str) -> None:
+    await say(semantic, "a", "the flight to Beijing", "a second message")
+    await say(semantic, "b", "my plane ticket", user_id="gone")
+    await semantic.embeddings.backfill()
+    assert await vector_count(semantic) == 3
+    await semantic.erase_user("gone")
+    assert await vector_count(semantic) == 2
+    assert await keys(semantic, "airplane", "vector", user_id="gone") == []
+    async with semantic.engine.begin() as conn:  # an operator's plain SQL rewrites a text: its vector goes
+        await conn.execute(text("UPDATE agent_messages SET text = 'about cooking' WHERE session_id = 'a' AND seq = 0"))
+    assert await vector_count(semantic) == 1 and await semantic.embeddings.pending() == 1
+    await semantic.embeddings.backfill()
+    assert await vector_count(semantic) == 2
+    assert await semantic.delete("a", user_id="u")
+    assert await vector_count(semantic) == 0
+
+
+async def test_a_message_changed_while_it_was_embedded_gets_no_vector(semantic: Store, monkeypatch: Any) -> None:
+    await say(semantic, "a", "first words", "second words")
+    real = semantic.embeddings._write
+
+    async def rewritten_first(pid: int, rows: list[Any], blobs: list[bytes]) -> int:
+        async with semantic.engine.begin() as conn:  # between the read and the write
+            await conn.execute(text("UPDATE agent_messages SET text = 'changed' WHERE session_id = 'a' AND seq = 0"))
+        return await real(pid, rows, blobs)
+
+    monkeypatch.setattr(semantic.embeddings, "_write", rewritten_first)
+    assert await semantic.embeddings.backfill(batch_size=10) == 1  # only the unchanged one
+    monkeypatch.undo()
+    assert await semantic.embeddings.pending() == 1
+    assert await semantic.embeddings.backfill() == 1  # the new text, embedded next time
+
+
+class OtherModel:
+    profile = EmbeddingProfile("another-model", 256, "1")
+
+    async def embed(self, texts: list[str]) -> np.ndarray:
+        return np.ones((len(texts), 256), np.float32)
+
+
+class BrokenModel(OtherModel):
+    async def embed(self, texts: list[str]) -> np.ndarray:
+        return np.full((len(texts), 256), np.nan, np.float32)
+
+
+async def test_a_query_in_another_profile_is_refused_not_compared(semantic: Store, url: str) -> None:
+    await say(semantic, "a", "the flight to Beijing")
+    await semantic.embeddings.backfill()
+    async with Store.from_url(url, embedder=OtherModel()) as other:
+        with pytest.raises(EmbeddingProfileError, match="wordllama"):
+            await other.search("plane", user_id="u", ranking="hybrid")
+        assert [h.seq for h in (await other.search("flight", user_id="u", ranking="keyword")).items] == [0]
+    async with Store.from_url(url, embedder=BrokenModel()) as broken:
+        with pytest.raises(InvalidValueError, match="finite"):
+            await broken.embeddings.backfill()
+    assert await vector_count(semantic) == 1  # nothing of theirs was written
+
+
+async def test_without_an_embedder_search_is_keyword_search(store: Store) -> None:
+    await say(store, "a", "the flight to Beijing")
+    assert [h.seq for h in (await store.search("flight", user_id="u")).items] == [0]
+    assert (await store.search("flight", user_id="u")).items[0].similarity is None
+    with pytest.raises(ConfigurationError, match="no embedder"):
+        await store.search("flight", user_id="u", ranking="hybrid")
+
+
+@pytest.mark.parametrize("bad", [{"ranking": "semantic"}, {"ranking": "hybrid", "cursor": "x"},
+                                 {"ranking": "hybrid", "limit": 1000}])  # fmt: skip
+async def test_bad_search_options_are_typed_errors(semantic: Store, bad: dict[str, Any]) -> None:
+    with pytest.raises(InvalidValueError):
+        await semantic.search("flight", user_id="u", **bad)
+
+
+async def test_bad_embedders_and_a_cipher_are_refused(url: str, tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match="wordllama"):
+        Store.from_url(url, embedder="bert")
+    with pytest.raises(ConfigurationError, match="embed"):
+        Store.from_url(url, embedder=object())
+
+    class Reversing:
+        def encrypt(self, value: str) -> str:
+            return value[::-1]
+
+        def decrypt(self, value: str) -> str:
+            return value[::-1]
+
+    async with Store.from_url(url, embedder=EMBEDDER, message_cipher=Reversing()) as ciphered:
+        with pytest.raises(ConfigurationError, match="cipher"):
+            await ciphered.embeddings.backfill()
+
+
+def test_four_bit_vectors_keep_their_direction() -> None:
+    rng = np.random.default_rng(7)
+    vectors = rng.standard_normal((200, 256)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    blobs = pack(vectors)
+    assert {len(b) for b in blobs} == {128}
+    back = unpack(blobs, 256)
+    assert float(np.min(np.sum(back * vectors, axis=1))) > 0.97  # cosine to the original
+    assert np.allclose(unpack(pack(np.zeros((1, 256), np.float32)), 256), 0)
+
+
+async def test_messages_written_by_a_run_are_embedded_by_the_pass_not_the_commit(semantic: Store) -> None:
+    async with semantic.session("a", user_id="u") as session:
+        session.state["in_memory"]["messages"].append(Message(role="user", contents=["hello"]))
+    assert await vector_count(semantic) == 0  # the commit embeds nothing
+    assert await semantic.embeddings.backfill() == 1
