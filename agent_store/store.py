@@ -31,7 +31,7 @@ from agent_store.search import hybrid
 from agent_store.search.vectors import Embeddings
 
 if TYPE_CHECKING:
-    from agent_store.search.embedders import Embedder
+    from agent_store.search.embedders import Embedder  # numpy loads with the first embedder
 
 Progress = Callable[[int], None]  # called with how many were done since the last call
 
@@ -49,7 +49,7 @@ class Store:
         max_value_bytes: the largest state value or message (as JSON) a run may write.
         message_cipher: encrypts message content at rest (``encrypt(str) -> str``, ``decrypt(str) -> str``).
         check_schema: verify once, before first use, that the database is at this code's schema.
-        embedder: ranks search by meaning too (``agent_store.search.embedders``; ``"wordllama"``: the offline one).
+        embedder: search by meaning too (search/embedders.py: ``"wordllama"``, ``"e5"``, or an embedder object).
     """
 
     def __init__(
@@ -117,8 +117,7 @@ class Store:
         Call it at start-up: the first runs then find connections ready, and a wrong URL, a down server or an
         old schema fails here. Returns how many connections were opened. On PostgreSQL each connection also runs
         a load's statements and, ``for_runs``, makes a run's two common commits in a transaction it rolls back
-        (nothing is kept); ``for_runs=False`` sends nothing that writes (a browser or a report only reads).
-        """
+        (nothing is kept); ``for_runs=False`` sends nothing that writes (a browser or a report only reads)."""
         if not isinstance(for_runs, bool):
             raise InvalidValueError(f"for_runs must be True or False, not {for_runs!r}")
         commits = (lambda conn: priming.prime_commits(self.db, conn)) if for_runs else None

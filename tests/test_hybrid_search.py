@@ -161,3 +161,63 @@ async def test_messages_written_by_a_run_are_embedded_by_the_pass_not_the_commit
         session.state["in_memory"]["messages"].append(Message(role="user", contents=["hello"]))
     assert await vector_count(semantic) == 0  # the commit embeds nothing
     assert await semantic.embeddings.backfill() == 1
+
+
+async def test_the_agents_search_tool_ranks_by_meaning_with_embeddings(semantic: Store) -> None:
+    from agent_framework import Agent
+
+    from agent_store.agent_framework import SearchHistoryProvider
+    from agent_store.offline import OfflineChatClient
+
+    await say(semantic, "last-week", "I booked a flight to Paris for Friday")
+    await say(semantic, "stranger", "airplane tickets to Rome", user_id="someone-else")
+    await semantic.embeddings.backfill()
+    agent = Agent(client=OfflineChatClient(), name="Bot",
+                  context_providers=[SearchHistoryProvider(embeddings=semantic.embeddings)])  # fmt: skip
+    async with semantic.session("today", user_id="u") as session:
+        reply = await agent.run("search airplane ticket", session=session)
+    assert "[last-week]" in reply.text and "Paris" in reply.text and "Rome" not in reply.text
+    words_only = Agent(client=OfflineChatClient(), name="Bot", context_providers=[SearchHistoryProvider()])
+    async with semantic.session("today", user_id="u") as session:
+        assert "no earlier message matches" in (await words_only.run("search airplane ticket", session=session)).text
+
+
+async def test_the_cli_embeds_then_searches_by_meaning(semantic: Store, url: str, tmp_path: Path) -> None:
+    from cli_support import cli, ok
+
+    await say(semantic, "trip", "I booked a flight to Paris for Friday", "Buy milk")
+    assert "embedded 2 messages (0 without a vector left)" in ok(cli("embed", url=url, cwd=tmp_path))
+    found = ok(cli("search", "airplane ticket", "--user", "u", "--ranking", "hybrid", "--json", url=url, cwd=tmp_path))
+    assert '"seq": 0' in found.split('"seq": 1')[0]  # the flight first
+    assert "Paris" not in ok(cli("search", "airplane ticket", "--user", "u", url=url, cwd=tmp_path))  # keyword
+
+
+async def test_a_backfill_killed_midway_resumes_and_writes_each_vector_once(semantic: Store, url: str,
+                                                                             tmp_path: Path) -> None:  # fmt: skip
+    import asyncio
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    texts = [f"message {i}: {'flights hotels trains cats dogs'.split()[i % 5]} and more" for i in range(3000)]
+    await say(semantic, "long", *texts)
+    env = {**os.environ, "AGENT_STORE_URL": url}
+    slow = subprocess.Popen([sys.executable, "-m", "agent_store", "embed", "--batch-size", "1"], env=env, cwd=tmp_path,  # noqa: ASYNC220
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        for _ in range(600):
+            written = await vector_count(semantic)
+            if written >= 200:
+                break
+            await asyncio.sleep(0.05)
+        slow.send_signal(signal.SIGKILL)  # no clean-up of any kind
+    finally:
+        slow.wait(30)
+    killed_at = await vector_count(semantic)
+    assert 200 <= killed_at < len(texts), "the kill came too late to test a resume"
+    assert await semantic.embeddings.backfill(batch_size=500) == len(texts) - killed_at
+    assert await semantic.embeddings.pending() == 0 and await vector_count(semantic) == len(texts)
+    async with semantic.engine.connect() as conn:
+        stored = (await conn.execute(text("SELECT seq, vec FROM agent_message_vectors ORDER BY seq"))).all()
+    assert [bytes(row.vec) for row in stored] == pack(await EMBEDDER.embed(texts))  # each the vector of its own text

