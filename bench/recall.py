@@ -1,7 +1,7 @@
 """Search by meaning (issue 40): recall@10 of keyword, vector and hybrid search on the generated paraphrase set
-(tests/paraphrases.py: 540 queries sharing no word with their message, English, Chinese, Japanese, among 522
-messages), for each offline embedder, on SQLite and PostgreSQL; beside it, what the backfill does a second
-and what a vector adds a message on disk.
+(tests/paraphrases.py: 540 queries sharing no word with their message, English, Chinese, Japanese, each
+among its speaker's 462 messages), for each offline embedder, on SQLite and PostgreSQL; beside it, what the
+backfill does a second and what a vector adds a message on disk.
 
     python bench/recall.py                                   # SQLite, and PostgreSQL at the URL below
     python bench/recall.py --url postgresql+asyncpg://postgres@127.0.0.1:5432/test --embedders wordllama e5
@@ -50,7 +50,7 @@ async def side(url: str, embedder: str) -> list[str]:
         table = await recall_table(store)  # stores the history, backfills it, asks every query three ways
         per_vector = await vector_bytes(store)
         many = [f"message number {i} about something else entirely" for i in range(2000)]
-        async with store.session("more", user_id="u") as session:
+        async with store.session("more", user_id="en") as session:
             from agent_framework import Message
 
             session.state["in_memory"]["messages"].extend(Message(role="user", contents=[t]) for t in many)
@@ -60,14 +60,14 @@ async def side(url: str, embedder: str) -> list[str]:
         times = []
         for query in ("airplane ticket", "宠物不舒服", "歯科検診") * 20:
             tick = time.perf_counter()
-            await store.search(query, user_id="u", ranking="hybrid", limit=10)
+            await store.search(query, user_id="en", ranking="hybrid", limit=10)
             times.append((time.perf_counter() - tick) * 1000)
     backend = url.split("+")[0]
     lines = [f"| {backend} | {embedder} | {ranking} | " + " | ".join(f"{table[ranking, lang]:.3f}" for lang in
              LANGUAGES) + f" | {sum(table[ranking, lang] for lang in LANGUAGES) / 3:.3f} |"
              for ranking in ("keyword", "vector", "hybrid")]  # fmt: skip
     lines.append(f"|   {backend} {embedder}: backfill {rate:,.0f} messages/s; {per_vector:.0f} bytes a vector; "
-                 f"hybrid search of {len(history()) + len(many):,} messages p50 {statistics.median(times):.1f} ms; "
+                 f"hybrid search of {len(history('en')) + len(many):,} messages p50 {statistics.median(times):.1f} ms; "
                  f"whole side {time.perf_counter() - started:.0f} s |")  # fmt: skip
     return lines
 

@@ -6,8 +6,8 @@ Each topic has one stored message per language and three ways to ask for it per 
 word is shared: for English, no word (case folded; "a", "the", "on"... aside: STOPWORDS); for Chinese and Japanese, which put no spaces between words,
 no two characters in a row (most of their words are two characters or more). ``shared_words`` checks it and the
 tests assert it. Each core query is asked as it is and inside framings ("what did I say about ..."), also
-checked: 30 topics x 3 languages x 3 cores x 2 forms = 540 queries. The history holds the 90 target messages, the
-distractors (other subjects, 3 languages) and filler made from them.
+checked: 30 topics x 3 languages x 3 cores x 2 forms = 540 queries. Each language's queries search the history
+of a user who speaks it: its 30 targets among 432 distractors and filler of other subjects in all three.
 """
 
 from __future__ import annotations
@@ -141,9 +141,12 @@ def shared_words(message: str, query: str, language: str) -> set[str]:
     return grams[0] & grams[1]
 
 
-def history() -> list[tuple[str, str]]:
-    """(key, text) of every stored message: the targets, the distractors, and filler (two distractors joined)."""
-    rows = [(f"{lang}-{t}", topic[i][0]) for t, topic in enumerate(TOPICS) for i, lang in enumerate(LANGUAGES)]
+def history(language: str) -> list[tuple[str, str]]:
+    """(key, text) of every message of the user who speaks ``language``: the 30 targets in that language (each
+    subject once: a translation of a target would be a second right answer), then the distractors and filler
+    (two distractors joined) of all three languages."""
+    i = LANGUAGES.index(language)
+    rows = [(f"{language}-{t}", topic[i][0]) for t, topic in enumerate(TOPICS)]
     for lang in LANGUAGES:
         rows += [(f"d-{lang}-{i}", d) for i, d in enumerate(DISTRACTORS[lang])]
         pairs = itertools.permutations(DISTRACTORS[lang], 2)

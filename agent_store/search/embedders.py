@@ -117,12 +117,17 @@ async def embed_checked(embedder: Embedder, texts: Sequence[str], *, query: bool
     """The embedder's vectors (a query's with ``embed_query`` where it has one), refused unless there is one finite
     vector of its profile's size per text."""
     embed = getattr(embedder, "embed_query", embedder.embed) if query else embedder.embed
-    vectors = await embed(texts)
+    given = await embed(texts)
     want = (len(texts), embedder.profile.dimensions)
-    if not isinstance(vectors, np.ndarray) or vectors.shape != want or not np.isfinite(vectors).all():
-        shape = getattr(vectors, "shape", type(vectors).__name__)
-        raise InvalidValueError(f"embedder {embedder.profile.name!r} returned {shape}, not finite {want} vectors")
-    return vectors.astype(np.float32, copy=False)
+    shape = getattr(given, "shape", type(given).__name__)
+    refused = InvalidValueError(f"embedder {embedder.profile.name!r} returned {shape}, not finite {want} vectors")
+    if not isinstance(given, np.ndarray) or given.dtype.kind not in "fiu" or given.shape != want:
+        raise refused
+    with np.errstate(over="ignore"):  # a float64 beyond float32's range becomes inf here, and is refused
+        vectors = given.astype(np.float32)
+    if not np.isfinite(vectors).all():
+        raise refused
+    return vectors
 
 
 def pack(vectors: np.ndarray) -> list[bytes]:

@@ -48,7 +48,7 @@ async def search(db: Database, embeddings: Embeddings, query_text: str, *, ranki
         return await keyword.search(db, query_text, limit=limit, cursor=cursor, **scope)
     if cursor is not None:
         raise InvalidValueError(f"{ranking} search returns one page (no cursor); ask for up to 100 hits with limit")
-    codec.check_int(limit, "limit", low=1, high=100)
+    codec.check_int(limit, "limit", low=1, high=101)  # at most 100 (the bound is exclusive)
     parsed = keyword.parse(query_text)
     by_terms = None if ranking == "vector" else await keyword.search(db, query_text, limit=POOL, cursor=None, **scope)
     words = by_terms.items if by_terms is not None else []

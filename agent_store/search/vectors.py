@@ -14,7 +14,9 @@ that is 128 KB read. A user with a very long history costs in proportion (docs/s
 from __future__ import annotations
 
 import hashlib
+import time
 import typing
+from collections import OrderedDict
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -24,6 +26,7 @@ from sqlalchemy import (
     Integer,
     LargeBinary,
     String,
+    Text,
     bindparam,
     cast,
     exists,
@@ -32,6 +35,7 @@ from sqlalchemy import (
     tuple_,
 )
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects.postgresql import ARRAY
 
 from agent_store.db.database import Database
 from agent_store.db.tables import messages_t, profiles_t, sessions_t, vectors_t
@@ -41,6 +45,8 @@ if TYPE_CHECKING:  # numpy and the embedders load with the first embedder: a sto
     from agent_store.search.embedders import Embedder
 M, S, V, P = messages_t.c, sessions_t.c, vectors_t.c, profiles_t.c
 Progress = Callable[[int], None]
+CENTROID_SAMPLE, CENTROID_TTL = 5000, 60.0  # vectors averaged, and for how many seconds the mean is kept
+QUERIES_KEPT = 256
 
 
 class Embeddings:
@@ -60,6 +66,8 @@ class Embeddings:
             raise ConfigurationError(f"an embedder has a profile and an embed() method; {name} has not")
         self.db, self.embedder = db, typing.cast("Embedder | None", embedder)
         self._profile_id: int | None = None
+        self._center: tuple[float, Any] | None = None  # (when, the profile's mean vector): _centroid
+        self._queries: OrderedDict[str, Any] = OrderedDict()  # the last queries' vectors (an embedder may be slow)
 
     @property
     def enabled(self) -> bool:
@@ -113,6 +121,7 @@ class Embeddings:
             vectors = await embed_checked(embedder, [r.text for r in rows])  # no transaction is open here
             done += await self._write(pid, rows, pack(vectors))
             after = (rows[-1].session_id, rows[-1].seq)
+            self._center = None  # the mean moves with what is written
             if progress is not None:
                 progress(len(rows))
         return done
@@ -131,19 +140,15 @@ class Embeddings:
             return list((await conn.execute(query.order_by(M.session_id, M.seq).limit(n))).all())
 
     async def _write(self, pid: int, rows: list[Any], blobs: list[bytes]) -> int:
-        sid, seq = bindparam("sid", type_=String), bindparam("seq", type_=Integer)
-        same = exists().where(M.session_id == sid, M.seq == seq, M.text == bindparam("text"))
-        values = select(cast(sid, String), cast(seq, Integer), cast(bindparam("pid"), Integer),
-                        cast(bindparam("vec"), LargeBinary)).where(same)  # fmt: skip
-        params = [{"sid": r.session_id, "seq": r.seq, "text": r.text, "pid": pid, "vec": b}
-                  for r, b in zip(rows, blobs, strict=True)]  # fmt: skip
+        """Write the batch's vectors, each only where its message still holds the text embedded; how many."""
         async with self.db.transaction(write=True, doing="writing message vectors") as conn:
-            insert = (postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert)(vectors_t)
-            statement = insert.from_select(["session_id", "seq", "profile_id", "vec"], values).on_conflict_do_nothing()
-            await conn.execute(statement, params)
-            keys = [(r.session_id, r.seq) for r in rows]  # written now, or by another backfill meanwhile
-            counted = select(func.count()).where(V.profile_id == pid, tuple_(V.session_id, V.seq).in_(keys))
-            return int((await conn.execute(counted)).scalar_one())
+            if conn.dialect.name == "postgresql":
+                return len((await conn.execute(_write_postgresql(), {
+                    "pid": pid, "sids": [r.session_id for r in rows], "seqs": [r.seq for r in rows],
+                    "texts": [r.text for r in rows], "vecs": blobs})).all())  # fmt: skip
+            params = [{"sid": r.session_id, "seq": r.seq, "text": r.text, "pid": pid, "vec": b}
+                      for r, b in zip(rows, blobs, strict=True)]  # fmt: skip
+            return int((await conn.execute(_write_sqlite(), params)).rowcount)  # one writer at a time: no race
 
     async def nearest(self, query_text: str, where: list[ColumnElement[bool]], k: int) -> list[tuple[str, int, float]]:
         """The ``k`` messages in scope (``where``, on agent_sessions) most similar to ``query_text``: (session,
@@ -158,24 +163,72 @@ class Embeddings:
         if pid is None:
             await self._refuse_other_profiles()
             return []
-        query = unit(await embed_checked(embedder, [query_text], query=True))[0]
+        query = self._queries.pop(query_text, None)  # kept for the next page, the next ranking, the same question
+        if query is None:
+            query = unit(await embed_checked(embedder, [query_text], query=True))
+        self._queries[query_text] = query
+        while len(self._queries) > QUERIES_KEPT:
+            self._queries.popitem(last=False)  # the least recently asked
         scan = (select(V.session_id, V.seq, V.vec).select_from(vectors_t.join(sessions_t, S.id == V.session_id))
                 .where(V.profile_id == pid, *where))  # fmt: skip
         async with self.db.transaction(write=False, replica=True, doing="ranking messages by meaning") as conn:
             rows = (await conn.execute(scan)).all()
+            center = await self._centroid(conn, pid, embedder.profile.dimensions)
         if not rows:
             return []
-        scores = unpack([r.vec for r in rows], embedder.profile.dimensions) @ query
+        vectors = unpack([r.vec for r in rows], embedder.profile.dimensions)
+        scores = unit(vectors - center) @ unit(query - center)[0]
         best = np.argsort(-scores, kind="stable")[:k]
         return [(rows[i].session_id, rows[i].seq, float(scores[i])) for i in best]
 
+    async def _centroid(self, conn: Any, pid: int, dimensions: int) -> Any:
+        """The mean of the profile's vectors (a sample of the first ``CENTROID_SAMPLE``), taken from every vector
+        and the query before the cosine: every embedder's vectors share a common direction, along which a few
+        messages (short, generic ones) are near every query ("hubs"). Centering removes it: recall@10 on the
+        paraphrase set went 0.46 -> 0.93 in English with e5 (README). Kept a minute; zero under 100 vectors."""
+        import numpy as np
+
+        from agent_store.search.embedders import unpack
+
+        now = time.monotonic()
+        if self._center is None or now - self._center[0] > CENTROID_TTL:
+            sample = select(V.vec).where(V.profile_id == pid).limit(CENTROID_SAMPLE)
+            blobs = [bytes(b) for b in (await conn.execute(sample)).scalars()]
+            mean = unpack(blobs, dimensions).mean(axis=0) if len(blobs) >= 100 else np.zeros(dimensions, np.float32)
+            self._center = (now, mean)
+        return self._center[1]
+
     async def _refuse_other_profiles(self) -> None:
+        used = exists().where(V.profile_id == P.id)  # a profile with vectors: one a failed backfill made is not
         async with self.db.transaction(write=False, doing="finding the embedding profiles") as conn:
-            names = list((await conn.execute(select(P.name).order_by(P.id))).scalars())
+            names = list((await conn.execute(select(P.name).where(used).order_by(P.name))).scalars())
         if names:
             raise EmbeddingProfileError(
                 f"this store's embedder is {self._need().profile.name!r}, but the stored vectors are in {names}: "
                 "open the store with the embedder they were made with, or run a backfill in this profile first")
+
+
+def _write_postgresql() -> Any:
+    """One statement for the whole batch: its arrays unnested and joined to the messages holding the same text,
+    which it locks (``FOR SHARE``). A change of their text or a delete in flight is waited for, then the join is
+    checked again on the row as it is now (no vector, no foreign-key error); one that comes later waits for this
+    commit, then its trigger or cascade removes the vector."""
+    batch = func.unnest(cast(bindparam("sids"), ARRAY(String)), cast(bindparam("seqs"), ARRAY(Integer)),
+                        cast(bindparam("texts"), ARRAY(Text)), cast(bindparam("vecs"), ARRAY(LargeBinary)),
+                        ).table_valued("sid", "seq", "text", "vec").render_derived()  # fmt: skip
+    same = (M.session_id == batch.c.sid) & (M.seq == batch.c.seq) & (M.text == batch.c.text)
+    rows = (select(M.session_id, M.seq, cast(bindparam("pid"), Integer), batch.c.vec)
+            .select_from(batch.join(messages_t, same)).with_for_update(read=True, of=messages_t))  # fmt: skip
+    insert = postgresql.insert(vectors_t).from_select(["session_id", "seq", "profile_id", "vec"], rows)
+    return insert.on_conflict_do_nothing().returning(vectors_t.c.seq)
+
+
+def _write_sqlite() -> Any:
+    sid, seq = bindparam("sid", type_=String), bindparam("seq", type_=Integer)
+    same = exists().where(M.session_id == sid, M.seq == seq, M.text == bindparam("text"))
+    values = select(sid, seq, bindparam("pid", type_=Integer), bindparam("vec", type_=LargeBinary)).where(same)
+    insert = sqlite.insert(vectors_t).from_select(["session_id", "seq", "profile_id", "vec"], values)
+    return insert.on_conflict_do_nothing()
 
 
 def profile_key(name: str) -> int:
