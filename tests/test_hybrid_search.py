@@ -221,3 +221,19 @@ async def test_a_backfill_killed_midway_resumes_and_writes_each_vector_once(sema
     async with semantic.engine.connect() as conn:
         stored = (await conn.execute(text("SELECT seq, vec FROM agent_message_vectors ORDER BY seq"))).all()
     assert [bytes(row.vec) for row in stored] == pack(await EMBEDDER.embed(texts))  # each the vector of its own text
+
+
+async def test_the_browser_searches_by_meaning_with_an_embedder(semantic: Store, store: Store) -> None:
+    import httpx
+
+    from agent_store.browser.app import create_app
+
+    await say(semantic, "trip", "I booked a flight to Paris for Friday", "Buy milk")
+    await semantic.embeddings.backfill()
+    for opened, meaning in ((semantic, True), (store, False)):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(opened)), base_url="http://127.0.0.1",
+                                     headers={"host": "127.0.0.1"}) as web:  # fmt: skip
+            page = await web.get("/search", params={"user": "u", "q": "airplane ticket"})
+            assert page.status_code == 200
+            assert ("Paris" in page.text) is meaning and ('id="ranking"' in page.text) is meaning
+            assert (await web.get("/search", params={"user": "u", "q": "x", "ranking": "nope"})).status_code == 400

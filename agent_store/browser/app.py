@@ -218,14 +218,15 @@ def create_app(
     async def hits(request: Request) -> tuple[str | None, str, Any]:
         q = request.query_params
         user, text = q.get("user") or None, q.get("q") or ""  # no user: every user's sessions, as /sessions lists
-        found = await store.search(text, user_id=user, all_users=user is None, limit=page_size,
-                                   session_id=q.get("session") or None, cursor=q.get("cursor") or None)  # fmt: skip
+        found = await store.search(text, user_id=user, all_users=user is None, limit=min(page_size, 100),
+                                   session_id=q.get("session") or None, cursor=q.get("cursor") or None,
+                                   ranking=q.get("ranking") or "auto")  # fmt: skip
         return user, text, found
 
     @read_only
     async def search(request: Request) -> Response:
         user, text, found = await hits(request)
-        return page("search.html", user=user, q=text, page=found)
+        return page("search.html", user=user, q=text, page=found, by_meaning=store.embeddings.enabled)
 
     @read_only
     async def search_jsonl(request: Request) -> Response:

@@ -99,9 +99,11 @@ def loopback(host: str) -> bool:
     metavar="URL",
     help="Link each model call's trace id there: an http(s) URL with {trace_id} in it (Jaeger, Tempo).",
 )
+@click.option("--embedder", type=click.Choice(EMBEDDERS), default=None,
+              help="Rank search by words and meaning with the vectors `agent-store embed` made with it.")
 @json_option
 def ui(url: str | None, host: str, port: int, token: str | None, allow_hosts: tuple[str, ...], trace_url: str | None,
-       as_json: bool) -> None:  # fmt: skip
+       embedder: str | None, as_json: bool) -> None:  # fmt: skip
     """A read-only web browser of sessions, transcripts, state and search (pip install "agent-store[ui]")."""
     try:
         import uvicorn
@@ -118,7 +120,8 @@ def ui(url: str | None, host: str, port: int, token: str | None, allow_hosts: tu
     listener = _listen(host, port)  # a port in use: one line, before announcing an address
     bound = f"[{host}]" if ":" in host and not host.startswith("[") else host  # an IPv6 address, as Host gives it
     allowed = [*LOOPBACK_HOSTS, bound, *allow_hosts]
-    app = create_app(open_store(url), token=token, owns_store=True, allowed_hosts=allowed, trace_url=trace_url)
+    app = create_app(open_store(url, embedder=embedder), token=token, owns_store=True, allowed_hosts=allowed,
+                     trace_url=trace_url)  # fmt: skip
     port = listener.getsockname()[1]
     address = f"http://{bound}:{port}/"
     if as_json:  # a script learns the address (and the port, with --port 0) from stdout
