@@ -140,12 +140,13 @@ def pack(vectors: np.ndarray) -> list[bytes]:
     return [row.tobytes() for row in packed]
 
 
+_NIBBLES = np.array([[(b >> 4) - 8, (b & 15) - 8] for b in range(256)], np.float32)
+
+
 def unpack(blobs: Sequence[bytes], dimensions: int) -> np.ndarray:
     """Unit vectors (float32) back from ``pack``'s bytes; a zero vector stays zero."""
     raw = np.frombuffer(b"".join(blobs), np.uint8).reshape(len(blobs), -1)
-    codes = np.empty((len(blobs), raw.shape[1] * 2), np.float32)
-    codes[:, 0::2], codes[:, 1::2] = (raw >> 4).astype(np.float32) - 8, (raw & 15).astype(np.float32) - 8
-    codes = codes[:, :dimensions]
+    codes = np.take(_NIBBLES, raw, axis=0).reshape(len(blobs), -1)[:, :dimensions]  # a byte: its two codes
     norms = np.linalg.norm(codes, axis=1, keepdims=True)
     return codes / np.where(norms > 0, norms, 1)
 

@@ -68,9 +68,10 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    op.execute("DROP TRIGGER IF EXISTS agent_message_text_changed" +
-               (" ON agent_messages" if op.get_bind().dialect.name == "postgresql" else ""))
     if op.get_bind().dialect.name == "postgresql":
+        op.execute("DROP TRIGGER IF EXISTS agent_message_text_changed ON agent_messages")
         op.execute("DROP FUNCTION IF EXISTS agent_message_text_changed()")
+    else:
+        op.execute("DROP TRIGGER IF EXISTS agent_message_text_changed")
     op.drop_table("agent_message_vectors")
     op.drop_table("agent_embedding_profiles")
