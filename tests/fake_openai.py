@@ -1,4 +1,5 @@
-"""A small OpenAI-compatible server on 127.0.0.1 for the real OpenAI clients: Chat Completions and Responses.
+"""A small OpenAI-compatible server on 127.0.0.1 for the real OpenAI clients: Chat Completions, Responses and
+Embeddings (the offline wordllama model's vectors).
 
 It checks requests the way the service does (a tool result needs its call, a call needs its result before
 the conversation goes on, ``previous_response_id`` must be a response it stored) and answers with the
@@ -100,6 +101,8 @@ class FakeOpenAI:
                         fake._chat(self, body)
                     elif self.path.endswith("/responses"):
                         fake._responses(self, body)
+                    elif self.path.endswith("/embeddings"):
+                        fake._embeddings(self, body)
                     else:
                         self.send_error(404)
                 except Invalid as exc:
@@ -108,6 +111,21 @@ class FakeOpenAI:
                     _send_json(self, error, status=400)
 
         return Handler
+
+    # ---- Embeddings: the offline wordllama model's vectors, as the service sends them -----------------------
+
+    def _embeddings(self, http: BaseHTTPRequestHandler, body: dict[str, Any]) -> None:
+        import asyncio
+
+        from agent_store.search.embedders import WordLlamaEmbedder
+
+        texts = [body["input"]] if isinstance(body["input"], str) else body["input"]
+        if not hasattr(FakeOpenAI, "_embedder"):
+            FakeOpenAI._embedder = WordLlamaEmbedder()  # type: ignore[attr-defined]
+        vectors = asyncio.run(FakeOpenAI._embedder.embed(texts))  # type: ignore[attr-defined]
+        data = [{"object": "embedding", "index": i, "embedding": [float(x) for x in v]} for i, v in enumerate(vectors)]
+        _send_json(http, {"object": "list", "data": data, "model": body.get("model", "fake"),
+                          "usage": {"prompt_tokens": len(texts), "total_tokens": len(texts)}})  # fmt: skip
 
     # ---- Chat Completions --------------------------------------------------------------------------------
 

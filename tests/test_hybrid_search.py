@@ -237,3 +237,26 @@ async def test_the_browser_searches_by_meaning_with_an_embedder(semantic: Store,
             assert page.status_code == 200
             assert ("Paris" in page.text) is meaning and ('id="ranking"' in page.text) is meaning
             assert (await web.get("/search", params={"user": "u", "q": "x", "ranking": "nope"})).status_code == 400
+
+
+async def test_the_frameworks_openai_embedding_client_is_an_embedder(url: str, store: Store) -> None:
+    """FrameworkEmbedder over the framework's real OpenAIEmbeddingClient, pointed at the tests' own server."""
+    from agent_framework_openai import OpenAIEmbeddingClient
+    from fake_openai import FakeOpenAI
+
+    from agent_store.search.embedders import FrameworkEmbedder
+
+    server = FakeOpenAI().start()
+    try:
+        client = OpenAIEmbeddingClient(model="text-embedding-test", api_key="k", base_url=server.base_url)
+        embedder = FrameworkEmbedder(client, model="text-embedding-test", dimensions=256)
+        await say(store, "trip", "I booked a flight to Paris for Friday", "Buy milk", "My dog is sick")
+        async with Store.from_url(url, embedder=embedder) as remote:
+            assert await remote.embeddings.backfill() == 3
+            found = await keys(remote, "airplane ticket", "hybrid")
+        assert found[0] == ("trip", 0)
+        assert [r["path"] for r in server.requests] == ["/v1/embeddings"] * 2  # one batch, then the query
+    finally:
+        server.stop()
+    with pytest.raises(ConfigurationError, match="get_embeddings"):
+        FrameworkEmbedder(object(), model="m", dimensions=3)
