@@ -51,28 +51,36 @@ async def timed(call: Any, users: list[str]) -> list[float]:
     return out
 
 
-async def search_at(pg_url: str, messages: int) -> None:
+async def search_at(pg_url: str, messages: int, reuse: bool) -> None:
     sessions = messages // 100
-    store = await fresh_store(pg_url, "agent_store_bench_semantic")
-    print(f"building {messages:,} messages ...", flush=True)
-    built = await build(store, sessions)
-    await store.close()
     url = pg_url.rsplit("/", 1)[0] + "/agent_store_bench_semantic"
+    if not reuse:
+        store = await fresh_store(pg_url, "agent_store_bench_semantic")
+        print(f"building {messages:,} messages ...", flush=True)
+        built = await build(store, sessions)
+        await store.close()
     async with Store.from_url(url, embedder="wordllama", pool_size=4) as semantic:
         pid = await semantic.embeddings.profile_id(create=True)
-        started = time.perf_counter()
-        async with semantic.engine.begin() as conn:
-            await conn.execute(text(VECTORS), {"pid": pid})
-        async with semantic.engine.connect() as conn:
-            autocommit = await conn.execution_options(isolation_level="AUTOCOMMIT")
-            await autocommit.execute(text("VACUUM ANALYZE agent_message_vectors"))
-            size = (await conn.execute(text("SELECT pg_total_relation_size('agent_message_vectors')"))).scalar_one()
-        print(f"built in {built:.0f} s; vectors written in {time.perf_counter() - started:.0f} s, "
-              f"{size / messages:.0f} bytes a message (table and key)", flush=True)
+        if not reuse:
+            started = time.perf_counter()
+            async with semantic.engine.begin() as conn:
+                await conn.execute(text(VECTORS), {"pid": pid})
+            async with semantic.engine.connect() as conn:
+                autocommit = await conn.execution_options(isolation_level="AUTOCOMMIT")
+                await autocommit.execute(text("VACUUM ANALYZE agent_message_vectors"))
+                size = (await conn.execute(text("SELECT pg_total_relation_size('agent_message_vectors')"))).scalar_one()
+            print(f"built in {built:.0f} s; vectors written in {time.perf_counter() - started:.0f} s, "
+                  f"{size / messages:.0f} bytes a message (table and key)", flush=True)
         pick = random.Random(11)
         users = [f"user-{pick.randrange(sessions // 20)}" for _ in range(200)]
         raw = await asyncpg.connect(url.replace("+asyncpg", ""))
-        rows = {"floor: raw driver, the user's vectors": await timed(lambda u: raw.fetch(FLOOR, u, pid), users)}
+
+        async def floor(user: str) -> None:  # with the store's plan setting (vectors.py: NO_PARALLEL)
+            async with raw.transaction():
+                await raw.execute("SET LOCAL max_parallel_workers_per_gather = 0")
+                await raw.fetch(FLOOR, user, pid)
+
+        rows = {"floor: raw driver, the user's vectors": await timed(floor, users)}
         await raw.close()
         for ranking in ("vector", "hybrid", "keyword"):
             await semantic.search("train tickets", user_id=users[0], ranking=ranking)  # warm
@@ -131,10 +139,12 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", default="postgresql+asyncpg://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--messages", type=int, default=10_000_000)
-    parser.add_argument("--backfill", type=int, default=1_000_000)
+    parser.add_argument("--backfill", type=int, default=1_000_000, help="0: no backfill")
+    parser.add_argument("--reuse", action="store_true", help="search the database a previous run built")
     args = parser.parse_args()
-    await search_at(args.url, args.messages)
-    await backfill_of(args.url, args.backfill)
+    await search_at(args.url, args.messages, args.reuse)
+    if args.backfill:
+        await backfill_of(args.url, args.backfill)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from sqlalchemy import (
     exists,
     func,
     select,
+    text,
     tuple_,
 )
 from sqlalchemy.dialects import postgresql, sqlite
@@ -47,6 +48,11 @@ M, S, V, P = messages_t.c, sessions_t.c, vectors_t.c, profiles_t.c
 Progress = Callable[[int], None]
 CENTROID_SAMPLE, CENTROID_TTL = 5000, 60.0  # vectors averaged, and for how many seconds the mean is kept
 QUERIES_KEPT = 256
+# The scan's best plan is the user's sessions by index, then each one's vectors by key (2 ms for 2,000 vectors
+# among 10M). PostgreSQL's estimate of a session's rows is off (n_distinct of session_id is sampled: 23,000 of
+# 100,000), which makes that plan look dear and a parallel scan of agent_sessions cheaper: 11 ms (bench/
+# semantic_scale.py). This transaction runs no parallel plan.
+NO_PARALLEL = text("SET LOCAL max_parallel_workers_per_gather = 0")
 
 
 class Embeddings:
@@ -172,6 +178,8 @@ class Embeddings:
         scan = (select(V.session_id, V.seq, V.vec).select_from(vectors_t.join(sessions_t, S.id == V.session_id))
                 .where(V.profile_id == pid, *where))  # fmt: skip
         async with self.db.transaction(write=False, replica=True, doing="ranking messages by meaning") as conn:
+            if conn.dialect.name == "postgresql":  # see NO_PARALLEL
+                await conn.execute(NO_PARALLEL)
             rows = (await conn.execute(scan)).all()
             center = await self._centroid(conn, pid, embedder.profile.dimensions)
         if not rows:
