@@ -11,6 +11,7 @@ from typing import Any
 import asyncpg
 import numpy as np
 import pytest
+from helpers import plain_dsn
 from sqlalchemy import text
 from test_hybrid_search import EMBEDDER, OtherModel, vector_count
 from test_search import say
@@ -26,7 +27,7 @@ class ChangesWhileEmbedding:
     profile = EMBEDDER.profile
 
     def __init__(self, url: str, statement: str) -> None:
-        self.url, self.statement = url.replace("+asyncpg", ""), statement
+        self.url, self.statement = plain_dsn(url), statement  # the PgBouncer pass's URL too
         self.done: asyncio.Task[None] | None = None
 
     async def embed(self, texts: list[str]) -> np.ndarray:
