@@ -14,7 +14,6 @@ that is 128 KB read. A user with a very long history costs in proportion (docs/s
 from __future__ import annotations
 
 import hashlib
-import time
 import typing
 from collections import OrderedDict
 from collections.abc import Callable
@@ -46,7 +45,7 @@ if TYPE_CHECKING:  # numpy and the embedders load with the first embedder: a sto
     from agent_store.search.embedders import Embedder
 M, S, V, P = messages_t.c, sessions_t.c, vectors_t.c, profiles_t.c
 Progress = Callable[[int], None]
-CENTROID_SAMPLE, CENTROID_TTL = 5000, 60.0  # vectors averaged, and for how many seconds the mean is kept
+CENTER_FROM = 100  # vectors in scope before ranking centers on their mean
 QUERIES_KEPT = 256
 # The scan's best plan is the user's sessions by index, then each one's vectors by key (2 ms for 2,000 vectors
 # among 10M). PostgreSQL's estimate of a session's rows is off (n_distinct of session_id is sampled: 23,000 of
@@ -72,7 +71,6 @@ class Embeddings:
             raise ConfigurationError(f"an embedder has a profile and an embed() method; {name} has not")
         self.db, self.embedder = db, typing.cast("Embedder | None", embedder)
         self._profile_id: int | None = None
-        self._center: tuple[float, Any] | None = None  # (when, the profile's mean vector): _centroid
         self._queries: OrderedDict[str, Any] = OrderedDict()  # the last queries' vectors (an embedder may be slow)
 
     @property
@@ -127,7 +125,6 @@ class Embeddings:
             vectors = await embed_checked(embedder, [r.text for r in rows])  # no transaction is open here
             done += await self._write(pid, rows, pack(vectors))
             after = (rows[-1].session_id, rows[-1].seq)
-            self._center = None  # the mean moves with what is written
             if progress is not None:
                 progress(len(rows))
         return done
@@ -181,30 +178,17 @@ class Embeddings:
             if conn.dialect.name == "postgresql":  # see NO_PARALLEL
                 await conn.execute(NO_PARALLEL)
             rows = (await conn.execute(scan)).all()
-            center = await self._centroid(conn, pid, embedder.profile.dimensions)
         if not rows:
             return []
         vectors = unpack([r.vec for r in rows], embedder.profile.dimensions)
+        # Centered on the scope's own mean: every embedder's vectors share a common direction along which a few
+        # short, generic messages are near every query ("hubs"); e5's English recall@10 went 0.46 -> 0.94. The
+        # scope's mean, not the store's: no other user's writes move this user's ranking. Under 100 vectors a
+        # mean is noise, and none is taken.
+        center = vectors.mean(axis=0) if len(rows) >= CENTER_FROM else np.zeros(vectors.shape[1], np.float32)
         scores = unit(vectors - center) @ unit(query - center)[0]
         best = np.argsort(-scores, kind="stable")[:k]
         return [(rows[i].session_id, rows[i].seq, float(scores[i])) for i in best]
-
-    async def _centroid(self, conn: Any, pid: int, dimensions: int) -> Any:
-        """The mean of the profile's vectors (a sample of the first ``CENTROID_SAMPLE``), taken from every vector
-        and the query before the cosine: every embedder's vectors share a common direction, along which a few
-        messages (short, generic ones) are near every query ("hubs"). Centering removes it: recall@10 on the
-        paraphrase set went 0.46 -> 0.93 in English with e5 (README). Kept a minute; zero under 100 vectors."""
-        import numpy as np
-
-        from agent_store.search.embedders import unpack
-
-        now = time.monotonic()
-        if self._center is None or now - self._center[0] > CENTROID_TTL:
-            sample = select(V.vec).where(V.profile_id == pid).limit(CENTROID_SAMPLE)
-            blobs = [bytes(b) for b in (await conn.execute(sample)).scalars()]
-            mean = unpack(blobs, dimensions).mean(axis=0) if len(blobs) >= 100 else np.zeros(dimensions, np.float32)
-            self._center = (now, mean)
-        return self._center[1]
 
     async def _refuse_other_profiles(self) -> None:
         used = exists().where(V.profile_id == P.id)  # a profile with vectors: one a failed backfill made is not
