@@ -2,6 +2,8 @@
 
     AgentStoreError               .retryable: whether the same call may succeed if simply tried again
     ├── ConfigurationError        bad URL or option, missing database or role, no permission (also a ValueError)
+    │   ├── EmbeddingProfileError a query in another embedding space than the stored vectors'
+    │   └── NotEmbeddedError      ranking by meaning before any vector exists: run `agent-store embed`
     ├── InvalidValueError         a value that cannot be stored; names the key or field (also a ValueError)
     ├── CheckpointRefusedError    a stored workflow checkpoint that may not be read back (also the framework's
     │                             WorkflowCheckpointException)
@@ -61,6 +63,12 @@ class InvalidValueError(AgentStoreError, ValueError):
 
 class EmbeddingProfileError(ConfigurationError):
     """A query's embedding space is not the stored vectors' (another model, size or version): never compared."""
+
+
+class NotEmbeddedError(ConfigurationError):
+    """Ranking by meaning alone was asked of a store none of whose messages has a vector in its embedder's
+    profile: the backfill (``store.embeddings.backfill()``, ``agent-store embed``) has not run. Hybrid ranking
+    does not raise it: it ranks by words and says so (``SearchPage.ranking``)."""
 
 
 class CheckpointRefusedError(AgentStoreError, WorkflowCheckpointException):

@@ -101,6 +101,9 @@ class SearchPage(_Model):
 
     items: list[SearchHit]
     next_cursor: str | None
+    # What ranked the page: "keyword", "vector" or "hybrid". Hybrid asked of a store with no vectors yet is
+    # "keyword" (the backfill has not run): the caller can say so rather than pass words off as meaning.
+    ranking: str = "keyword"
 
 
 class TreeNode(_Model):

@@ -81,10 +81,12 @@ async def test_a_message_changed_while_it_was_embedded_gets_no_vector(semantic: 
         return await real(pid, rows, blobs)
 
     monkeypatch.setattr(semantic.embeddings, "_write", rewritten_first)
-    assert await semantic.embeddings.backfill(batch_size=10) == 1  # only the unchanged one
+    assert await semantic.embeddings.backfill(batch_size=10) == 2  # the unchanged one, then a sweep for the new text
     monkeypatch.undo()
-    assert await semantic.embeddings.pending() == 1
-    assert await semantic.embeddings.backfill() == 1  # the new text, embedded next time
+    assert await semantic.embeddings.pending() == 0
+    async with semantic.engine.connect() as conn:
+        first = (await conn.execute(text("SELECT vec FROM agent_message_vectors WHERE seq = 0"))).scalar_one()
+    assert bytes(first) == pack(await EMBEDDER.embed(["changed"]))[0]  # never the vector of the old text
 
 
 class OtherModel:

@@ -226,7 +226,7 @@ def create_app(
     @read_only
     async def search(request: Request) -> Response:
         user, text, found = await hits(request)
-        return page("search.html", user=user, q=text, page=found, by_meaning=store.embeddings.enabled)
+        return page("search.html", user=user, q=text, page=found, can_mean=store.embeddings.enabled)
 
     @read_only
     async def search_jsonl(request: Request) -> Response:

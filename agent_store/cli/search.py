@@ -49,6 +49,8 @@ async def search(query: str, user_id: str | None, all_users: bool, session_id: s
     async with open_store(url, embedder=None if ranking == "keyword" else embedder) as store:
         page = await store.search(query, user_id=user_id, all_users=all_users, session_id=session_id,
                                   agent_id=agent_id, limit=limit, cursor=cursor, ranking=ranking)  # fmt: skip
+    if page.ranking != ranking:  # hybrid with no vector yet ranks by words: say so, on stderr (JSON stays clean)
+        click.echo("ranked by words only: no message has a vector yet (run `agent-store embed`)", err=True)
     if as_json:
         print_json(page.model_dump(mode="json"))
         return

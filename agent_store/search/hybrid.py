@@ -18,12 +18,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import ColumnElement, not_, or_, select, tuple_
+from sqlalchemy import ColumnElement, not_, select, tuple_
 
 from agent_store.db import codec
 from agent_store.db.database import Database
 from agent_store.db.tables import messages_t, sessions_t
-from agent_store.errors import InvalidValueError
+from agent_store.errors import InvalidValueError, NotEmbeddedError
 from agent_store.models import SearchHit, SearchPage
 from agent_store.search import query as keyword
 from agent_store.search.vectors import Embeddings
@@ -49,11 +49,15 @@ async def search(db: Database, embeddings: Embeddings, query_text: str, *, ranki
     if cursor is not None:
         raise InvalidValueError(f"{ranking} search returns one page (no cursor); ask for up to 100 hits with limit")
     codec.check_int(limit, "limit", low=1, high=101)  # at most 100 (the bound is exclusive)
-    parsed = keyword.parse(query_text)
+    where, parsed = keyword.scoped(**scope), keyword.parse(query_text)
     by_terms = None if ranking == "vector" else await keyword.search(db, query_text, limit=POOL, cursor=None, **scope)
     words = by_terms.items if by_terms is not None else []
-    where = _scope(**scope)
-    meaning = await embeddings.nearest(" ".join(parsed.terms), where, POOL)
+    try:
+        meaning = await embeddings.nearest(" ".join(parsed.terms), where, POOL)
+    except NotEmbeddedError:
+        if ranking == "vector":
+            raise
+        meaning, ranking = [], "keyword"  # no vectors yet: the words' ranking, and the page says so
     similar = {(sid, seq): score for sid, seq, score in meaning}
     by_words = [(h.session_id, h.seq) for h in words]  # already scoped and filtered by keyword search
     rows = await _rows(db, [k for k in similar if k not in set(by_words)], where, parsed)
@@ -71,24 +75,7 @@ async def search(db: Database, embeddings: Embeddings, query_text: str, *, ranki
         )  # fmt: skip
     best = sorted(fused, key=lambda k: (-fused[k], -hits[k].created_at.timestamp(), k))[:limit]
     items = [hits[k].model_copy(update={"score": round(fused[k], 6), "similarity": similar.get(k)}) for k in best]
-    return SearchPage(items=items, next_cursor=None)
-
-
-def _scope(*, user_id: str | None, session_id: str | None, agent_id: str | None, exclude_session_id: str | None,
-           visible_to_agent: str | None, all_users: bool) -> list[ColumnElement[bool]]:  # fmt: skip
-    """keyword search's filters on agent_sessions (query.py checks the same ids the same way)."""
-    if all_users and user_id is not None:
-        raise InvalidValueError("search takes user_id or all_users=True, not both")
-    codec.check_id(user_id, "user_id", required=not all_users)
-    for value in (session_id, agent_id, exclude_session_id, visible_to_agent):
-        codec.check_id(value, "an id")
-    where: list[ColumnElement[bool]] = [] if all_users else [S.user_id == user_id]
-    where += [S.id == session_id] if session_id is not None else []
-    where += [S.agent_id == agent_id] if agent_id is not None else []
-    where += [S.id != exclude_session_id] if exclude_session_id is not None else []
-    if visible_to_agent is not None:
-        where.append(or_(S.agent_id.is_(None), S.agent_id == visible_to_agent))
-    return where
+    return SearchPage(items=items, next_cursor=None, ranking=ranking)
 
 
 async def _rows(db: Database, keys: list[tuple[str, int]], where: list[ColumnElement[bool]],

@@ -192,16 +192,34 @@ def snippet(text: str, query: Query) -> tuple[str, list[tuple[int, int]]]:
     return lead + text[start:end] + ("…" if end < len(text) else ""), marks
 
 
+def scoped(*, user_id: str | None, session_id: str | None, agent_id: str | None, exclude_session_id: str | None,
+           visible_to_agent: str | None, all_users: bool) -> list[ColumnElement[bool]]:  # fmt: skip
+    """A search's scope, as conditions on agent_sessions: one user's sessions (or, for an operator, everyone's),
+    narrowed to a session or an agent, without the current session, and only what ``visible_to_agent`` may open
+    (its own sessions and unbound ones). Keyword and vector ranking both read through it (hybrid.py)."""
+    if all_users and user_id is not None:
+        raise InvalidValueError("search takes user_id or all_users=True, not both")
+    codec.check_id(user_id, "user_id", required=not all_users)
+    ids = {"session_id": session_id, "agent_id": agent_id, "exclude_session_id": exclude_session_id,
+           "visible_to_agent": visible_to_agent}  # fmt: skip
+    for name, value in ids.items():
+        codec.check_id(value, name)
+    where: list[ColumnElement[bool]] = [] if all_users else [S.user_id == user_id]
+    where += [S.id == session_id] if session_id is not None else []
+    where += [S.agent_id == agent_id] if agent_id is not None else []
+    where += [S.id != exclude_session_id] if exclude_session_id is not None else []
+    if visible_to_agent is not None:
+        where.append(or_(S.agent_id.is_(None), S.agent_id == visible_to_agent))
+    return where
+
+
 async def search(
     db: Database, query_text: str, *, user_id: str | None, session_id: str | None, agent_id: str | None, limit: int,
     cursor: str | None, exclude_session_id: str | None = None, visible_to_agent: str | None = None,
     all_users: bool = False,
 ) -> SearchPage:  # fmt: skip
-    if all_users and user_id is not None:
-        raise InvalidValueError("search takes user_id or all_users=True, not both")
-    codec.check_id(user_id, "user_id", required=not all_users)
-    codec.check_id(session_id, "session_id")
-    codec.check_id(agent_id, "agent_id")
+    scope = scoped(user_id=user_id, session_id=session_id, agent_id=agent_id,
+                   exclude_session_id=exclude_session_id, visible_to_agent=visible_to_agent, all_users=all_users)
     codec.check_int(limit, "limit", low=1, high=1001)
     query = parse(query_text)
     after = _decode(cursor) if cursor is not None else None
@@ -209,14 +227,8 @@ async def search(
         dialect = conn.dialect.name
         rank = sum((case((matches(t, dialect), 1), else_=0) for t in query.terms), literal(0))
         # Scoped to the user before anything is ranked, counted or limited (an operator may search everyone's).
-        where = [] if all_users else [S.user_id == user_id]
-        where += [or_(*(matches(t, dialect) for t in clause)) for clause in query.clauses]
+        where = [*scope, *(or_(*(matches(t, dialect) for t in clause)) for clause in query.clauses)]
         where += [not_(matches(t, dialect)) for t in query.excluded]
-        where += [S.id == session_id] if session_id is not None else []
-        where += [S.agent_id == agent_id] if agent_id is not None else []
-        where += [S.id != exclude_session_id] if exclude_session_id is not None else []
-        if visible_to_agent is not None:  # what that agent may open: its own sessions and unbound ones
-            where.append(or_(S.agent_id.is_(None), S.agent_id == visible_to_agent))
         shown = (M.session_id, M.seq, M.role, M.author_name, M.created_at, M.text, M.excluded, M.summarized_by)
         hits = (
             select(*shown, S.title, S.user_id, rank.label("rank"))

@@ -39,7 +39,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 
 from agent_store.db.database import Database
 from agent_store.db.tables import messages_t, profiles_t, sessions_t, vectors_t
-from agent_store.errors import ConfigurationError, EmbeddingProfileError, InvalidValueError
+from agent_store.errors import ConfigurationError, EmbeddingProfileError, InvalidValueError, NotEmbeddedError
 
 if TYPE_CHECKING:  # numpy and the embedders load with the first embedder: a store without one never needs them
     from agent_store.search.embedders import Embedder
@@ -117,13 +117,19 @@ class Embeddings:
             raise ConfigurationError("a store with a message_cipher keeps no text to embed: hybrid search is off")
         pid = await self.profile_id(create=True)
         assert pid is not None  # made above
-        done, after = 0, None
+        # Sweeps in key order. A message a sweep passes without a vector (a writer held its row, its text changed
+        # meanwhile) the next sweep takes; a sweep that wrote nothing ends it (what is left is held: next time).
+        done, after, wrote, missed = 0, None, 0, 0
         while limit is None or done < limit:
             rows = await self._pending(pid, after, min(batch_size, limit - done) if limit else batch_size)
             if not rows:
-                break
+                if not missed or not wrote:
+                    break
+                after, wrote, missed = None, 0, 0
+                continue
             vectors = await embed_checked(embedder, [r.text for r in rows])  # no transaction is open here
-            done += await self._write(pid, rows, pack(vectors))
+            written = await self._write(pid, rows, pack(vectors))
+            done, wrote, missed = done + written, wrote + written, missed + len(rows) - written
             after = (rows[-1].session_id, rows[-1].seq)
             if progress is not None:
                 progress(len(rows))
@@ -165,7 +171,7 @@ class Embeddings:
         pid = await self.profile_id(create=False)
         if pid is None:
             await self._refuse_other_profiles()
-            return []
+            raise self._not_embedded()
         query = self._queries.pop(query_text, None)  # kept for the next page, the next ranking, the same question
         if query is None:
             query = unit(await embed_checked(embedder, [query_text], query=True))
@@ -178,6 +184,8 @@ class Embeddings:
             if conn.dialect.name == "postgresql":  # see NO_PARALLEL
                 await conn.execute(NO_PARALLEL)
             rows = (await conn.execute(scan)).all()
+            if not rows and (await conn.execute(select(V.seq).where(V.profile_id == pid).limit(1))).first() is None:
+                raise self._not_embedded()
         if not rows:
             return []
         vectors = unpack([r.vec for r in rows], embedder.profile.dimensions)
@@ -189,6 +197,10 @@ class Embeddings:
         scores = unit(vectors - center) @ unit(query - center)[0]
         best = np.argsort(-scores, kind="stable")[:k]
         return [(rows[i].session_id, rows[i].seq, float(scores[i])) for i in best]
+
+    def _not_embedded(self) -> NotEmbeddedError:
+        return NotEmbeddedError(f"no message has a vector in profile {self._need().profile.name!r} yet: run "
+                                "`agent-store embed` (or store.embeddings.backfill()) first")
 
     async def _refuse_other_profiles(self) -> None:
         used = exists().where(V.profile_id == P.id)  # a profile with vectors: one a failed backfill made is not
@@ -202,15 +214,18 @@ class Embeddings:
 
 def _write_postgresql() -> Any:
     """One statement for the whole batch: its arrays unnested and joined to the messages holding the same text,
-    which it locks (``FOR SHARE``). A change of their text or a delete in flight is waited for, then the join is
-    checked again on the row as it is now (no vector, no foreign-key error); one that comes later waits for this
-    commit, then its trigger or cascade removes the vector."""
+    which it locks (``FOR SHARE``) in key order. A message a writer holds (a change of its text, a delete, a
+    commit's rewrite of its marks in flight) is skipped, never waited for: the backfill holds up no writer beyond
+    this statement and waits for none, so it is never one side of a deadlock (the next sweep takes what it
+    skipped). A change that comes after the lock waits for this commit, then its trigger or cascade removes the
+    vector: no vector outlives the text it was made from."""
     batch = func.unnest(cast(bindparam("sids"), ARRAY(String)), cast(bindparam("seqs"), ARRAY(Integer)),
                         cast(bindparam("texts"), ARRAY(Text)), cast(bindparam("vecs"), ARRAY(LargeBinary)),
                         ).table_valued("sid", "seq", "text", "vec").render_derived()  # fmt: skip
     same = (M.session_id == batch.c.sid) & (M.seq == batch.c.seq) & (M.text == batch.c.text)
     rows = (select(M.session_id, M.seq, cast(bindparam("pid"), Integer), batch.c.vec)
-            .select_from(batch.join(messages_t, same)).with_for_update(read=True, of=messages_t))  # fmt: skip
+            .select_from(batch.join(messages_t, same)).order_by(M.session_id, M.seq)
+            .with_for_update(read=True, of=messages_t, skip_locked=True))  # fmt: skip
     insert = postgresql.insert(vectors_t).from_select(["session_id", "seq", "profile_id", "vec"], rows)
     return insert.on_conflict_do_nothing().returning(vectors_t.c.seq)
 
