@@ -62,17 +62,14 @@ class Store:
         message_cipher: message_rows.MessageCipher | None = None,
         check_schema: bool = True,
         embedder: Embedder | str | None = None,
+        operator: bool = False,
     ) -> None:
         codec.check_id(app_id, "app_id", required=True)
         if type(max_value_bytes) is not int or max_value_bytes < 1024:
             raise InvalidValueError(f"max_value_bytes must be an int of at least 1024, not {max_value_bytes!r}")
-        settings = Settings(
-            app_id=app_id,
-            idle_ttl_seconds=codec.check_ttl(idle_ttl, "idle_ttl"),
-            max_value_bytes=max_value_bytes,
-            message_cipher=message_cipher,
-        )
-        self.db = Database(engine, settings, check_schema=check_schema)
+        settings = Settings(app_id=app_id, idle_ttl_seconds=codec.check_ttl(idle_ttl, "idle_ttl"),
+                            max_value_bytes=max_value_bytes, message_cipher=message_cipher, operator=operator is True)
+        self.db = Database(engine, settings, check_schema=check_schema)  # operator: docs/row-security.md
         self.engine = engine
         self.usage = UsageLedger(self.db)  # the usage ledger's reports, budgets and prices
         self.embeddings = Embeddings(self.db, embedder)  # search by meaning: search/vectors.py
@@ -82,7 +79,7 @@ class Store:
         """Open a store on ``url``; without one, ``$AGENT_STORE_URL``, else ``sqlite+aiosqlite:///agent_store.db``.
 
         Keyword options go to :class:`Store` (``app_id``, ``idle_ttl``, ``max_value_bytes``, ``message_cipher``,
-        ``check_schema``) or, for any other name, to ``create_async_engine`` (``pool_size``, ``echo``, ...).
+        ``check_schema``, ``embedder``, ``operator``) or, for any other name, to ``create_async_engine``.
         ``replica_url`` sends listings, transcript pages, exports and stats to a read replica (runs always
         load and commit on the primary). No connection is made here.
 
@@ -92,7 +89,7 @@ class Store:
         """
         store_options = {
             k: options.pop(k)
-            for k in ("app_id", "idle_ttl", "max_value_bytes", "message_cipher", "check_schema", "embedder")
+            for k in ("app_id", "idle_ttl", "max_value_bytes", "message_cipher", "check_schema", "embedder", "operator")
             if k in options
         }
         replica_url = options.pop("replica_url", None)

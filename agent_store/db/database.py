@@ -17,7 +17,7 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from agent_store.db import codec, message_rows
+from agent_store.db import codec, message_rows, tenancy
 from agent_store.db.connections import checkout, once_more_if_dropped, quietly
 from agent_store.db.driver_path import DriverPath
 from agent_store.db.engine import (
@@ -51,6 +51,7 @@ class Settings:
     idle_ttl_seconds: int | None = None
     max_value_bytes: int = codec.DEFAULT_MAX_VALUE_BYTES
     message_cipher: message_rows.MessageCipher | None = None
+    operator: bool = False  # cross-user work under row-level security: its role must bypass it (tenancy.py)
 
 
 class Database:
@@ -81,6 +82,7 @@ class Database:
             self._writer = engine
             self._single = engine.execution_options(isolation_level="AUTOCOMMIT")
         self._replica: AsyncEngine | None = None
+        self.row_security, self._tenancy_known = False, self.dialect != "postgresql"  # read at first use
         self._check = check_schema
         self._schema_ok = self._replica_schema_ok = not check_schema
         self.driver = DriverPath(engine.dialect)  # a run's load and commit, straight on the driver
@@ -136,6 +138,8 @@ class Database:
             conn = await checkout(source)
             try:
                 await conn.begin()
+                if self.row_security:
+                    await conn.execute(tenancy.NAME, {**tenancy.named(), "app": self.settings.app_id})
                 yield conn
                 if committing is not None:
                     committing()
@@ -166,6 +170,9 @@ class Database:
     ) -> list[Any]:
         with translated(self.url, doing):
             await self.check_schema()
+            if self.row_security:  # in a transaction that names its user (tenancy.py): BEGIN, the name, COMMIT
+                async with self.transaction(write=True, doing=doing, committing=committing) as held:
+                    return await self.driver.fetch(held, statement, params, lost=self.lost(doing))
             conn = await checkout(self._single)
             lost = self.lost(doing)
             try:
@@ -216,6 +223,8 @@ class Database:
             try:
                 await conn.begin()
                 if self.dialect == "postgresql":
+                    if self.row_security:
+                        await conn.execute(tenancy.NAME, {**tenancy.named(), "app": self.settings.app_id})
                     await conn.execute(select(func.pg_advisory_xact_lock(SESSION_LOCK, func.hashtext(session_id))))
             except BaseException:
                 await quietly(conn.close, "returning a connection")
@@ -223,6 +232,8 @@ class Database:
             return conn
 
     async def check_schema(self, *, replica: bool = False) -> None:
+        if not self._tenancy_known:
+            await self._know_tenancy()
         if replica and self._replica is not None:
             if not self._replica_schema_ok:
                 with translated(self._replica.url, "checking the replica's schema"):
@@ -235,6 +246,19 @@ class Database:
                 async with self.engine.connect() as conn:
                     await check_schema(conn, self.url)
             self._schema_ok = True
+
+    async def _know_tenancy(self) -> None:
+        """Whether row-level security is on, and so whether each transaction must name its user. Refuses a role
+        that would bypass it (a superuser, BYPASSRLS) unless the store is an operator's, and an operator's store
+        whose role would not bypass it (its cross-user work would see nothing)."""
+        with translated(self.url, "reading whether row-level security is on"):
+            async with self.engine.connect() as conn:
+                row = (await conn.execute(tenancy.STATUS)).first()
+        if row is not None and row.enabled:
+            if row.bypasses != self.settings.operator:
+                raise ConfigurationError(tenancy.refusal(row.role, operator=self.settings.operator))
+            self.row_security = not row.bypasses
+        self._tenancy_known = True
 
     async def alembic(self, verb: str, revision: str) -> None:
         """``upgrade`` / ``downgrade`` with the shipped migrations; never a silent no-op in the wrong direction."""
@@ -272,6 +296,7 @@ class Database:
 
                 await conn.run_sync(run)
         self._schema_ok = self._replica_schema_ok = not self._check  # checked again, if it was checked at all
+        self._tenancy_known = self.dialect != "postgresql"
 
     async def revision(self) -> str | None:
         """The schema revision, None for none (also a SQLite path with no database yet: nothing is created)."""

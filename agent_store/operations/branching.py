@@ -20,7 +20,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql import UUID
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from agent_store.db import codec, message_rows, rewrites
+from agent_store.db import codec, message_rows, rewrites, tenancy
 from agent_store.db.cut_points import GONE, cut_points
 from agent_store.db.database import Database
 from agent_store.db.statements import lock_user, new_stamp, not_found
@@ -74,6 +74,7 @@ async def _paired_cut(conn: AsyncConnection, session_id: str, cut: int) -> int:
         cut = int(split) - 1
 
 
+@tenancy.for_user
 async def truncate(db: Database, session_id: str, user_id: str | None, after_seq: int) -> int:
     """Drop messages after ``after_seq`` (lowered to keep tool calls with their results); returns how many."""
     async with db.transaction(write=True, doing="truncating a session") as conn:
@@ -93,6 +94,7 @@ async def truncate(db: Database, session_id: str, user_id: str | None, after_seq
     return int(removed)
 
 
+@tenancy.for_user
 async def fork(db: Database, session_id: str, user_id: str | None, at_seq: int | None, new_id: str) -> str:
     """Copy a session's messages up to ``at_seq`` (kept paired) and its state into a new session of the same user."""
     codec.check_id(new_id, "new_id", required=True)
@@ -207,6 +209,7 @@ async def _copy(conn: AsyncConnection, table: Any, source_id: str, new_id: str, 
     await conn.execute(insert(table).from_select(["session_id", *[c.name for c in columns]], query))
 
 
+@tenancy.for_user
 async def branch(db: Database, session_id: str, user_id: str | None, at_seq: int | None, new_id: str) -> str:
     """A branch of a session at ``at_seq`` (kept paired): a new session of the same user whose history up to there
     is the source's, read through it (0017), never copied; the source's own state keys copied, fresh stamps."""
@@ -241,6 +244,7 @@ async def branch(db: Database, session_id: str, user_id: str | None, at_seq: int
     return new_id
 
 
+@tenancy.for_user
 async def tree(db: Database, session_id: str, user_id: str | None) -> list[TreeNode]:
     """The tree from ``session_id`` down (README's "response-tree" query, from one session instead of a user's)."""
     top = select(S.id, S.base_id, S.base_seq, literal(0).label("depth")).where(*owned(session_id, user_id))

@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, and_, delete, func, literal, or_, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from agent_store.db import codec, message_rows
+from agent_store.db import codec, message_rows, tenancy
 from agent_store.db.cut_points import cut_points
 from agent_store.db.database import Database
 from agent_store.db.scopes import owner_is
@@ -95,6 +95,7 @@ def _decode_cursor(cursor: str) -> tuple[datetime, str]:
         raise InvalidValueError("cursor is not one this store handed out") from exc
 
 
+@tenancy.for_user
 async def list_sessions(
     db: Database,
     *,
@@ -140,6 +141,7 @@ async def list_sessions(
     )
 
 
+@tenancy.for_user
 async def get(db: Database, session_id: str, user_id: str | None) -> SessionInfo:
     async with db.transaction(write=False, replica=True, doing="reading a session") as conn:
         row = (await conn.execute(select(*_INFO_COLUMNS).where(*owned(session_id, user_id)))).first()
@@ -148,6 +150,7 @@ async def get(db: Database, session_id: str, user_id: str | None) -> SessionInfo
     return info(row)
 
 
+@tenancy.for_user
 async def messages(
     db: Database, session_id: str, user_id: str | None, after_seq: int, limit: int, *, sealed_ok: bool = False
 ) -> list[MessageRecord]:
@@ -180,6 +183,7 @@ async def _change(db: Database, doing: str, session_id: str, user_id: str | None
         raise not_found(session_id, user_id)
 
 
+@tenancy.for_user
 async def update_info(db: Database, session_id: str, user_id: str | None, changes: dict[str, Any]) -> None:
     values: dict[str, Any] = {"updated_at": datetime.now(UTC)}
     if "title" in changes:
@@ -208,10 +212,12 @@ async def update_info(db: Database, session_id: str, user_id: str | None, change
         await conn.execute(update(sessions_t).where(*owned(session_id, user_id)).values(**values))
 
 
+@tenancy.for_user
 async def close(db: Database, session_id: str, user_id: str | None) -> None:
     await _change(db, "closing a session", session_id, user_id, closed_at=datetime.now(UTC))
 
 
+@tenancy.for_user
 async def clear(db: Database, session_id: str, user_id: str | None) -> int:
     """Delete the session's messages (its state stays); returns how many were deleted."""
     async with db.transaction(write=True, doing="clearing a session") as conn:
@@ -232,6 +238,7 @@ async def clear(db: Database, session_id: str, user_id: str | None) -> int:
         return int((await conn.execute(delete(messages_t).where(messages_t.c.session_id == session_id))).rowcount)
 
 
+@tenancy.for_user
 async def delete_session(db: Database, session_id: str, user_id: str | None) -> bool:
     """Delete a session, and the branches that read their history through it (0017)."""
     async with db.transaction(write=True, doing="deleting a session") as conn:

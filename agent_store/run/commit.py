@@ -34,7 +34,7 @@ import agent_store.run.checked_commit as checked_commit
 import agent_store.run.commit_postgresql as commit_postgresql
 import agent_store.run.commit_sqlite as commit_sqlite
 import agent_store.telemetry as telemetry
-from agent_store.db import codec, ids, runlog
+from agent_store.db import codec, ids, runlog, tenancy
 from agent_store.db.database import Database
 from agent_store.db.ledger import ModelCall
 from agent_store.db.load_statement import POSITION_STEP
@@ -166,6 +166,7 @@ class Run:
             return ids.run_id()
         return self._key if self._commits == 0 else f"{self._key}#{self._commits + 1}"
 
+    @tenancy.for_its_user
     async def commit(self) -> CommitResult:
         """Write the run's new messages and changed state keys in one transaction.
 

@@ -15,7 +15,7 @@ from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 import agent_store.telemetry as telemetry
-from agent_store.db import codec, message_decode, message_rows
+from agent_store.db import codec, message_decode, message_rows, tenancy
 from agent_store.db import statements as sql
 from agent_store.db.database import Database
 from agent_store.db.load_statement import MESSAGE, POSITION_STEP, SESSION, load_statement
@@ -28,6 +28,7 @@ SEQ_MAX = 2**31 - 1  # seq is a 32-bit integer column
 MAX_REMEASURES = 3  # commits between a window's reads before it is read whole instead
 
 
+@tenancy.for_user
 async def load(
     db: Database, session_id: str, *, user_id: str | None, agent_id: str | None, history_limit: int | None,
     if_expired: str = "error", serialized: bool = False, run_id: str | None = None,

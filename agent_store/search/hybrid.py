@@ -20,7 +20,7 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, not_, select, tuple_
 
-from agent_store.db import codec
+from agent_store.db import codec, tenancy
 from agent_store.db.database import Database
 from agent_store.db.tables import messages_t, sessions_t
 from agent_store.errors import InvalidValueError, NotEmbeddedError
@@ -34,6 +34,7 @@ POOL = 50  # candidates taken from each list before fusion
 M, S = keyword.M, keyword.S
 
 
+@tenancy.for_user
 async def search(db: Database, embeddings: Embeddings, query_text: str, *, ranking: str, user_id: str | None,
                  session_id: str | None = None, agent_id: str | None = None, limit: int = 20,
                  cursor: str | None = None, exclude_session_id: str | None = None,

@@ -46,7 +46,7 @@ from sqlalchemy import (
     tuple_,
 )
 
-from agent_store.db import codec, text_match
+from agent_store.db import codec, tenancy, text_match
 from agent_store.db.database import Database
 from agent_store.db.tables import messages_t, sessions_t
 from agent_store.errors import InvalidValueError
@@ -213,6 +213,7 @@ def scoped(*, user_id: str | None, session_id: str | None, agent_id: str | None,
     return where
 
 
+@tenancy.for_user
 async def search(
     db: Database, query_text: str, *, user_id: str | None, session_id: str | None, agent_id: str | None, limit: int,
     cursor: str | None, exclude_session_id: str | None = None, visible_to_agent: str | None = None,

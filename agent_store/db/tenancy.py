@@ -1,0 +1,82 @@
+"""Row-level security's side in the library (issue 41; migration 0024): who a transaction acts for.
+
+When an operator has switched row-level security on (``agent-store rls on``), PostgreSQL admits only the rows of
+the user (and app) a transaction names, and a transaction that names no one sees nothing. The library names them
+at the start of every transaction it opens, the one-round-trip commit and a run's one-statement load included,
+with ``set_config(..., true)``: transaction-local, so it never outlives the transaction on a pooled connection
+(PgBouncer in transaction mode hands the server connection to another client after it).
+
+Who: the user of the call in progress, kept in a context variable that the user-scoped entry points set
+(:func:`for_user` on functions that take ``user_id``; a run's load and commit). Unset, the setting is empty: no
+rows, never every row.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import ParamSpec, TypeVar
+
+from sqlalchemy import text
+
+P = ParamSpec("P")
+R = TypeVar("R")
+acting: ContextVar[str | None] = ContextVar("agent_store_acting_user", default=None)
+NAME = text("SELECT set_config('agent_store.user_id', :user, true), set_config('agent_store.app_id', :app, true)")
+# Whether the switch is on (read on agent_sessions, the switch's first table), and whether this role is held to it.
+STATUS = text(
+    "SELECT c.relrowsecurity AS enabled, c.relforcerowsecurity AS forced, r.rolsuper OR r.rolbypassrls AS bypasses, "
+    "current_user AS role FROM pg_class c JOIN pg_roles r ON r.rolname = current_user "
+    "WHERE c.oid = to_regclass('agent_sessions')"
+)
+
+
+@contextmanager
+def acting_as(user_id: str | None) -> Iterator[None]:
+    """The transactions opened inside act for ``user_id`` (None: for no one)."""
+    token = acting.set(user_id)
+    try:
+        yield
+    finally:
+        acting.reset(token)
+
+
+def named() -> dict[str, str]:
+    """The parameters of :data:`NAME` for the call in progress (the app is added by the caller)."""
+    return {"user": acting.get() or ""}
+
+
+def for_user(function: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+    """Run an async function that takes ``user_id`` as acting for that user."""
+    position = list(inspect.signature(function).parameters).index("user_id")
+
+    @functools.wraps(function)
+    async def acting_for(*args: P.args, **kwargs: P.kwargs) -> R:
+        user = kwargs["user_id"] if "user_id" in kwargs else args[position] if len(args) > position else None
+        with acting_as(user if isinstance(user, str) else None):
+            return await function(*args, **kwargs)
+
+    return acting_for
+
+
+def for_its_user(method: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+    """Run an async method as acting for its object's ``user_id`` (a run's commit)."""
+
+    @functools.wraps(method)
+    async def acting_for(*args: P.args, **kwargs: P.kwargs) -> R:
+        with acting_as(getattr(args[0], "user_id", None)):
+            return await method(*args, **kwargs)
+
+    return acting_for
+
+
+def refusal(role: str, *, operator: bool) -> str:
+    if operator:
+        return (f"row-level security is on and role {role!r} is held to it: an operator's store (cross-user work) "
+                "needs a role with BYPASSRLS (docs/row-security.md)")
+    return (f"row-level security is on, but role {role!r} is a superuser or has BYPASSRLS, so the database would "
+            "not enforce it: connect as the application's role (docs/row-security.md), or open the store with "
+            "operator=True for cross-user work")

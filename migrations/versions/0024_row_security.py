@@ -1,0 +1,104 @@
+"""Row-level security on PostgreSQL, opt-in (issue 41): a policy on every table that holds a user's data, and
+``agent_store_row_security(on)``, the switch that enables (and forces) or disables them (``agent-store rls``).
+
+Each policy admits the rows of the user (and app) that the transaction names with
+``set_config('agent_store.user_id', ..., true)`` (and ``agent_store.app_id``): agent_store sets both at the start
+of each transaction once the switch is on (db/tenancy.py); a transaction that names no one sees no rows. The
+setting is read as ``(SELECT current_setting(...))``: evaluated once per statement, not per row. Tables keyed by
+session admit the rows of the named user's sessions (through ``agent_sessions``' primary key).
+
+The migration only creates policies and the switch; until the switch is on they do nothing, so code at 0023 runs
+unchanged (``oldest_code`` is left as it is). SQLite has no row-level security: nothing is made there.
+
+Revision ID: 0024
+Revises: 0023
+Create Date: 2026-12-05
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from alembic import op
+
+revision: str = "0024"
+down_revision: str | None = "0023"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+# The switch: every table a policy covers, enabled and forced (the tables' owner is held to them too), or not.
+_SWITCH = """CREATE FUNCTION agent_store_row_security(enabled boolean) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    t text;
+BEGIN
+    FOREACH t IN ARRAY ARRAY['agent_sessions', 'agent_messages', 'agent_message_marks', 'agent_branch_marks',
+        'agent_runs', 'agent_state', 'agent_state_history', 'agent_tool_calls', 'agent_message_vectors',
+        'agent_responses', 'agent_user_state', 'agent_app_state', 'agent_usage', 'agent_usage_budgets',
+        'agent_checkpoints', 'agent_checkpoint_workflows', 'agent_ui_snapshots', 'agent_streams',
+        'agent_stream_events', 'agent_hosted_responses', 'agent_hosted_items', 'agent_hosted_links',
+        'agent_erasures'] LOOP
+        IF enabled THEN
+            EXECUTE format('ALTER TABLE %I ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY', t);
+        ELSE
+            EXECUTE format('ALTER TABLE %I DISABLE ROW LEVEL SECURITY, NO FORCE ROW LEVEL SECURITY', t);
+        END IF;
+    END LOOP;
+END $$"""
+
+# One policy a table, FOR ALL: the rows it admits are the rows that can be read, changed or written.
+_POLICIES = """DO $$
+DECLARE
+    t text;
+BEGIN
+    CREATE POLICY agent_store_tenant ON agent_sessions
+        USING (user_id = (SELECT current_setting('agent_store.user_id', true)));
+    FOREACH t IN ARRAY ARRAY['agent_messages', 'agent_message_marks', 'agent_branch_marks', 'agent_runs',
+        'agent_state', 'agent_state_history', 'agent_tool_calls', 'agent_message_vectors', 'agent_responses'] LOOP
+        EXECUTE format('CREATE POLICY agent_store_tenant ON %I USING (EXISTS (SELECT 1 FROM agent_sessions s '
+            'WHERE s.id = %I.session_id AND s.user_id = (SELECT current_setting(''agent_store.user_id'', true))))',
+            t, t);
+    END LOOP;
+    FOREACH t IN ARRAY ARRAY['agent_user_state', 'agent_checkpoints', 'agent_checkpoint_workflows',
+        'agent_streams', 'agent_stream_events', 'agent_hosted_responses', 'agent_hosted_items',
+        'agent_hosted_links'] LOOP
+        EXECUTE format('CREATE POLICY agent_store_tenant ON %I '
+            'USING (user_id = (SELECT current_setting(''agent_store.user_id'', true)))', t);
+    END LOOP;
+    CREATE POLICY agent_store_tenant ON agent_app_state
+        USING (app_id = (SELECT current_setting('agent_store.app_id', true)));
+    CREATE POLICY agent_store_tenant ON agent_usage
+        USING (user_id = (SELECT current_setting('agent_store.user_id', true))
+               AND app_id = (SELECT current_setting('agent_store.app_id', true)));
+    CREATE POLICY agent_store_tenant ON agent_usage_budgets
+        USING ((scope = 'user' AND subject = (SELECT current_setting('agent_store.user_id', true)))
+               OR (scope = 'app' AND subject = (SELECT current_setting('agent_store.app_id', true))));
+    CREATE POLICY agent_store_tenant ON agent_ui_snapshots
+        USING (scope = (SELECT current_setting('agent_store.user_id', true)));
+    -- The erasure fence: a user's own line only (its key is the id's SHA-256, db/erasures.py).
+    CREATE POLICY agent_store_tenant ON agent_erasures
+        USING (user_key = (SELECT encode(sha256(convert_to(current_setting('agent_store.user_id', true),
+                                                            'UTF8')), 'hex')));
+END $$"""
+
+_DROP = """DO $$
+DECLARE
+    t text;
+BEGIN
+    PERFORM agent_store_row_security(false);
+    FOR t IN SELECT tablename FROM pg_policies WHERE policyname = 'agent_store_tenant' AND schemaname = current_schema()
+    LOOP
+        EXECUTE format('DROP POLICY agent_store_tenant ON %I', t);
+    END LOOP;
+END $$"""
+
+
+def upgrade() -> None:
+    if op.get_bind().dialect.name == "postgresql":
+        op.execute(_SWITCH)
+        op.execute(_POLICIES)
+
+
+def downgrade() -> None:
+    if op.get_bind().dialect.name == "postgresql":
+        op.execute(_DROP)
+        op.execute("DROP FUNCTION agent_store_row_security(boolean)")

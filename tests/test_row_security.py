@@ -1,0 +1,231 @@
+"""Row-level security (issue 41): plain SQL under the application's role sees only the rows of the user its
+transaction names, on every table the policies cover; the library names the user in every transaction, the
+one-round-trip commit and the one-statement load included; roles that would bypass the policies are refused at
+start-up; and a mutation run shows that every policy, FORCE and the library's naming are each caught when broken.
+
+PostgreSQL only: SQLite has no row-level security (its switch refuses, tested below on SQLite)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+from agent_framework import Agent
+from helpers import plain_dsn
+from rls_support import APP, COVERED, OWNER, Bed, fill, make_bed, read_bobs_rows, violations
+from sqlalchemy import text
+
+from agent_store import ConfigurationError, SessionNotFoundError, Store
+from agent_store.agent_framework import StoreHistoryProvider
+from agent_store.db import tenancy
+from agent_store.offline import OfflineChatClient
+
+
+@pytest.fixture
+async def bed(pg_url: str) -> AsyncIterator[Bed]:
+    yield await make_bed(pg_url)
+
+
+async def talk(store: Store, session_id: str, user: str, *turns: str) -> list[str]:
+    agent = Agent(client=OfflineChatClient(), name="Bot", context_providers=[StoreHistoryProvider(store)])
+    replies = []
+    for turn in turns:
+        async with store.session(session_id, user_id=user) as session:
+            replies.append((await agent.run(turn, session=session)).text)
+            session.state["turns"] = session.state.get("turns", 0) + 1
+    return replies
+
+
+async def library_violations(bed: Bed) -> list[str]:
+    """What the library gets wrong under the application's role: a user's run that fails or forgets, another
+    user's session read or written, or the user's name left on a pooled connection after its transaction.
+    (Carol and Dave: the filled tables' alice and bob have budgets of 0 tokens.)"""
+    found: list[str] = []
+    async with Store.from_url(bed.app_url, pool_size=1, max_overflow=0) as store:
+        try:
+            replies = await talk(store, "lib_carol", "carol", "my name is Ann", "what is my name?")
+            if "Ann" not in replies[-1]:
+                found.append(f"carol's session forgot her name: {replies[-1]!r}")
+        except Exception as exc:  # a mutant's failure is the finding
+            found.append(f"carol's run failed: {type(exc).__name__}: {exc}")
+        try:
+            if (await store.load("lib_carol", user_id="dave")).history:
+                found.append("dave read carol's messages")
+            await talk(store, "lib_carol", "dave", "my name is Mallory")
+            found.append("dave wrote into carol's session")
+        except SessionNotFoundError:
+            pass
+        except Exception as exc:
+            found.append(f"dave's run failed otherwise: {type(exc).__name__}")
+        async with store.engine.connect() as conn:  # the pool's one connection, after the library's transactions
+            left = (await conn.execute(text("SELECT current_setting('agent_store.user_id', true)"))).scalar()
+        if left:
+            found.append(f"the name {left!r} outlived its transaction on a pooled connection")
+    return found
+
+
+async def test_plain_sql_sees_only_the_named_users_rows_on_every_table(bed: Bed) -> None:
+    await fill(bed)
+    await read_bobs_rows(bed.admin_url)
+    admin = await asyncpg.connect(plain_dsn(bed.admin_url))
+    try:
+        for table in COVERED:  # the operator's role bypasses: both users' rows are there
+            assert await admin.fetchval(f'SELECT count(*) FROM "{table}"') == 2, table  # noqa: S608
+    finally:
+        await admin.close()
+    assert await violations(bed.app_url) == []
+    assert await violations(bed.owner_url) == []  # the tables' owner too (FORCE)
+
+
+async def test_an_agent_remembers_under_the_application_role_and_no_one_else_sees_it(bed: Bed) -> None:
+    async with Store.from_url(bed.app_url) as store:
+        assert store.db.row_security is False  # not known before the first transaction
+        replies = await talk(store, "s1", "alice", "my name is Ann", "what is my name?")
+        assert "Ann" in replies[-1] and store.db.row_security is True
+        await talk(store, "s2", "bob", "my name is Bob")
+        loaded = await store.load("s1", user_id="alice")
+        assert loaded.session.state["turns"] == 2
+        theirs = await store.load("s1", user_id="bob")  # the row is there, but not his: he sees nothing
+        assert theirs.history == [] and "turns" not in theirs.session.state
+        with pytest.raises(SessionNotFoundError, match="no session 's1' for user 'bob'"):
+            await talk(store, "s1", "bob", "my name is Mallory")  # and writes nothing into it
+        assert [s.id for s in (await store.list_sessions(user_id="alice")).items] == ["s1"]
+        assert [h.session_id for h in (await store.search("Ann", user_id="alice")).items] == ["s1"] * 3
+        assert (await store.search("Ann", user_id="bob")).items == []
+        assert len(await store.messages("s1", user_id="alice")) == 4
+        assert await store.fork("s1", user_id="alice", new_id="s1b") == "s1b"
+        assert await store.delete("s1b", user_id="alice")
+        with pytest.raises(SessionNotFoundError):
+            await store.get("s2", user_id="alice")
+    plain = await asyncpg.connect(plain_dsn(bed.app_url))
+    try:
+        assert await plain.fetchval("SELECT count(*) FROM agent_messages") == 0  # no name, no rows
+        async with plain.transaction():
+            await plain.execute("SELECT set_config('agent_store.user_id', 'bob', true)")
+            assert await plain.fetchval("SELECT count(*) FROM agent_messages") == 2
+            assert await plain.fetchval("SELECT count(*) FROM agent_sessions") == 1
+    finally:
+        await plain.close()
+    assert await library_violations(bed) == []
+
+
+async def test_roles_that_would_bypass_the_policies_are_refused_at_start_up(bed: Bed) -> None:
+    async with Store.from_url(bed.app_url) as store:
+        await talk(store, "s1", "alice", "my name is Ann")
+    async with Store.from_url(bed.admin_url) as superuser:  # a superuser, not said to be an operator
+        with pytest.raises(ConfigurationError, match="superuser or has BYPASSRLS") as refused:
+            await superuser.list_sessions(user_id="alice")
+        assert "postgres" in str(refused.value)
+    async with Store.from_url(bed.admin_url, operator=True) as operator:  # cross-user work: sees every user
+        assert [s.id for s in (await operator.list_sessions(all_users=True)).items] == ["s1"]
+    async with Store.from_url(bed.app_url, operator=True) as wrong:
+        with pytest.raises(ConfigurationError, match="needs a role with BYPASSRLS"):
+            await wrong.list_sessions(all_users=True)
+
+
+async def test_the_switch_from_the_command_line(bed: Bed, tmp_path: Path) -> None:
+    from cli_support import cli, ok
+
+    assert "on (forced); 23 tables with the policy" in ok(cli("rls", "status", url=bed.owner_url, cwd=tmp_path))
+    assert f"role {OWNER} is held to it" in ok(cli("rls", "status", url=bed.owner_url, cwd=tmp_path))
+    async with Store.from_url(bed.app_url) as store:
+        await talk(store, "s1", "alice", "my name is Ann")
+    plain = await asyncpg.connect(plain_dsn(bed.app_url))
+    try:
+        assert "row-level security: off" in ok(cli("rls", "off", url=bed.owner_url, cwd=tmp_path))
+        assert await plain.fetchval("SELECT count(*) FROM agent_sessions") == 1  # off: the grants alone
+        assert "on (forced)" in ok(cli("rls", "on", url=bed.owner_url, cwd=tmp_path))
+        assert await plain.fetchval("SELECT count(*) FROM agent_sessions") == 0
+    finally:
+        await plain.close()
+    refused = cli("rls", "off", url=bed.app_url, cwd=tmp_path)  # not the owner: PostgreSQL refuses
+    assert refused.returncode != 0 and "owner" in refused.stderr
+    sqlite = cli("rls", "on", url=f"sqlite:///{tmp_path}/s.db", cwd=tmp_path)
+    assert sqlite.returncode != 0
+
+
+def mutants() -> list[tuple[str, str, str]]:
+    """(name, SQL that breaks, SQL that mends), run by the tables' owner: each table's policy dropped,
+    admitting every row, writing every row; the table's row-level security disabled, or not forced."""
+    found = []
+    for table in COVERED:
+        t = '"' + table + '"'
+        found += [
+            (f"{table}: policy dropped", f"DROP POLICY agent_store_tenant ON {t}", "CREATE POLICY"),
+            (f"{table}: policy admits every row", f"ALTER POLICY agent_store_tenant ON {t} USING (true)", "USING"),
+            (f"{table}: policy lets any row be written", f"ALTER POLICY agent_store_tenant ON {t} WITH CHECK (true)",
+             "WITH CHECK"),
+            (f"{table}: row-level security disabled", f"ALTER TABLE {t} DISABLE ROW LEVEL SECURITY",
+             f"ALTER TABLE {t} ENABLE ROW LEVEL SECURITY"),
+            (f"{table}: not forced", f"ALTER TABLE {t} NO FORCE ROW LEVEL SECURITY",
+             f"ALTER TABLE {t} FORCE ROW LEVEL SECURITY"),
+        ]  # fmt: skip
+    return found
+
+
+LIBRARY_MUTANTS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
+    "the library names no user": lambda mp: mp.setattr(tenancy, "named", lambda: {"user": ""}),
+    "the name is set for the session, not the transaction": lambda mp: mp.setattr(tenancy, "NAME", text(
+        "SELECT set_config('agent_store.user_id', :user, false), set_config('agent_store.app_id', :app, false)"))
+}  # fmt: skip
+
+
+async def test_the_mutation_run_catches_every_mutant(bed: Bed, monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    await fill(bed)
+    await read_bobs_rows(bed.admin_url)
+
+    async def caught() -> list[str]:
+        return [*await violations(bed.app_url), *await violations(bed.owner_url), *await library_violations(bed)]
+
+    assert await caught() == []  # unbroken, nothing is found
+    owner = await asyncpg.connect(plain_dsn(bed.owner_url))
+    killed, survivors = 0, []
+    try:
+        for name, breaks, mends in mutants():
+            table = name.split(":")[0]
+            qual = await owner.fetchval("SELECT qual FROM pg_policies WHERE policyname = 'agent_store_tenant' "
+                                        "AND tablename = $1", table)  # fmt: skip
+            await owner.execute(breaks)
+            found = await caught()
+            await owner.execute(_mend(mends, table, qual))
+            killed, survivors = (killed + 1, survivors) if found else (killed, [*survivors, name])
+        for name, apply in LIBRARY_MUTANTS.items():
+            with monkeypatch.context() as patch:
+                apply(patch)
+                found = await caught()
+            killed, survivors = (killed + 1, survivors) if found else (killed, [*survivors, name])
+        assert await caught() == []  # every mutant mended
+    finally:
+        await owner.close()
+    total = len(mutants()) + len(LIBRARY_MUTANTS)
+    with capsys.disabled():
+        print(f"\nrow-level security mutation run: {killed} of {total} mutants killed")
+    assert survivors == [] and killed == total == 117
+
+
+def _mend(mends: str, table: str, qual: str) -> str:
+    t = '"' + table + '"'
+    if mends == "CREATE POLICY":
+        return f"CREATE POLICY agent_store_tenant ON {t} USING ({qual})"
+    if mends in ("USING", "WITH CHECK"):  # a FOR ALL policy checks writes with USING when it has no WITH CHECK
+        return f"DROP POLICY agent_store_tenant ON {t}; CREATE POLICY agent_store_tenant ON {t} USING ({qual})"
+    return mends
+
+
+async def test_concurrent_users_never_see_each_others_rows_through_one_pool(bed: Bed) -> None:
+    """Two users' runs interleaved on a pool of two connections: each transaction names its own user."""
+    async with Store.from_url(bed.app_url, pool_size=2, max_overflow=0) as store:
+
+        async def user(name: str) -> list[Any]:
+            return [await talk(store, f"{name}_{i}", name, f"my name is {name.title()}", "what is my name?")
+                    for i in range(4)]  # fmt: skip
+
+        alice, bob = await asyncio.gather(user("alice"), user("bob"))
+        assert all("Alice" in r[-1] for r in alice) and all("Bob" in r[-1] for r in bob)
+        assert {s.id for s in (await store.list_sessions(user_id="bob")).items} == {f"bob_{i}" for i in range(4)}
+    assert APP in bed.app_url
