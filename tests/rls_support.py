@@ -26,6 +26,7 @@ COVERED = ["agent_sessions", "agent_messages", "agent_message_marks", "agent_bra
            "agent_user_state", "agent_app_state", "agent_usage", "agent_usage_budgets", "agent_checkpoints",
            "agent_checkpoint_workflows", "agent_ui_snapshots", "agent_streams", "agent_stream_events",
            "agent_hosted_responses", "agent_hosted_items", "agent_hosted_links", "agent_erasures"]  # fmt: skip
+VIEWS = ["agent_transcript", "agent_model_view", "agent_usage_daily"]
 ROLES_SQL = f"""DO $$ BEGIN
     CREATE ROLE {OWNER} LOGIN NOSUPERUSER NOBYPASSRLS;
 EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$;
@@ -65,6 +66,12 @@ async def make_bed(pg_url: str) -> Bed:
         await owner_conn.execute("SELECT agent_store_row_security(true)")
     finally:
         await owner_conn.close()
+    admin = await asyncpg.connect(plain_dsn(pg_url))
+    try:  # the views owned by a role that bypasses the policies, as the documented operator's role owns them
+        for view in VIEWS:
+            await admin.execute(f'ALTER VIEW "{view}" OWNER TO CURRENT_USER; GRANT SELECT ON "{view}" TO {OWNER}')
+    finally:
+        await admin.close()
     return bed
 
 
@@ -144,6 +151,11 @@ async def violations(url: str) -> list[str]:
                     found.append(f"{table}: {n} rows named alice (her 1 expected)")
             if not await _bobs_row_refused(conn, table, ident):
                 found.append(f"{table}: a row of bob's written while alice is named")
+        for view in VIEWS:  # read as the one who asks (security invoker): the tables' policies hold
+            ident = '"' + view + '"'
+            async with conn.transaction():
+                if (n := await conn.fetchval(f"SELECT count(*) FROM {ident}")) != 0:  # noqa: S608 - names from VIEWS
+                    found.append(f"{view}: {n} rows with no user named")
     finally:
         await conn.close()
     return found

@@ -143,6 +143,7 @@ def open_store(url: str | None, *, creates: bool = False, **options: Any) -> Sto
             )
         if not Path(path).absolute().parent.is_dir():
             raise ConfigurationError(f"cannot create a SQLite database at {path}: its folder does not exist")
+    options.setdefault("operator", True)  # the CLI is an operator's tool: under row-level security, a bypassing role
     return Store.from_url(resolved, **options)
 
 

@@ -7,6 +7,7 @@ of each transaction once the switch is on (db/tenancy.py); a transaction that na
 setting is read as ``(SELECT current_setting(...))``: evaluated once per statement, not per row. Tables keyed by
 session admit the rows of the named user's sessions (through ``agent_sessions``' primary key).
 
+Views become security invokers' (they read as whoever queries them, so the policies apply to them too).
 The migration only creates policies and the switch; until the switch is on they do nothing, so code at 0023 runs
 unchanged (``oldest_code`` is left as it is). SQLite has no row-level security: nothing is made there.
 
@@ -92,13 +93,27 @@ BEGIN
 END $$"""
 
 
+# A view reads its tables as its owner unless it is a security invoker's: owned by the operator's role (which
+# bypasses the policies), each would show every user's rows to anyone allowed to read it.
+_INVOKER = ["ALTER VIEW agent_transcript SET (security_invoker = true)",
+            "ALTER VIEW agent_model_view SET (security_invoker = true)",
+            "ALTER VIEW agent_usage_daily SET (security_invoker = true)"]  # fmt: skip
+_DEFINER = ["ALTER VIEW agent_transcript RESET (security_invoker)",
+            "ALTER VIEW agent_model_view RESET (security_invoker)",
+            "ALTER VIEW agent_usage_daily RESET (security_invoker)"]  # fmt: skip
+
+
 def upgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":
         op.execute(_SWITCH)
         op.execute(_POLICIES)
+        for statement in _INVOKER:
+            op.execute(statement)
 
 
 def downgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":
+        for statement in _DEFINER:
+            op.execute(statement)
         op.execute(_DROP)
         op.execute("DROP FUNCTION agent_store_row_security(boolean)")
