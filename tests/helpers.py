@@ -28,6 +28,7 @@ DOC_PAGES = (
     "docs/reliability.md",
     "docs/performance.md",
     "docs/usage.md",
+    "docs/row-security.md",
 )
 
 

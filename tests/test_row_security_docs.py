@@ -1,0 +1,65 @@
+"""docs/row-security.md's set-up, run as written (role and database names made the test's own): the superuser's
+roles, the operator's migration, switch and grants, then the application's runs held to the policies and the
+operator's cross-user view. Not in the PgBouncer pass: its roles are not in that pass's user list."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import asyncpg
+from cli_support import cli, ok
+from helpers import doc_block, plain_dsn
+from sqlalchemy.engine import make_url
+from test_row_security import talk
+
+from agent_store import Store
+
+PAGE = "docs/row-security.md"
+
+
+async def test_the_documented_set_up_holds_the_application_to_the_policies(pg_url: str, tmp_path: Path) -> None:
+    database = make_url(pg_url).database
+    assert database is not None
+    operator, app = f"op_{database}", f"app_{database}"  # cluster-wide names: the test's own, dropped after
+
+    def ours(sql: str) -> str:
+        return (sql.replace("agent_store_operator", operator).replace("agent_store_app", app)
+                .replace("DATABASE agents", f'DATABASE "{database}"'))  # fmt: skip
+
+    admin = await asyncpg.connect(plain_dsn(pg_url))
+    try:
+        await admin.execute(ours(doc_block(PAGE, "rls-roles", "pgsql")))
+        operator_url = make_url(pg_url).set(username=operator).render_as_string(hide_password=False)
+        app_url = make_url(pg_url).set(username=app).render_as_string(hide_password=False)
+        ok(cli("upgrade", url=operator_url, cwd=tmp_path))
+        assert "on (forced); 23 tables" in ok(cli("rls", "on", url=operator_url, cwd=tmp_path))
+        as_operator = await asyncpg.connect(plain_dsn(operator_url))
+        try:
+            await as_operator.execute(ours(doc_block(PAGE, "rls-grants", "pgsql")))
+        finally:
+            await as_operator.close()
+        async with Store.from_url(app_url) as store:
+            assert "Ann" in (await talk(store, "s1", "alice", "my name is Ann", "what is my name?"))[-1]
+            await talk(store, "s2", "bob", "my name is Bob")
+            assert [s.id for s in (await store.list_sessions(user_id="alice")).items] == ["s1"]
+        plain = await asyncpg.connect(plain_dsn(app_url))
+        try:
+            assert await plain.fetchval("SELECT count(*) FROM agent_transcript") == 0  # no name, nothing
+        finally:
+            await plain.close()
+        async with Store.from_url(operator_url, operator=True) as everyone:
+            assert {s.id for s in (await everyone.list_sessions(all_users=True)).items} == {"s1", "s2"}
+        assert f"role {operator} bypasses it" in ok(cli("rls", "status", url=operator_url, cwd=tmp_path))
+    finally:
+        try:
+            await admin.execute(f'ALTER DATABASE "{database}" OWNER TO CURRENT_USER')
+            in_database = await asyncpg.connect(plain_dsn(pg_url))
+            try:
+                await in_database.execute(f"REASSIGN OWNED BY {operator} TO CURRENT_USER")
+                await in_database.execute(f"DROP OWNED BY {operator}")  # its default privileges for the app
+                await in_database.execute(f"DROP OWNED BY {app}")
+            finally:
+                await in_database.close()
+            await admin.execute(f"DROP ROLE IF EXISTS {operator}; DROP ROLE IF EXISTS {app}")
+        finally:
+            await admin.close()
