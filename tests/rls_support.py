@@ -19,7 +19,7 @@ from agent_store import Store
 from agent_store.db.tables import messages_t
 
 OWNER, APP = "agent_store_test_owner", "agent_store_test_app"  # in .ci/run's PgBouncer user list too
-USERS = ("alice", "bob")
+USERS = ("alice", "bob", "")  # "": the rows the store keeps for no user (journal runs, checkpoints without one)
 # Every table migration 0024 covers, and the column(s) that name whose a row is.
 COVERED = ["agent_sessions", "agent_messages", "agent_message_marks", "agent_branch_marks", "agent_runs",
            "agent_state", "agent_state_history", "agent_tool_calls", "agent_message_vectors", "agent_responses",
@@ -77,7 +77,8 @@ async def make_bed(pg_url: str) -> Bed:
 
 def tenant_values(user: str) -> dict[str, Any]:
     """The values that make a row ``user``'s, by column name (app-level rows: the user's own app)."""
-    return {"user_id": user, "session_id": f"s_{user}", "app_id": f"app_{user}", "subject": user, "scope": "user",
+    return {"user_id": user, "session_id": f"s_{user}", "app_id": f"app_{user}" if user else "", "subject": user,
+            "scope": "user",
             "user_key": hashlib.sha256(user.encode()).hexdigest(), "id": f"s_{user}"}  # fmt: skip
 
 
@@ -121,7 +122,7 @@ async def fill(bed: Bed) -> None:
                     if table.name == "agent_responses":  # keyed by its own id; its session names the user
                         row["id"], row["response_id"] = USERS.index(user) + 1, f"resp_{user}"
                     if table.name == "agent_app_state" or table.name == "agent_usage":
-                        row["app_id"] = f"app_{user}"
+                        row["app_id"] = mine["app_id"]
                     await conn.execute(insert(table).values(row))
     finally:
         await engine.dispose()
@@ -145,6 +146,11 @@ async def violations(url: str) -> list[str]:
             async with conn.transaction():
                 if (n := await conn.fetchval(f"SELECT count(*) FROM {ident}")) != 0:  # noqa: S608 - names from COVERED
                     found.append(f"{table}: {n} rows with no user named")
+            async with conn.transaction():  # after a name on this connection: the setting reads "", not missing
+                await named(conn, "alice")
+            async with conn.transaction():
+                if (n := await conn.fetchval(f"SELECT count(*) FROM {ident}")) != 0:  # noqa: S608 - names from COVERED
+                    found.append(f"{table}: {n} rows with no user named, on a connection that named one before")
             async with conn.transaction():
                 await named(conn, "alice")
                 if (n := await conn.fetchval(f"SELECT count(*) FROM {ident}")) != 1:  # noqa: S608 - names from COVERED

@@ -4,7 +4,9 @@
 Each policy admits the rows of the user (and app) that the transaction names with
 ``set_config('agent_store.user_id', ..., true)`` (and ``agent_store.app_id``): agent_store sets both at the start
 of each transaction once the switch is on (db/tenancy.py); a transaction that names no one sees no rows. The
-setting is read as ``(SELECT current_setting(...))``: evaluated once per statement, not per row. Tables keyed by
+setting is read as ``(SELECT NULLIF(current_setting(...), ''))``: evaluated once per statement, not per row,
+and empty is no one (a setting made earlier on a connection reads as empty, not as missing, after its
+transaction; and the rows the store keeps for "no user" have an empty user id). Tables keyed by
 session admit the rows of the named user's sessions (through ``agent_sessions``' primary key).
 
 Views become security invokers' (they read as whoever queries them, so the policies apply to them too).
@@ -52,33 +54,34 @@ DECLARE
     t text;
 BEGIN
     CREATE POLICY agent_store_tenant ON agent_sessions
-        USING (user_id = (SELECT current_setting('agent_store.user_id', true)));
+        USING (user_id = (SELECT NULLIF(current_setting('agent_store.user_id', true), '')));
     FOREACH t IN ARRAY ARRAY['agent_messages', 'agent_message_marks', 'agent_branch_marks', 'agent_runs',
         'agent_state', 'agent_state_history', 'agent_tool_calls', 'agent_message_vectors', 'agent_responses'] LOOP
         EXECUTE format('CREATE POLICY agent_store_tenant ON %I USING (EXISTS (SELECT 1 FROM agent_sessions s '
-            'WHERE s.id = %I.session_id AND s.user_id = (SELECT current_setting(''agent_store.user_id'', true))))',
-            t, t);
+            'WHERE s.id = %I.session_id '
+            'AND s.user_id = (SELECT NULLIF(current_setting(''agent_store.user_id'', true), ''''))))', t, t);
     END LOOP;
     FOREACH t IN ARRAY ARRAY['agent_user_state', 'agent_checkpoints', 'agent_checkpoint_workflows',
         'agent_streams', 'agent_stream_events', 'agent_hosted_responses', 'agent_hosted_items',
         'agent_hosted_links'] LOOP
         EXECUTE format('CREATE POLICY agent_store_tenant ON %I '
-            'USING (user_id = (SELECT current_setting(''agent_store.user_id'', true)))', t);
+            'USING (user_id = (SELECT NULLIF(current_setting(''agent_store.user_id'', true), '''')))',
+            t);
     END LOOP;
     CREATE POLICY agent_store_tenant ON agent_app_state
-        USING (app_id = (SELECT current_setting('agent_store.app_id', true)));
+        USING (app_id = (SELECT NULLIF(current_setting('agent_store.app_id', true), '')));
     CREATE POLICY agent_store_tenant ON agent_usage
-        USING (user_id = (SELECT current_setting('agent_store.user_id', true))
-               AND app_id = (SELECT current_setting('agent_store.app_id', true)));
+        USING (user_id = (SELECT NULLIF(current_setting('agent_store.user_id', true), ''))
+               AND app_id = (SELECT NULLIF(current_setting('agent_store.app_id', true), '')));
     CREATE POLICY agent_store_tenant ON agent_usage_budgets
-        USING ((scope = 'user' AND subject = (SELECT current_setting('agent_store.user_id', true)))
-               OR (scope = 'app' AND subject = (SELECT current_setting('agent_store.app_id', true))));
+        USING ((scope = 'user' AND subject = (SELECT NULLIF(current_setting('agent_store.user_id', true), '')))
+               OR (scope = 'app' AND subject = (SELECT NULLIF(current_setting('agent_store.app_id', true), ''))));
     CREATE POLICY agent_store_tenant ON agent_ui_snapshots
-        USING (scope = (SELECT current_setting('agent_store.user_id', true)));
+        USING (scope = (SELECT NULLIF(current_setting('agent_store.user_id', true), '')));
     -- The erasure fence: a user's own line only (its key is the id's SHA-256, db/erasures.py).
     CREATE POLICY agent_store_tenant ON agent_erasures
-        USING (user_key = (SELECT encode(sha256(convert_to(current_setting('agent_store.user_id', true),
-                                                            'UTF8')), 'hex')));
+        USING (user_key = (SELECT encode(sha256(convert_to(
+            NULLIF(current_setting('agent_store.user_id', true), ''), 'UTF8')), 'hex')));
 END $$"""
 
 _DROP = """DO $$
