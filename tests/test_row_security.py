@@ -253,3 +253,55 @@ def test_every_table_that_names_a_user_or_a_session_is_covered() -> None:
     source = (Path(__file__).resolve().parent.parent / "migrations/versions/0024_row_security.py").read_text()
     switch = source.split("FOREACH t IN ARRAY ARRAY[")[1].split("]")[0]
     assert sorted(COVERED) == sorted(n.strip().strip("'") for n in switch.replace("\n", " ").split(","))
+
+
+async def test_every_other_entry_point_names_its_user(bed: Bed) -> None:
+    """The run journal, workflow checkpoints, AG-UI snapshots, budgets and the hosted responses under the
+    application's role: each works for its user and shows nothing of the other's."""
+    from agent_framework import WorkflowCheckpoint
+    from agent_framework_ag_ui import AGUIThreadSnapshot
+    from azure.ai.agentserver.responses import PlatformContext
+    from test_hosted_responses import response, said
+
+    from agent_store import StreamNotFoundError
+    from agent_store.agent_framework.ag_ui import StoreThreadSnapshotStore
+    from agent_store.agent_framework.checkpoints import StoreCheckpointStorage
+    from agent_store.agentserver.responses import StoreResponseProvider
+
+    async with Store.from_url(bed.app_url) as store:
+        journal = store.journal(batch_ms=5)
+        try:
+            writer = await journal.start("run-1", user_id="alice", conversation_id="c1")
+            async with writer:
+                await writer.append({"n": 1})
+            events, info = await journal.read("run-1", user_id="alice")
+            assert [e.event for e in events] == [{"n": 1}] and info["status"] == "completed"
+            with pytest.raises(StreamNotFoundError):
+                await journal.read("run-1", user_id="bob")
+            assert not await journal.cancel_asked("run-1", user_id="alice")
+        finally:
+            await journal.close()
+        mine, theirs = StoreCheckpointStorage(store, user_id="alice"), StoreCheckpointStorage(store, user_id="bob")
+        saved = await mine.save(WorkflowCheckpoint(workflow_name="wf", graph_signature_hash="g"))
+        assert (await mine.load(saved)).workflow_name == "wf" and await mine.list_checkpoint_ids(workflow_name="wf")
+        assert await theirs.list_checkpoint_ids(workflow_name="wf") == []
+        snapshots = StoreThreadSnapshotStore(store)
+        await snapshots.save(scope="alice", thread_id="t1", snapshot=AGUIThreadSnapshot(messages=[]))
+        assert await snapshots.get(scope="alice", thread_id="t1") is not None
+        assert await snapshots.get(scope="bob", thread_id="t1") is None
+        assert (await store.usage.set_budget(1000, user_id="alice")).token_limit == 1000
+        assert await store.usage.budget(user_id="bob") is None
+        hosted, alice, bob = StoreResponseProvider(store), PlatformContext(user_id_key="alice"), PlatformContext(
+            user_id_key="bob")  # fmt: skip
+        await hosted.create_response(response("r1", output=["o1"]), [said("i1")], None, context=alice)
+        assert (await hosted.get_response("r1", context=alice))["id"] == "r1"
+        with pytest.raises(KeyError):
+            await hosted.get_response("r1", context=bob)
+        await hosted.create_response(response("r1", output=["o1"]), [said("i1")], None, context=bob)  # his own r1
+    admin = await asyncpg.connect(plain_dsn(bed.admin_url))
+    try:  # what each call wrote is its user's (the operator sees both)
+        assert await admin.fetchval("SELECT count(*) FROM agent_stream_events WHERE user_id = 'alice'") == 1
+        assert await admin.fetchval("SELECT array_agg(user_id ORDER BY user_id) FROM agent_hosted_responses") == [
+            "alice", "bob"]  # fmt: skip
+    finally:
+        await admin.close()

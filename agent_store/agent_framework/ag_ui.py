@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import delete, select
 from sqlalchemy.dialects import postgresql, sqlite
 
-from agent_store.db import codec
+from agent_store.db import codec, tenancy
 from agent_store.db.erasures import erased_since
 from agent_store.db.statements import lock_user
 from agent_store.db.tables import ui_snapshots_t
@@ -76,6 +76,7 @@ class StoreThreadSnapshotStore:
         self._db, self._snapshot_type = store.db, AGUIThreadSnapshot
         self._reads = ReadTimes()  # per (scope, thread): when it was read (read_times.py)
 
+    @tenancy.for_argument("scope")
     async def save(self, *, scope: str, thread_id: str, snapshot: AGUIThreadSnapshot,
                    pending: list[dict[str, Any]] | None = None) -> None:  # fmt: skip
         """Save (replace) the thread's latest snapshot (``pending``: a run's new user messages, kept in its mark).
@@ -101,6 +102,7 @@ class StoreThreadSnapshotStore:
             changed = {"snapshot": insert.excluded.snapshot, "updated_at": insert.excluded.updated_at}
             await conn.execute(insert.on_conflict_do_update(index_elements=[U.scope, U.thread_id], set_=changed))
 
+    @tenancy.for_argument("scope")
     async def get(self, *, scope: str, thread_id: str) -> AGUIThreadSnapshot | None:
         """The thread's latest snapshot in this scope, or None (also for another scope's thread)."""
         key = _key(scope, thread_id)
@@ -117,6 +119,7 @@ class StoreThreadSnapshotStore:
         snapshot: AGUIThreadSnapshot = self._snapshot_type(**{k: v for k, v in found[0].items() if k in fields})
         return snapshot
 
+    @tenancy.for_argument("scope")
     async def delete(self, *, scope: str, thread_id: str) -> bool:
         """Delete the thread's snapshot; False if there was none in this scope."""
         key = _key(scope, thread_id)
@@ -124,6 +127,7 @@ class StoreThreadSnapshotStore:
             done = await conn.execute(delete(ui_snapshots_t).where(U.scope == key[0], U.thread_id == key[1]))
         return bool(done.rowcount)
 
+    @tenancy.for_argument("scope")
     async def clear(self, *, scope: str | None = None) -> None:
         """Delete every snapshot of ``scope``, or every snapshot of every scope."""
         statement = delete(ui_snapshots_t)

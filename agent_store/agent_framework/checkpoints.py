@@ -31,7 +31,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.dialects import postgresql, sqlite
 
 from agent_store.agent_framework.checkpoint_payloads import decode_payload
-from agent_store.db import codec
+from agent_store.db import codec, tenancy
 from agent_store.db.erasures import erased_since
 from agent_store.db.statements import lock_user
 from agent_store.db.tables import checkpoint_workflows_t, checkpoints_t
@@ -66,6 +66,7 @@ class StoreCheckpointStorage:
         # Per checkpoint id, when what it carries was read from the store (the fence of saves that continue it).
         self._dated = ReadTimes()
 
+    @tenancy.for_its("_user")
     async def save(self, checkpoint: WorkflowCheckpoint) -> str:
         """Store (or replace) a checkpoint; it becomes its workflow's latest.
 
@@ -135,6 +136,7 @@ class StoreCheckpointStorage:
             columns = {k: upsert.excluded[k] for k in row if k not in ("user_id", "checkpoint_id")}
             await conn.execute(upsert.on_conflict_do_update(index_elements=[C.user_id, C.checkpoint_id], set_=columns))
 
+    @tenancy.for_its("_user")
     async def load(self, checkpoint_id: str) -> WorkflowCheckpoint:
         """The checkpoint with this id.
 
@@ -150,12 +152,14 @@ class StoreCheckpointStorage:
             raise WorkflowCheckpointException(f"No checkpoint found with ID {checkpoint_id}")
         return self._decode(rows[0][0], read_at)
 
+    @tenancy.for_its("_user")
     async def list_checkpoints(self, *, workflow_name: str) -> list[WorkflowCheckpoint]:
         """A workflow's checkpoints, oldest first (commit order); those that no longer decode are left out."""
         read_at = datetime.now(UTC)
         rows = await self._read(self._of(workflow_name, C.payload).order_by(C.seq))
         return [found for (payload,) in rows if (found := self._decode_or_skip(payload, read_at)) is not None]
 
+    @tenancy.for_its("_user")
     async def list_checkpoint_ids(self, *, workflow_name: str) -> list[str]:
         """The ids of the workflow's stored checkpoints, oldest first, read without decoding any payload.
 
@@ -165,6 +169,7 @@ class StoreCheckpointStorage:
         """
         return [ident for (ident,) in await self._read(self._of(workflow_name, C.checkpoint_id).order_by(C.seq))]
 
+    @tenancy.for_its("_user")
     async def get_latest(self, *, workflow_name: str) -> WorkflowCheckpoint | None:
         """The workflow's last committed checkpoint that decodes, or None."""
         read_at = datetime.now(UTC)
@@ -175,6 +180,7 @@ class StoreCheckpointStorage:
                 return found
         return None
 
+    @tenancy.for_its("_user")
     async def delete(self, checkpoint_id: str) -> bool:
         """Delete one checkpoint; False if there is none with this id (for this user)."""
         if not _storable(checkpoint_id):
@@ -183,6 +189,7 @@ class StoreCheckpointStorage:
             done = await conn.execute(delete(checkpoints_t).where(*self._mine(), C.checkpoint_id == checkpoint_id))
         return bool(done.rowcount)
 
+    @tenancy.for_its("_user")
     async def describe(
         self, *, workflow_name: str | None = None, checkpoint_id: str | None = None
     ) -> list[dict[str, Any]]:

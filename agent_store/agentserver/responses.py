@@ -19,10 +19,11 @@ are not the same record, and converting would lose what the server hands back by
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from azure.ai.agentserver.responses.store import ResponseAlreadyExistsError
 from sqlalchemy import and_, bindparam, delete, func, literal_column, select, update
@@ -30,7 +31,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agent_store.agentserver import history as chains
-from agent_store.db import codec
+from agent_store.db import codec, tenancy
 from agent_store.db.tables import hosted_items_t, hosted_links_t, hosted_responses_t
 from agent_store.errors import InvalidValueError
 
@@ -59,6 +60,20 @@ def _id_of(item: Any) -> str | None:
     return None if value is None else str(value)
 
 
+Result = TypeVar("Result")
+
+
+def _in_partition(method: Callable[..., Awaitable[Result]]) -> Callable[..., Awaitable[Result]]:
+    """Run a provider call as acting for its request's partition (row-level security: db/tenancy.py)."""
+
+    @functools.wraps(method)
+    async def named(self: Any, *args: Any, context: PlatformContext | None = None, **kwargs: Any) -> Result:
+        with tenancy.acting_as(partition(context)):
+            return await method(self, *args, context=context, **kwargs)
+
+    return named
+
+
 def _usable(response_id: Any) -> bool:
     """An id a row can have (a read of anything else finds nothing, as for an unknown id)."""
     try:
@@ -76,6 +91,7 @@ class StoreResponseProvider:
 
     # -- writes ---------------------------------------------------------------------------------------------
 
+    @_in_partition
     async def create_response(
         self, response: Any, input_items: Iterable[Any] | None, history_item_ids: Iterable[str] | None, *,
         context: PlatformContext | None = None,
@@ -116,6 +132,7 @@ class StoreResponseProvider:
             if links:
                 await conn.execute(hosted_links_t.insert(), links)
 
+    @_in_partition
     async def update_response(self, response: Any, *, context: PlatformContext | None = None) -> None:
         """Replace a stored response's envelope and output items. KeyError if missing or deleted."""
         user, rid = partition(context), _id_of(response)
@@ -139,6 +156,7 @@ class StoreResponseProvider:
             await conn.execute(update(hosted_responses_t).where(R.user_id == user, R.response_id == rid).values(
                 envelope=envelope, status=_status(response), updated_at=datetime.now(UTC)))  # fmt: skip
 
+    @_in_partition
     async def delete_response(self, response_id: str, *, context: PlatformContext | None = None) -> None:
         """Mark a response deleted (its items stay for the responses whose history holds them). KeyError if
         missing or deleted already."""
@@ -154,6 +172,7 @@ class StoreResponseProvider:
 
     # -- reads ----------------------------------------------------------------------------------------------
 
+    @_in_partition
     async def get_response(self, response_id: str, *, context: PlatformContext | None = None) -> Any:
         """The stored response with its output items: one statement. KeyError if missing or deleted."""
         user = partition(context)
@@ -165,6 +184,7 @@ class StoreResponseProvider:
             raise KeyError(f"response '{response_id}' not found")
         return {**rows[0].envelope, "output": [r.body for r in rows if r.body is not None]}
 
+    @_in_partition
     async def get_input_items(
         self, response_id: str, limit: int = 20, ascending: bool = False, after: str | None = None,
         before: str | None = None, *, context: PlatformContext | None = None,
@@ -193,6 +213,7 @@ class StoreResponseProvider:
             found = await self._bodies(conn, user, page)
         return [found[i] for i in page if i in found]
 
+    @_in_partition
     async def get_items(self, item_ids: Iterable[str], *, context: PlatformContext | None = None) -> list[Any]:
         """Items by id, in the order asked; None for an id not stored (in this partition)."""
         user, wanted = partition(context), [str(i) for i in item_ids]
@@ -203,6 +224,7 @@ class StoreResponseProvider:
             doing="reading response items")} if usable else {}  # fmt: skip  # one statement, its own snapshot
         return [found.get(i) for i in wanted]
 
+    @_in_partition
     async def get_history_item_ids(
         self, previous_response_id: str | None, conversation_id: str | None, limit: int, *,
         context: PlatformContext | None = None,

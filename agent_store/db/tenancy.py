@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from sqlalchemy import text
 
@@ -49,28 +49,42 @@ def named() -> dict[str, str]:
     return {"user": acting.get() or ""}
 
 
-def for_user(function: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+def for_user(function: Callable[P, Coroutine[Any, Any, R]]) -> Callable[P, Coroutine[Any, Any, R]]:
     """Run an async function that takes ``user_id`` as acting for that user."""
-    position = list(inspect.signature(function).parameters).index("user_id")
-
-    @functools.wraps(function)
-    async def acting_for(*args: P.args, **kwargs: P.kwargs) -> R:
-        user = kwargs["user_id"] if "user_id" in kwargs else args[position] if len(args) > position else None
-        with acting_as(user if isinstance(user, str) else None):
-            return await function(*args, **kwargs)
-
-    return acting_for
+    return for_argument("user_id")(function)
 
 
-def for_its_user(method: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
-    """Run an async method as acting for its object's ``user_id`` (a run's commit)."""
+def for_argument(name: str) -> Callable[[Callable[P, Coroutine[Any, Any, R]]], Callable[P, Coroutine[Any, Any, R]]]:
+    """Run an async function as acting for the user its argument ``name`` holds (AG-UI's ``scope``)."""
 
-    @functools.wraps(method)
-    async def acting_for(*args: P.args, **kwargs: P.kwargs) -> R:
-        with acting_as(getattr(args[0], "user_id", None)):
-            return await method(*args, **kwargs)
+    def decorate(function: Callable[P, Coroutine[Any, Any, R]]) -> Callable[P, Coroutine[Any, Any, R]]:
+        position = list(inspect.signature(function).parameters).index(name)
 
-    return acting_for
+        @functools.wraps(function)
+        async def acting_for(*args: P.args, **kwargs: P.kwargs) -> R:
+            user = kwargs[name] if name in kwargs else args[position] if len(args) > position else None
+            with acting_as(user if isinstance(user, str) else None):
+                return await function(*args, **kwargs)
+
+        return acting_for
+
+    return decorate
+
+
+def for_its(attribute: str) -> Callable[[Callable[P, Coroutine[Any, Any, R]]], Callable[P, Coroutine[Any, Any, R]]]:
+    """Run an async method as acting for the user its object holds in ``attribute`` (a run's ``user_id``, a
+    checkpoint storage's, a journal writer's)."""
+
+    def decorate(method: Callable[P, Coroutine[Any, Any, R]]) -> Callable[P, Coroutine[Any, Any, R]]:
+        @functools.wraps(method)
+        async def acting_for(*args: P.args, **kwargs: P.kwargs) -> R:
+            user = getattr(args[0], attribute, None)
+            with acting_as(user if isinstance(user, str) else None):
+                return await method(*args, **kwargs)
+
+        return acting_for
+
+    return decorate
 
 
 def refusal(role: str, *, operator: bool) -> str:

@@ -31,7 +31,7 @@ from typing import Any
 from sqlalchemy import bindparam, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
-from agent_store.db import codec
+from agent_store.db import codec, tenancy
 from agent_store.db.database import Database
 from agent_store.db.journal_tables import NOTIFY_CHANNEL, streams_t
 from agent_store.errors import AgentStoreError, InvalidValueError, StreamBusyError, StreamNotFoundError
@@ -84,6 +84,7 @@ class Journal:
         self.poll_s = poll_s
         self.wakeups = Wakeups(db, listen_url)
 
+    @tenancy.for_user
     async def start(self, stream_id: str, *, user_id: str | None, kind: str = "updates",
                     conversation_id: str | None = None) -> StreamWriter:  # fmt: skip
         """A new streamed run, ``in_progress``, written by this worker (a stream id is used once per user)."""
@@ -121,6 +122,7 @@ class Journal:
             raise StreamBusyError(f"conversation {conversation_id!r} has a run in progress ({live!r}): follow it,"
                                   " or start when it has ended", live_stream_id=live)  # fmt: skip
 
+    @tenancy.for_user
     async def read(self, stream_id: str, *, user_id: str | None, after: int = 0,
                    limit: int = 500) -> tuple[list[JournalEvent], dict[str, Any]]:  # fmt: skip
         """The events after ``after`` (at most ``limit``) and the run's row (status, last_seq, lease_until, ...)."""
@@ -136,6 +138,7 @@ class Journal:
                 "error": head.error, "kind": head.kind, "conversation_id": head.conversation_id}  # fmt: skip
         return [JournalEvent(int(r.seq), r.event) for r in rows if r.seq is not None], info
 
+    @tenancy.for_user
     async def live_run(self, conversation_id: str, *, user_id: str | None, kind: str | None = None) -> str | None:
         """The id of the conversation's latest run still ``in_progress`` (of ``kind``, if given), or None."""
         codec.check_id(conversation_id, "conversation_id", required=True)
@@ -170,6 +173,7 @@ class Journal:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(woken.wait(), 1.0 if self.wakeups.live else self.poll_s)
 
+    @tenancy.for_user
     async def cancel(self, stream_id: str, *, user_id: str | None) -> bool:
         """Ask the run to stop; False if it has ended. Its writer hears it at once on PostgreSQL (a NOTIFY), else
         with its next batch or heartbeat."""
@@ -193,11 +197,13 @@ class Journal:
             # Started between the update and this read (its row was not there, now it is): ask again.
         raise StreamBusyError(f"stream {stream_id!r} could not be cancelled: try again")
 
+    @tenancy.for_user
     async def cancel_asked(self, stream_id: str, *, user_id: str | None) -> bool:
         """Whether a cancel was asked for the run (a light read: detached.py's watch where no NOTIFY comes)."""
         row = await row_now(self.db, user_id or "", stream_id)
         return bool(row is not None and row.cancel_requested)
 
+    @tenancy.for_user
     async def recover(self, *, stream_id: str | None = None, user_id: str | None = None) -> int:
         """Mark ``incomplete`` every run whose writer is gone: its lease ran out, or it is this worker's own (a
         worker that restarted under its ``worker_id`` has no live run yet). Returns how many."""

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
-from agent_store.db import codec
+from agent_store.db import codec, tenancy
 from agent_store.db.database import Database
 from agent_store.db.journal_tables import STATUSES
 from agent_store.errors import AgentStoreError, InvalidValueError, StorageUnavailableError, StreamLostError
@@ -94,6 +94,7 @@ class StreamWriter:
         self.journal.live.add(self)
         self._beat = asyncio.get_running_loop().create_task(self._heartbeat())
 
+    @tenancy.for_its("user")
     async def append(self, event: Any) -> int:
         """Number ``event`` (a JSON document) and queue it; returns its sequence number, which is the event's for
         good. Raises (queueing nothing) when the run was ended elsewhere, or when ``QUEUED_BATCHES`` batches of
@@ -134,6 +135,7 @@ class StreamWriter:
             log.warning("stream %r: a journal batch failed (%s); its events stay queued for the next", self.stream_id,
                         exc)  # fmt: skip
 
+    @tenancy.for_its("user")
     async def _heartbeat(self) -> None:
         failing_since: float | None = None
         while not self._stop.is_set():
@@ -152,6 +154,7 @@ class StreamWriter:
             else:
                 failing_since = None
 
+    @tenancy.for_its("user")
     async def flush(self, status: str = "in_progress", error: str | None = None) -> None:
         """Send what is queued (maybe nothing: a heartbeat) as one batch (as several if it holds over
         ``BATCH_CHARS``); ``status`` other than in_progress ends the run with the last. On return every event
@@ -234,6 +237,7 @@ class StreamWriter:
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 1.0)
 
+    @tenancy.for_its("user")
     async def finish(self, status: str = "completed", *, error: str | None = None) -> None:
         """Send the rest and end the run with ``status`` (completed, failed, cancelled, incomplete)."""
         if status not in STATUSES or status == "in_progress":

@@ -13,7 +13,7 @@ from sqlalchemy import String, case, delete, func, literal, literal_column, sele
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from agent_store.db import codec, ledger
+from agent_store.db import codec, ledger, tenancy
 from agent_store.db.database import Database
 from agent_store.db.tables import sessions_t
 from agent_store.db.usage_tables import budgets_t, prices_t, usage_t
@@ -84,6 +84,7 @@ class UsageLedger:
     def __init__(self, db: Database) -> None:
         self.db = db
 
+    @tenancy.for_user  # None: every user's lines, an operator's report under row-level security
     async def report(
         self, by: str = "user", *, since: datetime | None = None, until: datetime | None = None,
         user_id: str | None = None,
@@ -97,6 +98,7 @@ class UsageLedger:
             rows = (await conn.execute(query)).all()
         return [UsageLine(**{k: v for k, v in row._mapping.items()}) for row in rows]
 
+    @tenancy.for_user
     async def set_budget(self, tokens: int, *, period: str = "day", user_id: str | None = None) -> BudgetInfo:
         """Limit the tokens of ``user_id`` (None: the whole app) per ``period`` ("day", "month" in UTC, "total").
 
@@ -120,12 +122,14 @@ class UsageLedger:
             ))  # fmt: skip
             return await self._read(conn, scope, subject)  # type: ignore[return-value]
 
+    @tenancy.for_user
     async def budget(self, user_id: str | None = None) -> BudgetInfo | None:
         """The budget of ``user_id`` (None: the app's), with its use in the current period; None if it has none."""
         scope, subject = self._owner(user_id)
         async with self.db.transaction(write=False, doing="reading a budget") as conn:
             return await self._read(conn, scope, subject)
 
+    @tenancy.for_user
     async def remove_budget(self, user_id: str | None = None) -> bool:
         scope, subject = self._owner(user_id)
         async with self.db.transaction(write=True, doing="removing a budget") as conn:

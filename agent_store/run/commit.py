@@ -166,7 +166,7 @@ class Run:
             return ids.run_id()
         return self._key if self._commits == 0 else f"{self._key}#{self._commits + 1}"
 
-    @tenancy.for_its_user
+    @tenancy.for_its("user_id")
     async def commit(self) -> CommitResult:
         """Write the run's new messages and changed state keys in one transaction.
 
