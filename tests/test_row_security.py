@@ -305,3 +305,16 @@ async def test_every_other_entry_point_names_its_user(bed: Bed) -> None:
             "alice", "bob"]  # fmt: skip
     finally:
         await admin.close()
+
+
+async def test_warm_up_primes_commits_under_the_application_role(bed: Bed, caplog: pytest.LogCaptureFixture) -> None:
+    """The warm-up's rolled-back commits name their own user: no "may not write" warning, nothing kept."""
+    async with Store.from_url(bed.app_url, pool_size=2, max_overflow=0) as store:
+        with caplog.at_level("INFO", logger="agent_store"):
+            assert await store.warm_up() == 2
+        assert store.db.row_security and "may not write" not in caplog.text
+    admin = await asyncpg.connect(plain_dsn(bed.admin_url))
+    try:
+        assert await admin.fetchval("SELECT count(*) FROM agent_sessions") == 0
+    finally:
+        await admin.close()

@@ -232,8 +232,8 @@ class Database:
             return conn
 
     async def check_schema(self, *, replica: bool = False) -> None:
-        if not self._tenancy_known:
-            await self._know_tenancy()
+        if not self._tenancy_known:  # from the replica for a replica read: the primary may be down
+            await self._know_tenancy(self._replica if replica and self._replica is not None else self.engine)
         if replica and self._replica is not None:
             if not self._replica_schema_ok:
                 with translated(self._replica.url, "checking the replica's schema"):
@@ -247,12 +247,12 @@ class Database:
                     await check_schema(conn, self.url)
             self._schema_ok = True
 
-    async def _know_tenancy(self) -> None:
+    async def _know_tenancy(self, engine: AsyncEngine) -> None:
         """Whether row-level security is on, and so whether each transaction must name its user. Refuses a role
         that would bypass it (a superuser, BYPASSRLS) unless the store is an operator's, and an operator's store
         whose role would not bypass it (its cross-user work would see nothing)."""
-        with translated(self.url, "reading whether row-level security is on"):
-            async with self.engine.connect() as conn:
+        with translated(engine.url, "reading whether row-level security is on"):
+            async with engine.connect() as conn:
                 row = (await conn.execute(tenancy.STATUS)).first()
         if row is not None and row.enabled:
             if row.bypasses != self.settings.operator:

@@ -21,6 +21,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 import agent_store.run.commit_postgresql as commit_postgresql
+from agent_store.db import tenancy
 from agent_store.db.database import Database
 from agent_store.db.warm_up import WARM_UP_ID
 from agent_store.errors import (
@@ -43,9 +44,12 @@ async def prime_commits(db: Database, conn: AsyncConnection) -> None:
     """The commit function's two common calls on ``conn``, rolled back (nothing on SQLite: no function to plan)."""
     if db.dialect != "postgresql":
         return
-    payloads = _payloads(db)  # before BEGIN: a slow cipher never holds the transaction open
+    who = f"{WARM_UP_ID} {uuid.uuid4().hex}"
+    payloads = _payloads(db, who)  # before BEGIN: a slow cipher never holds the transaction open
     await conn.execute(text("SELECT 1"))  # BEGIN: the driver's calls below are inside it
     try:
+        if db.row_security:  # the warm-up's own user, named as a run's commit names its user (db/tenancy.py)
+            await conn.execute(tenancy.NAME, {"user": who, "app": db.settings.app_id})
         for turn, payload in enumerate(payloads, start=1):
             try:
                 with translated(db.url, "warming up a connection's commits"):
@@ -68,9 +72,8 @@ async def prime_commits(db: Database, conn: AsyncConnection) -> None:
         await conn.rollback()
 
 
-def _payloads(db: Database) -> list[str]:
+def _payloads(db: Database, who: str) -> list[str]:
     """The calls of a new session's first run and of its second run, as commit_postgresql sends them."""
-    who = f"{WARM_UP_ID} {uuid.uuid4().hex}"
     snapshot, payloads = Snapshot(), []
     for turn in (1, 2):
         run = Run(db, StoredSession(session_id=who), snapshot, user_id=who, agent_id=None)
