@@ -87,3 +87,23 @@ async def test_ranking_by_meaning_before_any_backfill_says_so(url: str, store: S
         page = await semantic.search("airplane ticket", user_id="u", ranking="hybrid")
         assert page.ranking == "hybrid" and page.items[0].seq == 0
         assert await keys(semantic, "airplane ticket", "vector", user_id="nobody") == []  # vectors, none in scope
+
+
+async def test_vectors_only_in_another_profile_are_refused_even_after_an_empty_backfill(url: str, store: Store) -> None:
+    """Found by the third review: once this embedder's profile row existed with no vectors (a backfill that
+    wrote none), the other profile's vectors were no longer named; hybrid quietly ranked by words."""
+    from test_hybrid_search import OtherModel
+
+    from agent_store import EmbeddingProfileError
+
+    await say(store, "trip", "I booked a flight to Paris for Friday")
+    async with Store.from_url(url, embedder=OtherModel()) as other:
+        assert await other.embeddings.backfill() == 1
+    async with Store.from_url(url, embedder=EMBEDDER) as semantic:
+        for ranking in ("vector", "hybrid"):
+            with pytest.raises(EmbeddingProfileError):
+                await semantic.search("airplane", user_id="u", ranking=ranking)
+        assert await semantic.embeddings.backfill(limit=0) == 0  # makes this profile's row, writes nothing
+        for ranking in ("vector", "hybrid"):
+            with pytest.raises(EmbeddingProfileError):
+                await semantic.search("airplane", user_id="u", ranking=ranking)

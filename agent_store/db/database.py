@@ -82,7 +82,7 @@ class Database:
             self._writer = engine
             self._single = engine.execution_options(isolation_level="AUTOCOMMIT")
         self._replica: AsyncEngine | None = None
-        self.row_security, self._tenancy_known = False, self.dialect != "postgresql"  # read at first use
+        self.row_security, self.tenancy_known = False, self.dialect != "postgresql"  # read at first use
         self._check = check_schema
         self._schema_ok = self._replica_schema_ok = not check_schema
         self.driver = DriverPath(engine.dialect)  # a run's load and commit, straight on the driver
@@ -138,6 +138,8 @@ class Database:
             conn = await checkout(source)
             try:
                 await conn.begin()
+                if not self.tenancy_known:  # on this connection: a replica's for a replica read
+                    await self.learn_tenancy(conn)
                 if self.row_security:
                     await conn.execute(tenancy.NAME, {**tenancy.named(), "app": self.settings.app_id})
                 yield conn
@@ -170,6 +172,9 @@ class Database:
     ) -> list[Any]:
         with translated(self.url, doing):
             await self.check_schema()
+            if not self.tenancy_known:
+                async with self.transaction(write=False, doing=doing):
+                    pass  # learns it, once
             if self.row_security:  # in a transaction that names its user (tenancy.py): BEGIN, the name, COMMIT
                 async with self.transaction(write=True, doing=doing, committing=committing) as held:
                     return await self.driver.fetch(held, statement, params, lost=self.lost(doing))
@@ -223,6 +228,8 @@ class Database:
             try:
                 await conn.begin()
                 if self.dialect == "postgresql":
+                    if not self.tenancy_known:
+                        await self.learn_tenancy(conn)
                     if self.row_security:
                         await conn.execute(tenancy.NAME, {**tenancy.named(), "app": self.settings.app_id})
                     await conn.execute(select(func.pg_advisory_xact_lock(SESSION_LOCK, func.hashtext(session_id))))
@@ -232,8 +239,6 @@ class Database:
             return conn
 
     async def check_schema(self, *, replica: bool = False) -> None:
-        if not self._tenancy_known:  # from the replica for a replica read: the primary may be down
-            await self._know_tenancy(self._replica if replica and self._replica is not None else self.engine)
         if replica and self._replica is not None:
             if not self._replica_schema_ok:
                 with translated(self._replica.url, "checking the replica's schema"):
@@ -247,18 +252,18 @@ class Database:
                     await check_schema(conn, self.url)
             self._schema_ok = True
 
-    async def _know_tenancy(self, engine: AsyncEngine) -> None:
-        """Whether row-level security is on, and so whether each transaction must name its user. Refuses a role
-        that would bypass it (a superuser, BYPASSRLS) unless the store is an operator's, and an operator's store
-        whose role would not bypass it (its cross-user work would see nothing)."""
-        with translated(engine.url, "reading whether row-level security is on"):
-            async with engine.connect() as conn:
-                row = (await conn.execute(tenancy.STATUS)).first()
-        if row is not None and row.enabled:
-            if row.bypasses != self.settings.operator:
-                raise ConfigurationError(tenancy.refusal(row.role, operator=self.settings.operator))
-            self.row_security = not row.bypasses
-        self._tenancy_known = True
+    async def learn_tenancy(self, conn: AsyncConnection) -> None:
+        """Whether row-level security is on (read once, on the first connection used), and so whether each
+        transaction must name its user. Refuses a role that would bypass it (a superuser, BYPASSRLS) unless the
+        store is an operator's, and an operator's store whose role would not (its cross-user work would see
+        nothing)."""
+        if self.dialect == "postgresql":
+            row = (await conn.execute(tenancy.STATUS)).first()
+            if row is not None and row.enabled:
+                if row.bypasses != self.settings.operator:
+                    raise ConfigurationError(tenancy.refusal(row.role, operator=self.settings.operator))
+                self.row_security = not row.bypasses
+        self.tenancy_known = True
 
     async def alembic(self, verb: str, revision: str) -> None:
         """``upgrade`` / ``downgrade`` with the shipped migrations; never a silent no-op in the wrong direction."""
@@ -296,7 +301,7 @@ class Database:
 
                 await conn.run_sync(run)
         self._schema_ok = self._replica_schema_ok = not self._check  # checked again, if it was checked at all
-        self._tenancy_known = self.dialect != "postgresql"
+        self.tenancy_known = self.dialect != "postgresql"
 
     async def revision(self) -> str | None:
         """The schema revision, None for none (also a SQLite path with no database yet: nothing is created)."""

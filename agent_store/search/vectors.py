@@ -184,8 +184,10 @@ class Embeddings:
             if conn.dialect.name == "postgresql":  # see NO_PARALLEL
                 await conn.execute(NO_PARALLEL)
             rows = (await conn.execute(scan)).all()
-            if not rows and (await conn.execute(select(V.seq).where(V.profile_id == pid).limit(1))).first() is None:
-                raise self._not_embedded()
+            none = not rows and (await conn.execute(select(V.seq).where(V.profile_id == pid).limit(1))).first() is None
+        if none:  # this profile has no vector at all: another's may (refused), else the backfill has not run
+            await self._refuse_other_profiles()
+            raise self._not_embedded()
         if not rows:
             return []
         vectors = unpack([r.vec for r in rows], embedder.profile.dimensions)
