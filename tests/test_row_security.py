@@ -14,7 +14,7 @@ from typing import Any
 
 import asyncpg
 import pytest
-from agent_framework import Agent
+from agent_framework import Agent, Message
 from helpers import plain_dsn
 from rls_support import APP, COVERED, OWNER, VIEWS, Bed, fill, make_bed, read_bobs_rows, violations
 from sqlalchemy import text
@@ -61,6 +61,12 @@ async def library_violations(bed: Bed) -> list[str]:
             pass
         except Exception as exc:
             found.append(f"dave's run failed otherwise: {type(exc).__name__}")
+        try:  # a commit with no model call: the other commit function
+            plain = await store.load("lib_carol_plain", user_id="carol")
+            plain.history.append(Message(role="user", contents=["hello"]))
+            await plain.commit()
+        except Exception as exc:  # a mutant's failure is the finding
+            found.append(f"carol's plain commit failed: {type(exc).__name__}: {exc}")
         async with store.engine.connect() as conn:  # the pool's one connection, after the library's transactions
             left = (await conn.execute(text("SELECT current_setting('agent_store.user_id', true)"))).scalar()
         if left:
@@ -167,16 +173,32 @@ def mutants() -> list[tuple[str, str, str]]:
         ]  # fmt: skip
         if table not in THROUGH_SESSIONS:  # (theirs reads agent_sessions under its own policy: equivalent)
             found.append((f"{table}: an empty name is a user", EMPTY_IS_SOMEONE, "USING"))
+    for function, calls in (("agent_store_commit_as", "agent_store_commit"),
+                            ("agent_store_commit_usage_as", "agent_store_commit_usage")):  # fmt: skip
+        found.append((f"{function}: names the user for the session",
+                      COMMIT_AS.format(f=function, calls=calls, local="false"),
+                      COMMIT_AS.format(f=function, calls=calls, local="true")))  # fmt: skip
     found += [(f"{view}: reads as its owner", f'ALTER VIEW "{view}" SET (security_invoker = false)',
                f'ALTER VIEW "{view}" SET (security_invoker = true)') for view in VIEWS]  # fmt: skip
     return found
 
 
 EMPTY_IS_SOMEONE = "(the policy without NULLIF)"
+COMMIT_AS = """CREATE OR REPLACE FUNCTION {f}(u text, a text, p jsonb) RETURNS bigint LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM set_config('agent_store.user_id', u, {local}), set_config('agent_store.app_id', a, {local});
+    RETURN {calls}(p);
+END $$"""
 THROUGH_SESSIONS = {"agent_messages", "agent_message_marks", "agent_branch_marks", "agent_runs", "agent_state",
                     "agent_state_history", "agent_tool_calls", "agent_message_vectors", "agent_responses"}
+def _reads_name_the_session(patch: pytest.MonkeyPatch) -> None:
+    patch.setattr(tenancy, "LOCAL", "false")
+    patch.setattr(tenancy, "_READS", {})
+
+
 LIBRARY_MUTANTS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
     "the library names no user": lambda mp: mp.setattr(tenancy, "named", lambda: {"user": ""}),
+    "a one-statement read names the user for the session": _reads_name_the_session,
     "the name is set for the session, not the transaction": lambda mp: mp.setattr(tenancy, "NAME", text(
         "SELECT set_config('agent_store.user_id', :user, false), set_config('agent_store.app_id', :app, false)"))
 }  # fmt: skip
@@ -217,7 +239,7 @@ async def test_the_mutation_run_catches_every_mutant(bed: Bed, monkeypatch: pyte
     total = len(mutants()) + len(LIBRARY_MUTANTS)
     with capsys.disabled():
         print(f"\nrow-level security mutation run: {killed} of {total} mutants killed")
-    assert survivors == [] and killed == total == 134
+    assert survivors == [] and killed == total == 137
 
 
 def _mend(mends: str, table: str, qual: str) -> str:

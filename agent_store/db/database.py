@@ -8,7 +8,7 @@ cleanup after a failure never replaces the caller's exception with its own.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -154,30 +154,34 @@ class Database:
 
     async def one_statement(
         self, statement: Any, params: dict[str, Any], *, doing: str, held: AsyncConnection | None = None,
-        committing: Callable[[], None] | None = None,
+        committing: Callable[[], None] | None = None, names_itself: bool = False,
     ) -> list[Any]:  # fmt: skip
         """All rows of one statement, run outside any explicit transaction: a single statement is its own
         snapshot (a run's load) and its own transaction (PostgreSQL's one-round-trip commit). On a serialized
         run's ``held`` connection, inside its transaction. ``committing``: called before a write is sent (a
-        write is not repeated here; a read that meets a dead pooled connection is, once)."""
+        write is not repeated here; a read that meets a dead pooled connection is, once). ``names_itself``: a
+        statement that names its user for row-level security by itself (the commit functions' ``_as`` forms)."""
         if held is not None:
             with translated(self.url, doing):
                 return list((await held.execute(statement, params)).all())
-        if committing is not None:
-            return await self._on_fresh_connection(statement, params, doing, committing)
-        return await once_more_if_dropped(lambda: self._on_fresh_connection(statement, params, doing, None))
+        def once() -> Awaitable[list[Any]]:
+            return self._on_fresh_connection(statement, params, doing, committing, names_itself)
 
-    async def _on_fresh_connection(
-        self, statement: Any, params: dict[str, Any], doing: str, committing: Callable[[], None] | None
-    ) -> list[Any]:
+        return await (once() if committing is not None else once_more_if_dropped(once))
+
+    async def _on_fresh_connection(self, statement: Any, params: dict[str, Any], doing: str,
+                                   committing: Callable[[], None] | None, names_itself: bool) -> list[Any]:  # fmt: skip
         with translated(self.url, doing):
             await self.check_schema()
             if not self.tenancy_known:
                 async with self.transaction(write=False, doing=doing):
                     pass  # learns it, once
-            if self.row_security:  # in a transaction that names its user (tenancy.py): BEGIN, the name, COMMIT
-                async with self.transaction(write=True, doing=doing, committing=committing) as held:
-                    return await self.driver.fetch(held, statement, params, lost=self.lost(doing))
+            if self.row_security and not names_itself:  # its user named in the same round trip (tenancy.py),
+                named = tenancy.named_read(statement) if committing is None else None
+                if named is None:  # or else in a transaction: BEGIN, the name, the statement, COMMIT
+                    async with self.transaction(write=True, doing=doing, committing=committing) as held:
+                        return await self.driver.fetch(held, statement, params, lost=self.lost(doing))
+                statement, params = named, {**params, **tenancy.read_names(self.settings.app_id)}
             conn = await checkout(self._single)
             lost = self.lost(doing)
             try:

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, ParamSpec, TypeVar
 
-from sqlalchemy import text
+from sqlalchemy import bindparam, func, literal_column, select, text
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -32,6 +32,39 @@ STATUS = text(
     "current_user AS role FROM pg_class c JOIN pg_roles r ON r.rolname = current_user "
     "WHERE c.oid = to_regclass('agent_sessions')"
 )
+
+
+LOCAL = "true"  # set_config's is_local: the name ends with its transaction (the mutation run tries "false")
+_READS: dict[Any, Any] = {}  # a statement -> the same, naming its user first (built once: statements are reused)
+
+
+def named_read(statement: Any) -> Any:
+    """One read statement that names its user first, in the same round trip and the same (implicit) transaction:
+
+        SELECT rows.* FROM (SELECT set_config(...), set_config(...) OFFSET 0) AS named,
+            LATERAL (SELECT * FROM (<statement>) r WHERE named.u IS NOT NULL OFFSET 0) AS rows ORDER BY <its order>
+
+    The lateral reference, and OFFSET 0 on both sides (no pull-up), make the names' row come first: the read is
+    the inner side of a nested loop over it, so the policies' settings, evaluated when first needed, are set.
+    None for a statement whose ORDER BY is not plain selected columns (it then runs in BEGIN ... COMMIT)."""
+    if statement in _READS:
+        return _READS[statement]
+    found = None
+    clauses = getattr(statement, "_order_by_clauses", ())  # a union's are references to its columns' labels
+    keys = [getattr(c, "name", None) or getattr(getattr(c, "element", None), "name", None) for c in clauses]
+    order = [name for name in keys if isinstance(name, str)]
+    if len(order) == len(keys) and all(name in statement.selected_columns for name in order):
+        names = select(func.set_config("agent_store.user_id", bindparam("agent_store_user"), literal_column(LOCAL))
+                       .label("u"), func.set_config("agent_store.app_id", bindparam("agent_store_app"),
+                       literal_column(LOCAL)).label("a")).offset(0).subquery("agent_store_named")  # fmt: skip
+        inner = statement.subquery("agent_store_read")
+        rows = select(*inner.c).where(names.c.u.is_not(None)).offset(0).lateral("agent_store_rows")
+        found = select(*rows.c).select_from(names.join(rows, literal_column("true")))
+        found = found.order_by(*(rows.c[name] for name in order))
+    if len(_READS) > 64:
+        _READS.clear()
+    _READS[statement] = found
+    return found
 
 
 @contextmanager
@@ -47,6 +80,11 @@ def acting_as(user_id: str | None) -> Iterator[None]:
 def named() -> dict[str, str]:
     """The parameters of :data:`NAME` for the call in progress (the app is added by the caller)."""
     return {"user": acting.get() or ""}
+
+
+def read_names(app_id: str) -> dict[str, str]:
+    """The parameters :func:`named_read`'s statements take."""
+    return {"agent_store_user": named()["user"], "agent_store_app": app_id}
 
 
 def for_user(function: Callable[P, Coroutine[Any, Any, R]]) -> Callable[P, Coroutine[Any, Any, R]]:

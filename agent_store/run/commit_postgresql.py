@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy import text
 
 import agent_store.run.compaction as compaction
-from agent_store.db import codec, ledger, runlog
+from agent_store.db import codec, ledger, runlog, tenancy
 from agent_store.db.erasures import user_key
 from agent_store.db.scopes import APP_PREFIX, USER_PREFIX, scope_of
 from agent_store.errors import CheckedPathNeeded, DatabaseError, StorageUnavailableError
@@ -28,6 +28,9 @@ LARGEST_CALL = 32 * 1024 * 1024
 CALL = text("SELECT agent_store_commit(CAST(:p AS jsonb))")
 # A run with model calls: the same commit, then its usage-ledger rows and budget charges (migration 0014).
 CALL_WITH_USAGE = text("SELECT agent_store_commit_usage(CAST(:p AS jsonb))")
+# Under row-level security, the same calls naming the run's user first, in the same round trip (migration 0024).
+CALL_AS = text("SELECT agent_store_commit_as(:u, :a, CAST(:p AS jsonb))")
+CALL_WITH_USAGE_AS = text("SELECT agent_store_commit_usage_as(:u, :a, CAST(:p AS jsonb))")
 UNIQUE_VIOLATION = "23505"
 
 
@@ -41,9 +44,12 @@ async def attempt(call: OneCall) -> Outcome:
     if sum(len(r.columns["body"]) + len(r.columns["text"]) for r in delta.messages) > LARGEST_CALL:
         return None, False
     try:
-        statement = CALL_WITH_USAGE if delta.calls else CALL
+        params, named = {"p": payload(call)}, call.db.row_security
+        if named:
+            params.update(u=tenancy.named()["user"], a=call.db.settings.app_id)
+        statement = (CALL_WITH_USAGE_AS if named else CALL_WITH_USAGE) if delta.calls else (CALL_AS if named else CALL)
         rows = await call.db.one_statement(
-            statement, {"p": payload(call)}, doing="committing a run", committing=call.sent
+            statement, params, doing="committing a run", committing=call.sent, names_itself=named
         )
     except CheckedPathNeeded:
         return None, False

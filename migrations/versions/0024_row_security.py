@@ -84,6 +84,20 @@ BEGIN
             NULLIF(current_setting('agent_store.user_id', true), ''), 'UTF8')), 'hex')));
 END $$"""
 
+# The one-round-trip commit, naming its user first in the same statement (its own transaction): the name is
+# transaction-local, so it ends with the call. SECURITY INVOKER, as every function here: the policies hold.
+_COMMIT_AS = """CREATE FUNCTION agent_store_commit_as(u text, a text, p jsonb) RETURNS bigint LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM set_config('agent_store.user_id', u, true), set_config('agent_store.app_id', a, true);
+    RETURN agent_store_commit(p);
+END $$"""
+_COMMIT_USAGE_AS = """CREATE FUNCTION agent_store_commit_usage_as(u text, a text, p jsonb) RETURNS bigint
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM set_config('agent_store.user_id', u, true), set_config('agent_store.app_id', a, true);
+    RETURN agent_store_commit_usage(p);
+END $$"""
+
 _DROP = """DO $$
 DECLARE
     t text;
@@ -110,6 +124,8 @@ def upgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":
         op.execute(_SWITCH)
         op.execute(_POLICIES)
+        op.execute(_COMMIT_AS)
+        op.execute(_COMMIT_USAGE_AS)
         for statement in _INVOKER:
             op.execute(statement)
 
@@ -120,3 +136,5 @@ def downgrade() -> None:
             op.execute(statement)
         op.execute(_DROP)
         op.execute("DROP FUNCTION agent_store_row_security(boolean)")
+        op.execute("DROP FUNCTION agent_store_commit_as(text, text, jsonb)")
+        op.execute("DROP FUNCTION agent_store_commit_usage_as(text, text, jsonb)")
