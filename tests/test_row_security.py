@@ -67,6 +67,8 @@ async def library_violations(bed: Bed) -> list[str]:
             await plain.commit()
         except Exception as exc:  # a mutant's failure is the finding
             found.append(f"carol's plain commit failed: {type(exc).__name__}: {exc}")
+        if [s.id for s in (await store.list_sessions(user_id="dave")).items]:  # a read in BEGIN ... COMMIT
+            found.append("dave lists sessions he has none of")
         async with store.engine.connect() as conn:  # the pool's one connection, after the library's transactions
             left = (await conn.execute(text("SELECT current_setting('agent_store.user_id', true)"))).scalar()
         if left:

@@ -173,18 +173,18 @@ class Database:
                                    committing: Callable[[], None] | None, names_itself: bool) -> list[Any]:  # fmt: skip
         with translated(self.url, doing):
             await self.check_schema()
-            if not self.tenancy_known:
-                async with self.transaction(write=False, doing=doing):
-                    pass  # learns it, once
-            if self.row_security and not names_itself:  # its user named in the same round trip (tenancy.py),
-                named = tenancy.named_read(statement) if committing is None else None
-                if named is None:  # or else in a transaction: BEGIN, the name, the statement, COMMIT
-                    async with self.transaction(write=True, doing=doing, committing=committing) as held:
-                        return await self.driver.fetch(held, statement, params, lost=self.lost(doing))
-                statement, params = named, {**params, **tenancy.read_names(self.settings.app_id)}
             conn = await checkout(self._single)
             lost = self.lost(doing)
             try:
+                if not self.tenancy_known:  # once, on this connection
+                    await self.learn_tenancy(conn)
+                named = tenancy.named_read(statement) if self.row_security and committing is None else None
+                if self.row_security and not names_itself and named is None:  # BEGIN, the name, it, COMMIT
+                    await quietly(conn.close, "returning a connection")
+                    async with self.transaction(write=True, doing=doing, committing=committing) as held:
+                        return await self.driver.fetch(held, statement, params, lost=lost)
+                if self.row_security and not names_itself:  # its user named in the same round trip (tenancy.py)
+                    statement, params = named, {**params, **tenancy.read_names(self.settings.app_id)}
                 if committing is not None:
                     await self.driver.check_open(conn, lost=lost)  # closed in the pool: certainly not sent
                     committing()
