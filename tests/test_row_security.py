@@ -342,3 +342,18 @@ async def test_warm_up_primes_commits_under_the_application_role(bed: Bed, caplo
         assert await admin.fetchval("SELECT count(*) FROM agent_sessions") == 0
     finally:
         await admin.close()
+
+
+async def test_a_failed_runs_tokens_are_charged_to_its_user_under_the_application_role(bed: Bed) -> None:
+    """Found by the outside review: a run that failed after its model call logged its calls and charged the
+    budget in a transaction that named no one, so under the policies nothing was charged."""
+    async with Store.from_url(bed.app_url) as store:
+        await store.usage.set_budget(1_000_000, user_id="carol")
+        await talk(store, "c1", "carol", "my name is Ann")
+        used = (await store.usage.budget(user_id="carol")).used  # type: ignore[union-attr]
+        agent = Agent(client=OfflineChatClient(), name="Bot", context_providers=[StoreHistoryProvider(store)])
+        with pytest.raises(RuntimeError):
+            async with store.session("c1", user_id="carol") as session:
+                await agent.run("what is my name?", session=session)
+                raise RuntimeError("the app failed after the model call")
+        assert used > 0 and (await store.usage.budget(user_id="carol")).used > used  # type: ignore[union-attr]

@@ -10,7 +10,7 @@ from agent_framework import AgentSession, SessionStore
 from agent_framework._feature_stage import ExperimentalWarning
 
 import agent_store.run.points as points
-from agent_store.db import ids
+from agent_store.db import ids, tenancy
 from agent_store.db.cut_points import GONE
 from agent_store.db.load_statement import POSITION_STEP
 from agent_store.errors import ConflictError, InvalidValueError, SessionNotFoundError
@@ -68,6 +68,7 @@ class StoreSessionStore(_SessionStoreBase):
         self.store, self.user_id, self.history_limit = store, user_id, history_limit
         self._absent = ReadTimes()  # gets that found nothing: the sessions the callers build date from them
 
+    @tenancy.for_its("user_id")
     async def get(self, session_id: str) -> AgentSession | None:
         SessionStore.validate_session_id(session_id)
         read_at = datetime.now(UTC)
@@ -104,6 +105,7 @@ class StoreSessionStore(_SessionStoreBase):
         except SessionNotFoundError:
             return None
 
+    @tenancy.for_its("user_id")
     async def set(self, session_id: str, session: AgentSession) -> None:
         SessionStore.validate_session_id(session_id)
         earlier = getattr(session, _SET_BEFORE, None)
@@ -161,6 +163,7 @@ class StoreSessionStore(_SessionStoreBase):
         (a served conversation's id is its session's own id); agentserver/foundry.py's subclass says when."""
         return False
 
+    @tenancy.for_its("user_id")
     async def delete(self, session_id: str) -> None:
         SessionStore.validate_session_id(session_id)
         point = await points.resolve(self.store.db, session_id, self.user_id)

@@ -289,6 +289,7 @@ class Run:
         if isinstance(exc, DatabaseError) or (isinstance(exc, StorageUnavailableError) and exc.refused):
             self._maybe_landed = landed_before
 
+    @tenancy.for_its("user_id")  # a failed run's ledger rows and charges are its user's too
     async def log_unwritten(self, outcome: str) -> None:
         """Log a run that wrote nothing ("conflict", "failed") and its model calls, in a transaction of its own:
         operators see conflicts, and spent tokens are charged (also where no log row may go: record_unwritten)."""

@@ -21,7 +21,7 @@ from sqlalchemy import bindparam, literal, select, union_all, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 import agent_store.run.point_reads as reads
-from agent_store.db import codec, erasures, message_decode, message_rows
+from agent_store.db import codec, erasures, message_decode, message_rows, tenancy
 from agent_store.db import statements as sql
 from agent_store.db.cut_points import GONE, forget_point
 from agent_store.db.database import Database
@@ -56,6 +56,7 @@ class Point:
     moves: bool = False  # a key naming the session's head wherever it goes (0018): a turn from it never branches
 
 
+@tenancy.for_user
 async def resolve(db: Database, key: str, user_id: str | None) -> Point | None:
     """The point ``key`` names for ``user_id``: a response of theirs, or a branch of theirs by its own id (its
     head: read through its bases, with no second lookup), else None (keys are per user: another user's is not
@@ -106,6 +107,7 @@ async def chain_of(conn: AsyncConnection, session_id: str) -> list[Any]:
     return list((await conn.execute(select(up).order_by(up.c.depth))).all())
 
 
+@tenancy.for_user
 async def load_point(
     db: Database, point: Point, *, user_id: str | None, agent_id: str | None, history_limit: int | None
 ) -> Run:  # fmt: skip
