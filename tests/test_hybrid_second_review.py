@@ -5,7 +5,10 @@ meaning before any backfill answered an empty page (vector) or words passed off 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
@@ -24,42 +27,41 @@ async def six_messages(pg_url: str) -> None:
         await say(store, "long", *(f"message {i} about flights and hotels" for i in range(6)))
 
 
+@asynccontextmanager
+async def writer_holding(pg_url: str, seq: int) -> AsyncIterator[tuple[asyncpg.Connection, Any]]:
+    """A raw connection whose open transaction holds message ``seq``'s row, and that transaction."""
+    writer = await asyncpg.connect(plain_dsn(pg_url))
+    try:
+        holding = writer.transaction()
+        await holding.start()
+        await writer.execute(HOLD_ROW_1.replace("seq = 1", f"seq = {seq}"))
+        yield writer, holding
+    finally:
+        await writer.close()
+
+
 async def test_the_backfill_waits_for_no_writer(pg_url: str) -> None:
     """A writer holds message 1's row (a commit rewriting its marks, in flight): the backfill passes it by and
     finishes at once; the next backfill, after the writer's commit, takes it."""
     await six_messages(pg_url)
-    writer = await asyncpg.connect(plain_dsn(pg_url))
-    try:
-        async with Store.from_url(pg_url, embedder=EMBEDDER) as store:
-            holding = writer.transaction()
-            await holding.start()
-            await writer.execute(HOLD_ROW_1)
-            written = await asyncio.wait_for(store.embeddings.backfill(batch_size=3), timeout=10)
-            assert written == 5 and await store.embeddings.pending() == 1
-            await holding.commit()
-            assert await store.embeddings.backfill() == 1 and await vector_count(store) == 6
-    finally:
-        await writer.close()
+    async with writer_holding(pg_url, 1) as (_, holding), Store.from_url(pg_url, embedder=EMBEDDER) as store:
+        written = await asyncio.wait_for(store.embeddings.backfill(batch_size=3), timeout=10)
+        assert written == 5 and await store.embeddings.pending() == 1
+        await holding.commit()
+        assert await store.embeddings.backfill() == 1 and await vector_count(store) == 6
 
 
 async def test_a_writer_updating_several_messages_never_deadlocks_with_the_backfill(pg_url: str) -> None:
     """The writer holds message 3, the backfill starts, then the writer updates message 1 too and commits. Before,
     the backfill held 0-2 waiting for 3 while the writer waited for 1: PostgreSQL rolled one of them back."""
     await six_messages(pg_url)
-    writer = await asyncpg.connect(plain_dsn(pg_url))
-    try:
-        async with Store.from_url(pg_url, embedder=EMBEDDER) as store:
-            holding = writer.transaction()
-            await holding.start()
-            await writer.execute(HOLD_ROW_1.replace("seq = 1", "seq = 3"))
-            backfill = asyncio.create_task(store.embeddings.backfill(batch_size=6))
-            await asyncio.sleep(0.5)
-            await asyncio.wait_for(writer.execute(HOLD_ROW_1), timeout=10)  # a deadlock raises here or in the backfill
-            await holding.commit()
-            assert await asyncio.wait_for(backfill, timeout=10) == 5
-            assert await store.embeddings.backfill() == 1 and await store.embeddings.pending() == 0
-    finally:
-        await writer.close()
+    async with writer_holding(pg_url, 3) as (writer, holding), Store.from_url(pg_url, embedder=EMBEDDER) as store:
+        backfill = asyncio.create_task(store.embeddings.backfill(batch_size=6))
+        await asyncio.sleep(0.5)
+        await asyncio.wait_for(writer.execute(HOLD_ROW_1), timeout=10)  # a deadlock raises here or in the backfill
+        await holding.commit()
+        assert await asyncio.wait_for(backfill, timeout=10) == 5
+        assert await store.embeddings.backfill() == 1 and await store.embeddings.pending() == 0
 
 
 async def test_ranking_by_meaning_before_any_backfill_says_so(url: str, store: Store, tmp_path: Path) -> None:

@@ -138,10 +138,7 @@ class Database:
             conn = await checkout(source)
             try:
                 await conn.begin()
-                if not self.tenancy_known:  # on this connection: a replica's for a replica read
-                    await self.learn_tenancy(conn)
-                if self.row_security:
-                    await conn.execute(tenancy.NAME, {**tenancy.named(), "app": self.settings.app_id})
+                await self._name_user(conn)  # on this connection: a replica's for a replica read
                 yield conn
                 if committing is not None:
                     committing()
@@ -232,10 +229,7 @@ class Database:
             try:
                 await conn.begin()
                 if self.dialect == "postgresql":
-                    if not self.tenancy_known:
-                        await self.learn_tenancy(conn)
-                    if self.row_security:
-                        await conn.execute(tenancy.NAME, {**tenancy.named(), "app": self.settings.app_id})
+                    await self._name_user(conn)
                     await conn.execute(select(func.pg_advisory_xact_lock(SESSION_LOCK, func.hashtext(session_id))))
             except BaseException:
                 await quietly(conn.close, "returning a connection")
@@ -256,11 +250,17 @@ class Database:
                     await check_schema(conn, self.url)
             self._schema_ok = True
 
+    async def _name_user(self, conn: AsyncConnection) -> None:
+        """Begin a transaction by naming its user, under row-level security (learned first, once)."""
+        if not self.tenancy_known:
+            await self.learn_tenancy(conn)
+        if self.row_security:
+            await conn.execute(tenancy.NAME, {**tenancy.named(), "app": self.settings.app_id})
+
     async def learn_tenancy(self, conn: AsyncConnection) -> None:
-        """Whether row-level security is on (read once, on the first connection used), and so whether each
-        transaction must name its user. Refuses a role that would bypass it (a superuser, BYPASSRLS) unless the
-        store is an operator's, and an operator's store whose role would not (its cross-user work would see
-        nothing)."""
+        """Whether row-level security is on (read once), so each transaction must name its user. Refuses a role
+        that would bypass it (superuser, BYPASSRLS) unless the store is an operator's, and an operator's store
+        whose role would not (its cross-user work would see nothing)."""
         if self.dialect == "postgresql":
             row = (await conn.execute(tenancy.STATUS)).first()
             if row is not None and row.enabled:
