@@ -258,11 +258,11 @@ class Database:
             await conn.execute(tenancy.NAME, {**tenancy.named(), "app": self.settings.app_id})
 
     async def learn_tenancy(self, conn: AsyncConnection) -> None:
-        """Whether row-level security is on (read once), so each transaction must name its user. Refuses a role
-        that would bypass it (superuser, BYPASSRLS) unless the store is an operator's, and an operator's store
-        whose role would not (its cross-user work would see nothing)."""
+        """Whether row-level security is on (read once, by the driver's path: through PgBouncer SQLAlchemy's
+        prepare and execute may meet two servers), so each transaction must name its user. Refuses a role that
+        would bypass it (superuser, BYPASSRLS) unless the store is an operator's, and the reverse."""
         if self.dialect == "postgresql":
-            row = (await conn.execute(tenancy.STATUS)).first()
+            row = next(iter(await self.driver.fetch(conn, tenancy.STATUS, {}, lost=self.lost("learning RLS"))), None)
             if row is not None and row.enabled:
                 if row.bypasses != self.settings.operator:
                     raise ConfigurationError(tenancy.refusal(row.role, operator=self.settings.operator))
