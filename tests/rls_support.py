@@ -157,6 +157,9 @@ async def violations(url: str) -> list[str]:
                     found.append(f"{table}: {n} rows named alice (her 1 expected)")
             if not await _bobs_row_refused(conn, table, ident):
                 found.append(f"{table}: a row of bob's written while alice is named")
+        mine_on_his = {**BOBS["agent_usage"], "user_id": "alice", "app_id": "app_alice", "call_no": 1001}
+        if not await _refused(conn, '"agent_usage"', mine_on_his):  # the foreign key's check ignores policies
+            found.append("agent_usage: a ledger row of alice's written onto bob's run")
         for view in VIEWS:  # read as the one who asks (security invoker): the tables' policies hold
             ident = '"' + view + '"'
             async with conn.transaction():
@@ -176,6 +179,11 @@ async def _bobs_row_refused(conn: asyncpg.Connection, table: str, ident: str) ->
             continue
         row[column.name] = row[column.name] + 1000 if isinstance(row[column.name], int) else row[column.name] + "2"
         break
+    return await _refused(conn, ident, row)
+
+
+async def _refused(conn: asyncpg.Connection, ident: str, row: dict[str, Any]) -> bool:
+    """Named alice, insert ``row``: whether a policy refused it."""
     names = ", ".join('"' + k + '"' for k in row)
     places = ", ".join(f"${i}" for i in range(1, len(row) + 1))
     try:

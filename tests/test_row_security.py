@@ -14,7 +14,7 @@ from typing import Any
 
 import asyncpg
 import pytest
-from agent_framework import Agent, Message
+from agent_framework import Agent, AgentSession, Message
 from helpers import plain_dsn
 from rls_support import APP, COVERED, OWNER, VIEWS, Bed, fill, make_bed, read_bobs_rows, violations
 from sqlalchemy import text
@@ -135,6 +135,43 @@ async def test_roles_that_would_bypass_the_policies_are_refused_at_start_up(bed:
             await wrong.list_sessions(all_users=True)
 
 
+async def test_a_replica_under_the_applications_role_lets_no_superuser_primary_through(bed: Bed) -> None:
+    """Each connection's role is checked, not only the first one's: a replica read first, then a run's write."""
+    async with Store.from_url(bed.admin_url, replica_url=bed.app_url) as store:
+        assert (await store.list_sessions(user_id="alice")).items == []  # the replica's role is held: fine
+        with pytest.raises(ConfigurationError, match="superuser or has BYPASSRLS"):
+            await talk(store, "s1", "alice", "my name is Ann")
+    async with Store.from_url(bed.app_url, replica_url=bed.admin_url) as store:  # and the other way round
+        with pytest.raises(ConfigurationError, match="superuser or has BYPASSRLS"):
+            await store.list_sessions(user_id="alice")
+
+
+async def test_the_switch_turned_on_under_a_running_store_is_learned_at_its_first_refused_write(
+    bed: Bed, tmp_path: Path
+) -> None:
+    """A store that started with the switch off names no one: once it is on, its next write is refused (typed,
+    nothing kept) and every connection learns again, so the run after it is named; a new connection learns at once."""
+    owner = await asyncpg.connect(plain_dsn(bed.owner_url))
+    try:
+        await owner.execute("SELECT agent_store_row_security(false)")
+        async with Store.from_url(bed.app_url, pool_size=1, max_overflow=0) as store:
+            assert "Ann" in (await talk(store, "s1", "alice", "my name is Ann", "what is my name?"))[-1]
+            assert store.db.row_security is False
+            await owner.execute("SELECT agent_store_row_security(true)")
+            with pytest.raises(ConfigurationError, match="row-level security policy"):
+                await talk(store, "s1", "alice", "my name is Mallory")  # read as no one: saw nothing, kept nothing
+            assert "Ann" in (await talk(store, "s1", "alice", "what is my name?"))[-1]
+            assert store.db.row_security is True
+            await owner.execute("SELECT agent_store_row_security(false)")
+            await store.engine.dispose()  # a new connection learns the switch off: no name needed, none refused
+            assert "Ann" in (await talk(store, "s1", "alice", "what is my name?"))[-1]
+            assert store.db.row_security is False
+        assert await owner.fetchval("SELECT count(*) FROM agent_messages WHERE text LIKE '%Mallory%'") == 0
+    finally:
+        await owner.execute("SELECT agent_store_row_security(true)")
+        await owner.close()
+
+
 async def test_the_switch_from_the_command_line(bed: Bed, tmp_path: Path) -> None:
     from cli_support import cli, ok
 
@@ -180,19 +217,32 @@ def mutants() -> list[tuple[str, str, str]]:
         found.append((f"{function}: names the user for the session",
                       COMMIT_AS.format(f=function, calls=calls, local="false"),
                       COMMIT_AS.format(f=function, calls=calls, local="true")))  # fmt: skip
+    found.append(("agent_usage: a ledger row may hang on another user's run", USAGE_CHECKS_ONLY_ITS_USER, "WITH CHECK"))
     found += [(f"{view}: reads as its owner", f'ALTER VIEW "{view}" SET (security_invoker = false)',
                f'ALTER VIEW "{view}" SET (security_invoker = true)') for view in VIEWS]  # fmt: skip
     return found
 
 
 EMPTY_IS_SOMEONE = "(the policy without NULLIF)"
+USAGE_CHECKS_ONLY_ITS_USER = "(agent_usage's check without its run's session)"
 COMMIT_AS = """CREATE OR REPLACE FUNCTION {f}(u text, a text, p jsonb) RETURNS bigint LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM set_config('agent_store.user_id', u, {local}), set_config('agent_store.app_id', a, {local});
     RETURN {calls}(p);
 END $$"""
-THROUGH_SESSIONS = {"agent_messages", "agent_message_marks", "agent_branch_marks", "agent_runs", "agent_state",
-                    "agent_state_history", "agent_tool_calls", "agent_message_vectors", "agent_responses"}
+THROUGH_SESSIONS = {
+    "agent_messages",
+    "agent_message_marks",
+    "agent_branch_marks",
+    "agent_runs",
+    "agent_state",
+    "agent_state_history",
+    "agent_tool_calls",
+    "agent_message_vectors",
+    "agent_responses",
+}
+
+
 def _reads_name_the_session(patch: pytest.MonkeyPatch) -> None:
     patch.setattr(tenancy, "LOCAL", "false")
     patch.setattr(tenancy, "_READS", {})
@@ -220,15 +270,20 @@ async def test_the_mutation_run_catches_every_mutant(bed: Bed, monkeypatch: pyte
     try:
         for name, breaks, mends in mutants():
             table = name.split(":")[0]
-            qual = await owner.fetchval("SELECT qual FROM pg_policies WHERE policyname = 'agent_store_tenant' "
-                                        "AND tablename = $1", table)  # fmt: skip
+            qual, check = await owner.fetchrow(
+                "SELECT qual, with_check FROM pg_policies WHERE policyname = 'agent_store_tenant' AND tablename = $1",
+                table,
+            ) or (None, None)  # fmt: skip  (a view: none)
             if breaks == EMPTY_IS_SOMEONE:  # the policy as it is, without NULLIF(..., ''): "" names the rows of ""
                 loose = qual.replace("NULLIF(current_setting", "(current_setting").replace(", ''::text)", ")")
                 assert loose != qual, qual
                 breaks = f'ALTER POLICY agent_store_tenant ON "{table}" USING ({loose})'
+            if breaks == USAGE_CHECKS_ONLY_ITS_USER:
+                assert check and "agent_sessions" in check, check
+                breaks = f'ALTER POLICY agent_store_tenant ON "{table}" WITH CHECK ({qual})'
             await owner.execute(breaks)
             found = await caught()
-            await owner.execute(_mend(mends, table, qual))
+            await owner.execute(_mend(mends, table, qual, check))
             killed, survivors = (killed + 1, survivors) if found else (killed, [*survivors, name])
         for name, apply in LIBRARY_MUTANTS.items():
             with monkeypatch.context() as patch:
@@ -241,15 +296,17 @@ async def test_the_mutation_run_catches_every_mutant(bed: Bed, monkeypatch: pyte
     total = len(mutants()) + len(LIBRARY_MUTANTS)
     with capsys.disabled():
         print(f"\nrow-level security mutation run: {killed} of {total} mutants killed")
-    assert survivors == [] and killed == total == 137
+    assert survivors == [] and killed == total == 138
 
 
-def _mend(mends: str, table: str, qual: str) -> str:
+def _mend(mends: str, table: str, qual: str, check: str | None) -> str:
     t = '"' + table + '"'
+    # A FOR ALL policy checks writes with USING when it has no WITH CHECK (only agent_usage's has one).
+    policy = f"CREATE POLICY agent_store_tenant ON {t} USING ({qual})" + (f" WITH CHECK ({check})" if check else "")
     if mends == "CREATE POLICY":
-        return f"CREATE POLICY agent_store_tenant ON {t} USING ({qual})"
-    if mends in ("USING", "WITH CHECK"):  # a FOR ALL policy checks writes with USING when it has no WITH CHECK
-        return f"DROP POLICY agent_store_tenant ON {t}; CREATE POLICY agent_store_tenant ON {t} USING ({qual})"
+        return policy
+    if mends in ("USING", "WITH CHECK"):
+        return f"DROP POLICY agent_store_tenant ON {t}; {policy}"
     return mends
 
 
@@ -329,6 +386,33 @@ async def test_every_other_entry_point_names_its_user(bed: Bed) -> None:
             "alice", "bob"]  # fmt: skip
     finally:
         await admin.close()
+
+
+async def test_response_points_and_their_branches_under_the_application_role(bed: Bed) -> None:
+    """StoreSessionStore (the hosting packages' seam): points and a branch read back as they were for their user;
+    another user resolves none of them, and his own point of the same name is his."""
+    from test_conversation_trees import _tree
+
+    from agent_store.agent_framework import StoreSessionStore
+
+    async with Store.from_url(bed.app_url) as store:
+        alice = await _tree(store)  # user "u": r0 -> r1 -> r2 -> r3, and b1 from r2
+        for key, expected in (
+            ("r1", ["to r1"]),
+            ("r3", ["to r1", "to r2", "to r3"]),
+            ("b1", ["to r1", "to r2", "to b1"]),
+        ):
+            session = await alice.get(key)
+            assert session is not None and [m.text for m in session.state["in_memory"]["messages"]] == expected, key
+        bob = StoreSessionStore(store, user_id="bob")
+        assert [await bob.get(key) for key in ("r0", "r1", "r3", "b1")] == [None] * 4
+        his_own = AgentSession(session_id="r1")
+        his_own.state["his"] = True
+        await bob.set("r1", his_own)
+        his = await bob.get("r1")
+        assert his is not None and his.state.get("his") is True
+        mine = await alice.get("r1")
+        assert mine is not None and "his" not in mine.state
 
 
 async def test_warm_up_primes_commits_under_the_application_role(bed: Bed, caplog: pytest.LogCaptureFixture) -> None:

@@ -82,7 +82,7 @@ class Database:
             self._writer = engine
             self._single = engine.execution_options(isolation_level="AUTOCOMMIT")
         self._replica: AsyncEngine | None = None
-        self.row_security, self.tenancy_known = False, self.dialect != "postgresql"  # read at first use
+        self.row_security, self.tenancy_epoch = False, 1  # learned per connection (tenancy.learn)
         self._check = check_schema
         self._schema_ok = self._replica_schema_ok = not check_schema
         self.driver = DriverPath(engine.dialect)  # a run's load and commit, straight on the driver
@@ -143,7 +143,8 @@ class Database:
                 if committing is not None:
                     committing()
                 await conn.commit()
-            except BaseException:
+            except BaseException as exc:
+                self.tenancy_epoch += tenancy.refused_by_policy(exc)  # the switch changed: learn again
                 await quietly(conn.rollback, "rollback")
                 raise
             finally:
@@ -173,8 +174,8 @@ class Database:
             conn = await checkout(self._single)
             lost = self.lost(doing)
             try:
-                if not self.tenancy_known:  # once, on this connection
-                    await self.learn_tenancy(conn)
+                if conn.info.get(tenancy.LEARNED) != self.tenancy_epoch:
+                    await tenancy.learn(self, conn)
                 named = tenancy.named_read(statement) if self.row_security and committing is None else None
                 if self.row_security and not names_itself and named is None:  # BEGIN, the name, it, COMMIT
                     await quietly(conn.close, "returning a connection")
@@ -185,7 +186,11 @@ class Database:
                 if committing is not None:
                     await self.driver.check_open(conn, lost=lost)  # closed in the pool: certainly not sent
                     committing()
-                rows = await self.driver.fetch(conn, statement, params, lost=lost)
+                try:
+                    rows = await self.driver.fetch(conn, statement, params, lost=lost)
+                except Exception as exc:
+                    self.tenancy_epoch += tenancy.refused_by_policy(exc)
+                    raise
                 if self.dialect == "sqlite":  # no BEGIN was sent: nothing to roll back (engine._sqlite_reset)
                     conn.info[NO_TRANSACTION] = True
                 return rows
@@ -252,22 +257,10 @@ class Database:
 
     async def _name_user(self, conn: AsyncConnection) -> None:
         """Begin a transaction by naming its user, under row-level security (learned first, once)."""
-        if not self.tenancy_known:
-            await self.learn_tenancy(conn)
+        if conn.info.get(tenancy.LEARNED) != self.tenancy_epoch:
+            await tenancy.learn(self, conn)
         if self.row_security:
             await conn.execute(tenancy.NAME, {**tenancy.named(), "app": self.settings.app_id})
-
-    async def learn_tenancy(self, conn: AsyncConnection) -> None:
-        """Whether row-level security is on (read once, by the driver's path: through PgBouncer SQLAlchemy's
-        prepare and execute may meet two servers), so each transaction must name its user. Refuses a role that
-        would bypass it (superuser, BYPASSRLS) unless the store is an operator's, and the reverse."""
-        if self.dialect == "postgresql":
-            row = next(iter(await self.driver.fetch(conn, tenancy.STATUS, {}, lost=self.lost("learning RLS"))), None)
-            if row is not None and row.enabled:
-                if row.bypasses != self.settings.operator:
-                    raise ConfigurationError(tenancy.refusal(row.role, operator=self.settings.operator))
-                self.row_security = not row.bypasses
-        self.tenancy_known = True
 
     async def alembic(self, verb: str, revision: str) -> None:
         """``upgrade`` / ``downgrade`` with the shipped migrations; never a silent no-op in the wrong direction."""
@@ -305,7 +298,7 @@ class Database:
 
                 await conn.run_sync(run)
         self._schema_ok = self._replica_schema_ok = not self._check  # checked again, if it was checked at all
-        self.tenancy_known = self.dialect != "postgresql"
+        self.tenancy_epoch += 1
 
     async def revision(self) -> str | None:
         """The schema revision, None for none (also a SQLite path with no database yet: nothing is created)."""

@@ -22,6 +22,8 @@ from typing import Any, ParamSpec, TypeVar
 
 from sqlalchemy import bindparam, func, literal_column, select, text
 
+from agent_store.errors import ConfigurationError
+
 P = ParamSpec("P")
 R = TypeVar("R")
 acting: ContextVar[str | None] = ContextVar("agent_store_acting_user", default=None)
@@ -32,6 +34,22 @@ STATUS = text(
     "current_user AS role FROM pg_class c JOIN pg_roles r ON r.rolname = current_user "
     "WHERE c.oid = to_regclass('agent_sessions')"
 )
+
+
+# Learned on each new connection (conn.info holds the epoch it learned in), and again on every connection after a
+# policy refused a write: the switch or a role's BYPASSRLS changed while the store ran.
+LEARNED = "agent_store_tenancy_epoch"
+REFUSED = "42501"  # insufficient_privilege: "new row violates row-level security policy" among others
+
+
+def refused_by_policy(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it was raised from) is the server's refusal of a row by a policy."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if getattr(seen, "sqlstate", None) == REFUSED and "row-level security" in str(seen):
+            return True
+        seen = seen.__cause__
+    return False
 
 
 LOCAL = "true"  # set_config's is_local: the name ends with its transaction (the mutation run tries "false")
@@ -132,3 +150,17 @@ def refusal(role: str, *, operator: bool) -> str:
     return (f"row-level security is on, but role {role!r} is a superuser or has BYPASSRLS, so the database would "
             "not enforce it: connect as the application's role (docs/row-security.md), or open the store with "
             "operator=True for cross-user work")
+
+
+async def learn(db: Any, conn: Any) -> None:
+    """Whether row-level security is on, so each transaction of ``db`` (a Database) must name its user: read on
+    each new connection (a replica's role too), by the driver's path (through PgBouncer, SQLAlchemy's prepare and
+    execute may meet two servers). Refuses a role that would bypass it (superuser, BYPASSRLS) unless the store is
+    an operator's, and an operator's store whose role would not (its cross-user work would see nothing)."""
+    if db.dialect == "postgresql":
+        rows = await db.driver.fetch(conn, STATUS, {}, lost=db.lost("learning row-level security"))
+        row = rows[0] if rows else None
+        if row is not None and row.enabled and row.bypasses != db.settings.operator:
+            raise ConfigurationError(refusal(row.role, operator=db.settings.operator))
+        db.row_security = row is not None and row.enabled and not row.bypasses
+    conn.info[LEARNED] = db.tenancy_epoch

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from agent_store.db import tenancy
 from agent_store.db.connections import checkout, quietly
 from agent_store.db.database import Database
 from agent_store.db.load_statement import load_statement
@@ -55,8 +56,7 @@ async def open_and_ready(db: Database, connections: int | None, commits: Primer 
 
 
 async def _ready(db: Database, conn: AsyncConnection, commits: Primer | None) -> None:
-    if not db.tenancy_known:  # the primed commits name their user under row-level security
-        await db.learn_tenancy(conn)
+    await tenancy.learn(db, conn)  # the primed commits name their user under row-level security
     for with_user, limit in ((False, None), (True, None), (False, 20), (True, 20)):
         statement, params = load_statement(WARM_UP_ID, WARM_UP_ID if with_user else None, db.settings.app_id, limit)
         await db.driver.fetch(conn, statement, params, lost=db.lost("warming up a connection"))

@@ -70,9 +70,15 @@ BEGIN
     END LOOP;
     CREATE POLICY agent_store_tenant ON agent_app_state
         USING (app_id = (SELECT NULLIF(current_setting('agent_store.app_id', true), '')));
+    -- A ledger row is written only onto a run of the named user's own session: its foreign key's check reads
+    -- agent_runs past the policies, so without this a user could hang rows on (and charge) another's run.
     CREATE POLICY agent_store_tenant ON agent_usage
         USING (user_id = (SELECT NULLIF(current_setting('agent_store.user_id', true), ''))
-               AND app_id = (SELECT NULLIF(current_setting('agent_store.app_id', true), '')));
+               AND app_id = (SELECT NULLIF(current_setting('agent_store.app_id', true), '')))
+        WITH CHECK (user_id = (SELECT NULLIF(current_setting('agent_store.user_id', true), ''))
+               AND app_id = (SELECT NULLIF(current_setting('agent_store.app_id', true), ''))
+               AND EXISTS (SELECT 1 FROM agent_sessions s WHERE s.id = agent_usage.session_id
+                           AND s.user_id = (SELECT NULLIF(current_setting('agent_store.user_id', true), ''))));
     CREATE POLICY agent_store_tenant ON agent_usage_budgets
         USING ((scope = 'user' AND subject = (SELECT NULLIF(current_setting('agent_store.user_id', true), '')))
                OR (scope = 'app' AND subject = (SELECT NULLIF(current_setting('agent_store.app_id', true), ''))));
