@@ -19,6 +19,7 @@ from agent_store.errors import (
     CheckpointRefusedError,
     ConfigurationError,
     ConflictError,
+    ContentSealedError,
     EmbeddingProfileError,
     InvalidValueError,
     NotEmbeddedError,
@@ -33,6 +34,7 @@ from agent_store.errors import (
     StreamLostError,
     StreamNotFoundError,
 )
+from agent_store.keys import KeyFile, KeyProvider
 from agent_store.models import (
     BudgetInfo,
     CommitResult,
@@ -57,9 +59,12 @@ __all__ = [
     "CommitResult",
     "ConfigurationError",
     "ConflictError",
+    "ContentSealedError",
     "EmbeddingProfileError",
     "ErasureReport",
     "InvalidValueError",
+    "KeyFile",
+    "KeyProvider",
     "MessageRecord",
     "NotEmbeddedError",
     "Run",

@@ -71,6 +71,12 @@ class NotEmbeddedError(ConfigurationError):
     does not raise it: it ranks by words and says so (``SearchPage.ranking``)."""
 
 
+class ContentSealedError(AgentStoreError):
+    """Content sealed with per-user keys (``Store(keys=...)``) that cannot be opened: its key was destroyed (the
+    user was erased, so this is a copy from before, such as a restored backup), or it was moved from another row
+    or another user. Nothing of it is returned."""
+
+
 class CheckpointRefusedError(AgentStoreError, WorkflowCheckpointException):
     """A stored workflow checkpoint was not read back: it would run a constructor, names a type outside the
     allow-list, or is malformed. Nothing it names was built. Also a ``WorkflowCheckpointException``, what the

@@ -132,6 +132,7 @@ class ErasureReport(_Model):
     usage_calls: int = 0  # usage-ledger rows (model calls) of the user's sessions
     hosted_responses: int = 0  # a Responses server's responses of the user (agent_store.agentserver, 0018)
     batches: int = 0  # transactions it took (the last one deletes the user's own rows and leaves the fence)
+    keys_destroyed: int = 0  # the user's data keys shredded (a store with per-user keys, agent_store/keys.py)
 
 
 class TransferReport(_Model):

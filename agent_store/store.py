@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
@@ -20,6 +21,7 @@ from agent_store.db.engine import make_engine
 from agent_store.db.warm_up import open_and_ready
 from agent_store.errors import ConfigurationError, InvalidValueError
 from agent_store.journal import Journal
+from agent_store.keys import KeyProvider
 from agent_store.models import ErasureReport, MessageRecord, SearchPage, SessionInfo, SessionPage, TransferReport
 from agent_store.operations import branching, health, lifecycle, retention, stats, transfer, transfer_all
 from agent_store.operations.usage import UsageLedger
@@ -48,6 +50,7 @@ class Store:
         idle_ttl: sessions expire this long after their last run, unless they set their own ``ttl``.
         max_value_bytes: the largest state value or message (as JSON) a run may write.
         message_cipher: encrypts message content at rest (``encrypt(str) -> str``, ``decrypt(str) -> str``).
+        keys: per-user data keys instead (``KeyFile(path)``, agent_store/keys.py): erase_user shreds a user's.
         check_schema: verify once, before first use, that the database is at this code's schema.
         embedder: search by meaning too (search/embedders.py: ``"wordllama"``, ``"e5"``, or an embedder object).
     """
@@ -60,6 +63,7 @@ class Store:
         idle_ttl: timedelta | None = None,
         max_value_bytes: int = codec.DEFAULT_MAX_VALUE_BYTES,
         message_cipher: message_rows.MessageCipher | None = None,
+        keys: KeyProvider | None = None,
         check_schema: bool = True,
         embedder: Embedder | str | None = None,
         operator: bool = False,
@@ -68,7 +72,8 @@ class Store:
         if type(max_value_bytes) is not int or max_value_bytes < 1024:
             raise InvalidValueError(f"max_value_bytes must be an int of at least 1024, not {max_value_bytes!r}")
         settings = Settings(app_id=app_id, idle_ttl_seconds=codec.check_ttl(idle_ttl, "idle_ttl"),
-                            max_value_bytes=max_value_bytes, message_cipher=message_cipher, operator=operator is True)
+                            max_value_bytes=max_value_bytes, message_cipher=message_cipher, operator=operator is True,
+                            keys=keys)  # fmt: skip
         self.db = Database(engine, settings, check_schema=check_schema)  # operator: docs/row-security.md
         self.engine = engine
         self.usage = UsageLedger(self.db)  # the usage ledger's reports, budgets and prices
@@ -78,8 +83,7 @@ class Store:
     def from_url(cls, url: str | URL | None = None, **options: Any) -> Store:
         """Open a store on ``url``; without one, ``$AGENT_STORE_URL``, else ``sqlite+aiosqlite:///agent_store.db``.
 
-        Keyword options go to :class:`Store` (``app_id``, ``idle_ttl``, ``max_value_bytes``, ``message_cipher``,
-        ``check_schema``, ``embedder``, ``operator``) or, for any other name, to ``create_async_engine``.
+        Keyword options go to :class:`Store` (its own) or, for any other name, to ``create_async_engine``.
         ``replica_url`` sends listings, transcript pages, exports and stats to a read replica (runs always
         load and commit on the primary). No connection is made here.
 
@@ -89,8 +93,7 @@ class Store:
         """
         store_options = {
             k: options.pop(k)
-            for k in ("app_id", "idle_ttl", "max_value_bytes", "message_cipher", "check_schema", "embedder", "operator")
-            if k in options
+            for k in inspect.signature(cls.__init__).parameters if k in options and k not in ("self", "engine")
         }
         replica_url = options.pop("replica_url", None)
         if replica_url is not None and "pool" in options:  # one pool object would serve both: reads on the primary

@@ -29,6 +29,7 @@ DOC_PAGES = (
     "docs/performance.md",
     "docs/usage.md",
     "docs/row-security.md",
+    "docs/user-keys.md",
 )
 
 

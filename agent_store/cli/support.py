@@ -19,6 +19,7 @@ from click.core import ParameterSource
 
 from agent_store.db.urls import URL_ENV, resolve_url
 from agent_store.errors import AgentStoreError, ConfigurationError
+from agent_store.keys import KeyFile
 from agent_store.store import Store
 
 T = TypeVar("T")
@@ -144,6 +145,8 @@ def open_store(url: str | None, *, creates: bool = False, **options: Any) -> Sto
         if not Path(path).absolute().parent.is_dir():
             raise ConfigurationError(f"cannot create a SQLite database at {path}: its folder does not exist")
     options.setdefault("operator", True)  # the CLI is an operator's tool: under row-level security, a bypassing role
+    if keys := os.environ.get("AGENT_STORE_KEYS"):  # a store with per-user keys: its key file (agent_store/keys.py)
+        options.setdefault("keys", KeyFile(keys))
     return Store.from_url(resolved, **options)
 
 

@@ -156,5 +156,6 @@ async def erase_user(url: str | None, user_id: str, yes: bool, as_json: bool) ->
         print_json(report.model_dump())
         return
     state_rows = report.state_rows + report.user_state_rows
+    shredded = f", {report.keys_destroyed} keys destroyed" if report.keys_destroyed else ""  # $AGENT_STORE_KEYS
     click.echo(f"erased user {user_id}: {report.sessions} sessions, {report.messages} messages, {state_rows} state "
-               f"rows, {report.usage_calls} model calls")  # fmt: skip
+               f"rows, {report.usage_calls} model calls{shredded}")  # fmt: skip

@@ -35,6 +35,7 @@ from agent_store.errors import (
     redact,
     translated,
 )
+from agent_store.keys import KeyProvider
 
 logger = logging.getLogger("agent_store")
 T = TypeVar("T")
@@ -52,6 +53,11 @@ class Settings:
     max_value_bytes: int = codec.DEFAULT_MAX_VALUE_BYTES
     message_cipher: message_rows.MessageCipher | None = None
     operator: bool = False  # cross-user work under row-level security: its role must bypass it (tenancy.py)
+    keys: Any = None  # per-user data keys, a keys.KeyProvider (sealing.py)
+
+    def __post_init__(self) -> None:
+        if self.keys is not None and (self.message_cipher is not None or not isinstance(self.keys, KeyProvider)):
+            raise ConfigurationError("keys must be a KeyProvider (agent_store.KeyFile), and not with a message_cipher")
 
 
 class Database:

@@ -9,11 +9,11 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from agent_framework import Content, Message
 
-from agent_store.db import ids
+from agent_store.db import ids, sealing
 from agent_store.db.codec import MAX_DEPTH, dumps
 from agent_store.errors import InvalidValueError
 
@@ -81,8 +81,10 @@ def message_record(
             raise InvalidValueError(f"{where}: {name} must be text, not {type(columns[name]).__name__}")
     if cipher is not None:  # content leaves the process encrypted; ids, roles, authors, tool names stay readable
         full = dumps(body, where=where, max_bytes=max_bytes)
-        columns["text"] = ""
-        columns["body"] = dumps({ENCRYPTED: cipher.encrypt(full)}, where=where, max_bytes=2**62)
+        bound: Any = cipher if getattr(cipher, "binds_rows", False) else None  # per-user keys: bound to the row
+        columns["text"] = bound.index_text(message.text or "") if bound else ""  # per-user keys: the blind index
+        token = bound.encrypt(full, sealing.message_row(identity)) if bound else cipher.encrypt(full)
+        columns["body"] = dumps({ENCRYPTED: token}, where=where, max_bytes=2**62)
     else:
         stripped = _without_columns(body, columns)
         stored = columns["body"] = dumps(stripped, where=where, max_bytes=2**62)
@@ -210,7 +212,7 @@ def full_body(
 ) -> Mapping[str, Any]:  # fmt: skip
     """The message's full ``to_dict()`` from its row: decrypted if stored encrypted, the columns put back."""
     if ENCRYPTED in body:
-        return plain_body(body, cipher)
+        return plain_body(body, cipher, message_id)
     filled = dict(body)
     if filled.pop(TEXT_FROM_COLUMN, None) is not None:
         filled["contents"] = [{"type": "text", "text": text, "additional_properties": {}}]
@@ -258,12 +260,14 @@ def give_id(message: Message, identity: str) -> None:
     message.DEFAULT_EXCLUDE = _ID_HIDDEN  # type: ignore[misc]  # (shared, never changed)
 
 
-def plain_body(body: Mapping[str, Any], cipher: MessageCipher | None) -> Mapping[str, Any]:
-    """The message's full ``to_dict()``: decrypted if stored encrypted, derived parts put back."""
+def plain_body(body: Mapping[str, Any], cipher: MessageCipher | None, message_id: str) -> Mapping[str, Any]:
+    """The message's full ``to_dict()``: decrypted if stored encrypted (sealed with per-user keys: bound to its
+    ``message_id``, db/sealing.py), derived parts put back."""
     if ENCRYPTED in body:
         if cipher is None:
-            raise InvalidValueError("this message is stored encrypted: open the Store with its message_cipher")
-        body = json.loads(cipher.decrypt(body[ENCRYPTED]))
+            raise InvalidValueError("this message is stored encrypted: open the Store with its message_cipher or keys")
+        token, bound = body[ENCRYPTED], cast(Any, cipher) if getattr(cipher, "binds_rows", False) else None
+        body = json.loads(bound.decrypt(token, sealing.message_row(message_id)) if bound else cipher.decrypt(token))
     return _expand(body)
 
 

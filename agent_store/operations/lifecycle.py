@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, and_, delete, func, literal, or_, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from agent_store.db import codec, message_rows, tenancy
+from agent_store.db import codec, message_rows, sealing, tenancy
 from agent_store.db.cut_points import cut_points
 from agent_store.db.database import Database
 from agent_store.db.scopes import owner_is
@@ -164,7 +164,7 @@ async def messages(
             raise not_found(session_id, user_id)
         query = select(messages_t).where(M.session_id == session_id, M.seq > after_seq).order_by(M.seq).limit(limit)
         rows = (await conn.execute(query)).mappings().all()
-    cipher = db.settings.message_cipher
+    cipher = await sealing.cipher_for(db, user_id)
     return [MessageRecord(**{**row, "body": _full(row, cipher, sealed_ok)}) for row in rows]  # marks: in the body
 
 

@@ -15,7 +15,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 import agent_store.telemetry as telemetry
-from agent_store.db import codec
+from agent_store.db import codec, sealing
 from agent_store.db.database import Database
 from agent_store.db.erasures import ERASURE_LOG_KEPT, user_key
 from agent_store.db.hosted_tables import CHECKPOINT_CONTEXT, CONTEXT_HASH_LENGTH
@@ -146,6 +146,9 @@ async def erase_user(
     codec.check_int(batch_messages, "batch_messages", low=1, high=10_000_001)
     n = dict.fromkeys(("sessions", "messages", "state_rows", "usage_calls", "batches"), 0)
     with telemetry.operation("erase_user"):
+        # The user's keys go first (every copy of what they sealed, backups included, is unreadable from now on,
+        # even if the rows' deletion is interrupted), and again at the end: a run that began meanwhile made one.
+        n["keys_destroyed"] = await _shred(db, user_id)
         while True:
             async with db.transaction(write=True, doing="erasing a user") as conn:
                 await lock_user(conn, user_id, exclusive=True)
@@ -170,6 +173,7 @@ async def erase_user(
             n["batches"] += 1
             n["messages"] += trimmed
             if not ids and not trimmed:
+                n["keys_destroyed"] += await _shred(db, user_id)
                 return ErasureReport(user_id=user_id, user_state_rows=user_rows, checkpoints=checkpoints, **n)
             n["sessions"] += len(ids)
             if progress is not None:
@@ -228,3 +232,7 @@ async def purge_checkpoints(db: Database, older_than: timedelta, *, keep_latest:
         total += deleted
         if deleted < batch_size:
             return total
+
+
+async def _shred(db: Database, user_id: str) -> int:
+    return await sealing.destroy(db, user_id) if db.settings.keys is not None else 0

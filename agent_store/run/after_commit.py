@@ -27,7 +27,7 @@ def committed(run: Any, delta: Delta, incarnation: int, written: Any) -> CommitR
         snap.state_text.pop(key, None)
         snap.state_stamp.pop(key, None)
     for key, text in delta.upserts.items():
-        snap.state_text[key], snap.state_stamp[key] = text, delta.stamp
+        snap.state_text[key], snap.state_stamp[key] = delta.opened.get(key, text), delta.stamp
     snap.message_ids.update(r.message_id for r in delta.messages)
     run._pending, run._commits = None, run._commits + 1
     del run.calls[: len(delta.calls)]  # what was recorded is not recorded again (later calls stay)

@@ -138,7 +138,7 @@ async def write(
             keep = [r for r in records if r.message_id not in stored_ids]
         if keep and history is not None:
             by_id = {message_rows.store_id(m): m for m in history}
-            keep = await replays.not_replayed(db, sid, keep, by_id, first_seq, settings.message_cipher)
+            keep = await replays.not_replayed(db, sid, keep, by_id, first_seq, call.cipher)
         if len(keep) != len(records):
             await sql.give_back_seq(db, sid, len(records) - len(keep))
             records = keep

@@ -34,7 +34,7 @@ import agent_store.run.checked_commit as checked_commit
 import agent_store.run.commit_postgresql as commit_postgresql
 import agent_store.run.commit_sqlite as commit_sqlite
 import agent_store.telemetry as telemetry
-from agent_store.db import codec, ids, runlog, tenancy
+from agent_store.db import codec, ids, runlog, sealing, tenancy
 from agent_store.db.database import Database
 from agent_store.db.ledger import ModelCall
 from agent_store.db.load_statement import POSITION_STEP
@@ -97,6 +97,7 @@ class Run:
         self._read_at: datetime | None = self._started_at
         self.calls: list[ModelCall] = []  # model calls not committed yet (the usage ledger: recorders append)
         self._held: AsyncConnection | None = None  # serialized mode: the transaction that holds the lock
+        self._cipher: Any = None  # the user's keys, fetched by the load (or the commit) (db/sealing.py)
         self.skip_replays = False  # a history provider's save: what replays the stored tail is not stored again
         if isinstance(session, StoredSession):
             session.link(self)  # no cycle: see StoredSession
@@ -184,6 +185,7 @@ class Run:
         retry = self._pending is not None
         self._maybe_landed = retry and self._maybe_landed
         try:
+            self._cipher = self._cipher if retry else await sealing.ready(self.db, self.user_id, self._cipher)
             delta = self._pending or self._delta()
         except BaseException as exc:
             await self.discard()
@@ -272,7 +274,7 @@ class Run:
             db=self.db, session_id=self.storage_id, user_id=self.user_id, agent_id=self.agent_id,
             scopes=self._scopes, snapshot=self._snapshot, delta=delta, log_ids=self._log_ids(delta.run_id),
             since=self._fence_since(), sent=self._sent, response=self.response,
-            base_seq=self._snapshot.end // POSITION_STEP if self.base_id is not None else None,
+            base_seq=self._snapshot.end // POSITION_STEP if self.base_id is not None else None, cipher=self._cipher,
         )  # fmt: skip
 
     def _trying_once_more(self) -> None:  # a dead pooled connection: once more on a fresh one, as a retry (by run id)
@@ -306,7 +308,7 @@ class Run:
         settings = self.db.settings
         return diff(
             self._snapshot, self.session.state, self.history, self._scopes,
-            max_bytes=settings.max_value_bytes, cipher=settings.message_cipher, run_id=self._next_run_id(),
+            max_bytes=settings.max_value_bytes, cipher=self._cipher, run_id=self._next_run_id(),
             history_key=HISTORY_KEY, service_session_id=self.session.service_session_id, calls=self.calls,
         )  # fmt: skip
 

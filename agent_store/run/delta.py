@@ -14,7 +14,7 @@ from typing import Any
 from agent_framework import Content, Message
 
 import agent_store.run.compaction as compaction
-from agent_store.db import codec, ledger, message_rows
+from agent_store.db import codec, ledger, message_rows, sealing
 from agent_store.db.ledger import ModelCall
 from agent_store.db.scopes import TEMP_PREFIX, Scope, scope_of
 from agent_store.db.statements import new_stamp
@@ -27,7 +27,7 @@ from agent_store.run.snapshot import Snapshot
 class Delta:
     """One commit's writes, frozen at its first attempt: a retry writes exactly these or nothing."""
 
-    upserts: dict[str, str]  # state key -> canonical JSON
+    upserts: dict[str, str]  # state key -> canonical JSON, as stored (sealed: db/sealing.py)
     deletes: list[str]
     messages: list[message_rows.EncodedMessage]
     service_session_id: Any
@@ -37,6 +37,7 @@ class Delta:
     run_id: str
     calls: tuple[ModelCall, ...]  # the model calls this commit records (the usage ledger)
     rewrites: Rewrites = field(default_factory=Rewrites)  # what a compaction changed in the stored history
+    opened: dict[str, str] = field(default_factory=dict)  # a sealed upsert's canonical JSON (the next snapshot's)
 
     @property
     def empty(self) -> bool:
@@ -88,12 +89,15 @@ def diff(
             else:
                 del kept[key]
     upserts: dict[str, str] = {}
+    opened: dict[str, str] = {}
     for key, value in kept.items():
         codec.check_id(key, "a state key")
         scope_of(key, scopes)  # a user: key without a user fails here, not in SQL
         encoded = codec.dumps(codec.encode_state(value, key=key), where=f"state[{key!r}]", max_bytes=max_bytes)
-        if snap.state_text.get(key) != encoded:
+        if snap.state_text.get(key) != encoded:  # compared as it was loaded: opened, if it was sealed
             upserts[key] = encoded
+            if sealing.seals_state(cipher, key):
+                upserts[key], opened[key] = sealing.seal_state(cipher, key, encoded), encoded
     seen = set(snap.message_ids)
     new_messages, ids = [], []
     for message in history:
@@ -127,6 +131,7 @@ def diff(
         run_id=run_id,
         calls=tuple(calls),
         rewrites=changed,
+        opened=opened,
     )
 
 

@@ -15,7 +15,7 @@ from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 import agent_store.telemetry as telemetry
-from agent_store.db import codec, message_decode, message_rows, tenancy
+from agent_store.db import codec, message_decode, message_rows, sealing, tenancy
 from agent_store.db import statements as sql
 from agent_store.db.database import Database
 from agent_store.db.load_statement import MESSAGE, POSITION_STEP, SESSION, load_statement
@@ -100,7 +100,7 @@ async def _read(
     db: Database, session_id: str, user_id: str | None, agent_id: str | None, history_limit: int | None,
     held: AsyncConnection | None, answered: frozenset[str], included_only: bool,
 ) -> Run:  # fmt: skip
-    cipher = db.settings.message_cipher
+    cipher = await sealing.cipher_for(db, user_id)  # the user's keys, if the store has them (none is fetched later)
     start: int | None = None
     window = history_limit  # what the statement applies (None: the whole history, windowed below instead)
     basis: tuple[int, int] | None = None
@@ -130,7 +130,7 @@ async def _read(
         if not (first is not None and first.n1 < lowest and (mid_turn or _orphan_results(found, cipher))):
             break
         start = first.n1
-    snap, session = checked_session(rows, session_id, user_id, agent_id)
+    snap, session = checked_session(rows, session_id, user_id, agent_id, cipher)
     # Each row is let go as soon as its message is built: rows are namedtuples, which the collector never
     # untracks, so rows still held when a young collection runs mid-decode would be promoted to the old
     # generation, whose size decides when the next full collection (a whole-process pause) comes.
@@ -162,7 +162,7 @@ async def _read(
     session.state[HISTORY_KEY] = IdentifiedHistory({**(history if isinstance(history, dict) else {}),
                                                     "messages": messages})  # fmt: skip
     run = Run(db, session, snap, user_id=user_id, agent_id=agent_id)
-    run.base_id = row.author if row is not None else None
+    run.base_id, run._cipher = (row.author if row is not None else None), cipher
     return run
 
 

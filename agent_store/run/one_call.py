@@ -40,3 +40,4 @@ class OneCall:
     # compaction of earlier messages, which are its base's, goes to agent_branch_marks).
     response: Any = None
     base_seq: int | None = None
+    cipher: Any = None  # the user's keys (db/sealing.py) or the store's message_cipher: replays are read with it

@@ -21,7 +21,7 @@ from sqlalchemy import bindparam, literal, select, union_all, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 import agent_store.run.point_reads as reads
-from agent_store.db import codec, erasures, message_decode, message_rows, tenancy
+from agent_store.db import codec, erasures, message_decode, message_rows, sealing, tenancy
 from agent_store.db import statements as sql
 from agent_store.db.cut_points import GONE, forget_point
 from agent_store.db.database import Database
@@ -117,7 +117,8 @@ async def load_point(
     Its commit must branch (``Run.point`` says from where), unless the point is still the session's head."""
     read_at = datetime.now(UTC)  # before the read: an erasure from then on fences the run (as a load's)
     view = await reads.read_view(db, point, user_id)
-    snap, shared = checked_session(view.loaded, point.session_id, user_id, agent_id)
+    cipher = await sealing.cipher_for(db, user_id)
+    snap, shared = checked_session(view.loaded, point.session_id, user_id, agent_id, cipher)
     if not snap.exists:
         raise sql.not_found(point.session_id, user_id)
     segments = reads.segments(view.chain, point)
@@ -125,7 +126,8 @@ async def load_point(
     session = StoredSession(session_id=conversation, service_session_id=snap.service_session_id)
     session.state.update(shared.state)  # user: and app: keys (shared across sessions: a point does not freeze them)
     for key, (value, text, stamp) in view.own.items():
-        snap.state_text[key], snap.state_stamp[key] = text, stamp
+        value, opened = sealing.open_state(cipher, key, value)
+        snap.state_text[key], snap.state_stamp[key] = opened or text, stamp
         session.state[key] = codec.decode_state(value, key=key)
     owner = {sid: i for i, (sid, _, _, _) in enumerate(segments)}
     decoded = []
@@ -139,7 +141,6 @@ async def load_point(
         position = columns["pos"] if columns["pos"] is not None else int(row.n1) * POSITION_STEP
         decoded.append((position, row, columns))
     decoded.sort(key=lambda item: item[0])
-    cipher = db.settings.message_cipher
     messages = []
     for position, row, columns in decoded:
         marks = message_rows.with_links(columns["marks"], row.links)
@@ -162,7 +163,7 @@ async def load_point(
     viewed.storage_id = point.session_id
     viewed.base_id = view.chain[0].author if view.chain else None  # a branch: its compaction of its base's is its own
     viewed._scopes = scopes(point.session_id, user_id, db.settings.app_id)
-    viewed._read_at = read_at
+    viewed._read_at, viewed._cipher = read_at, cipher
     # A session's head by its own id (a branch's) is no point: a commit under that id moves the head.
     viewed.point = point if point.recorded or point.moves or point.key != point.session_id else None
     return viewed

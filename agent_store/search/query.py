@@ -46,7 +46,7 @@ from sqlalchemy import (
     tuple_,
 )
 
-from agent_store.db import codec, tenancy, text_match
+from agent_store.db import codec, message_decode, sealing, tenancy, text_match
 from agent_store.db.database import Database
 from agent_store.db.tables import messages_t, sessions_t
 from agent_store.errors import InvalidValueError
@@ -222,15 +222,25 @@ async def search(
     scope = scoped(user_id=user_id, session_id=session_id, agent_id=agent_id,
                    exclude_session_id=exclude_session_id, visible_to_agent=visible_to_agent, all_users=all_users)
     codec.check_int(limit, "limit", low=1, high=1001)
-    query = parse(query_text)
+    query = asked = parse(query_text)
     after = _decode(cursor) if cursor is not None else None
+    cipher = None
+    if db.settings.keys is not None:  # sealed messages: their terms' tokens under the user's keys (db/sealing.py)
+        if all_users:
+            raise InvalidValueError("a store with per-user keys searches one user's messages at a time")
+        cipher = await sealing.cipher_for(db, user_id)
+        query = Query([[k for t in clause for k in cipher.tokens(t)] for clause in query.clauses],
+                      [k for t in query.excluded for k in cipher.tokens(t)])  # fmt: skip
+        if not all(query.clauses):  # a clause none of whose terms the user's keys have a token of: no hit
+            return SearchPage(items=[], next_cursor=None)
     async with db.transaction(write=False, replica=True, doing="searching messages") as conn:
         dialect = conn.dialect.name
         rank = sum((case((matches(t, dialect), 1), else_=0) for t in query.terms), literal(0))
         # Scoped to the user before anything is ranked, counted or limited (an operator may search everyone's).
         where = [*scope, *(or_(*(matches(t, dialect) for t in clause)) for clause in query.clauses)]
         where += [not_(matches(t, dialect)) for t in query.excluded]
-        shown = (M.session_id, M.seq, M.role, M.author_name, M.created_at, M.text, M.excluded, M.summarized_by)
+        shown = (M.session_id, M.seq, M.role, M.author_name, M.created_at, M.text, M.excluded, M.summarized_by,
+                 *((M.message_id, M.body) if cipher is not None else ()))  # fmt: skip
         hits = (
             select(*shown, S.title, S.user_id, rank.label("rank"))
             .select_from(messages_t.join(sessions_t, S.id == M.session_id))
@@ -245,10 +255,16 @@ async def search(
         rows = (await conn.execute(page)).all()
     items = []
     for row in rows[:limit]:
-        text, marks = snippet(row.text, query)
+        text, marks = snippet(_said(row, cipher) if cipher is not None else row.text, asked)
         items.append(SearchHit(
             session_id=row.session_id, seq=row.seq, role=row.role, author_name=row.author_name,
             created_at=row.created_at, title=row.title, user_id=row.user_id, snippet=text, marks=marks, rank=row.rank,
             excluded=bool(row.excluded), summarized_by=row.summarized_by,
         ))  # fmt: skip
     return SearchPage(items=items, next_cursor=_encode(rows[limit - 1]) if len(rows) > limit else None)
+
+
+def _said(row: Any, cipher: Any) -> str:
+    """A sealed message's text, opened with the user's keys (its column holds its blind index)."""
+    return message_decode.message_from_row(row.body, cipher, identity=row.message_id, role=row.role,
+                                           author_name=row.author_name, text=row.text).text  # fmt: skip
