@@ -242,3 +242,69 @@ async def test_exact_terms_are_found_through_the_users_blind_index(
     shown = ok(cli("search", "北京", "--user", "alice", url=str(keyed.url.render_as_string(hide_password=False)),
                    cwd=tmp_path))  # fmt: skip
     assert "机票" in shown
+
+
+async def test_checkpoints_snapshots_journal_and_hosted_responses_are_sealed_too(keyed: Store) -> None:
+    """Every other payload of a user's: sealed at rest, read back by the user, and unreadable once the user's key
+    is gone (what a restored pre-erasure backup holds); a sealed item moved to another id does not open."""
+    from agent_framework import WorkflowCheckpoint
+    from agent_framework_ag_ui import AGUIThreadSnapshot
+    from azure.ai.agentserver.responses import PlatformContext
+    from test_hosted_responses import response, said
+
+    from agent_store.agent_framework.ag_ui import StoreThreadSnapshotStore
+    from agent_store.agent_framework.checkpoints import StoreCheckpointStorage
+    from agent_store.agentserver.responses import StoreResponseProvider
+
+    secret = "Zanzibar"
+    checkpoints = StoreCheckpointStorage(keyed, user_id="alice")
+    saved = await checkpoints.save(WorkflowCheckpoint(workflow_name="wf", graph_signature_hash="g",
+                                                      state={"where": secret}))  # fmt: skip
+    snapshots = StoreThreadSnapshotStore(keyed)
+    await snapshots.save(scope="alice", thread_id="t1", snapshot=AGUIThreadSnapshot(messages=[{"text": secret}]))
+    journal = keyed.journal(batch_ms=5)
+    try:
+        writer = await journal.start("run-1", user_id="alice")
+        async with writer:
+            await writer.append({"said": secret})
+        events, _ = await journal.read("run-1", user_id="alice")
+    finally:
+        await journal.close()
+    hosted, alice = StoreResponseProvider(keyed), PlatformContext(user_id_key="alice")
+    await hosted.create_response(response("r1", output=["o1"]), [said("i1", secret, "user")], None, context=alice)
+
+    assert (await checkpoints.load(saved)).state == {"where": secret}
+    assert (await snapshots.get(scope="alice", thread_id="t1")).messages == [{"text": secret}]  # type: ignore[union-attr]
+    assert [e.event for e in events] == [{"said": secret}]
+    assert (await hosted.get_response("r1", context=alice))["output"][0]["id"] == "o1"
+    assert (await hosted.get_items(["i1"], context=alice))[0]["content"][0]["text"] == secret
+    assert (await hosted.get_input_items("r1", context=alice))[0]["id"] == "i1"
+    tables = ("agent_checkpoints", "agent_ui_snapshots", "agent_stream_events", "agent_hosted_responses",
+              "agent_hosted_items")  # fmt: skip
+    for table in tables:
+        dumped = json.dumps([[str(v) for v in r] for r in await rows(keyed, f"SELECT * FROM {table}")])  # noqa: S608
+        assert secret not in dumped and "$sealed" in dumped, table
+
+    async with keyed.engine.begin() as conn:  # an item's body moved to another item id of hers: refused
+        await conn.execute(text("UPDATE agent_hosted_items SET body = (SELECT body FROM agent_hosted_items "
+                                "WHERE item_id = 'i1') WHERE item_id = 'o1'"))  # fmt: skip
+    with pytest.raises(ContentSealedError):
+        await hosted.get_items(["o1"], context=alice)
+
+    await keyed.db.settings.keys.destroy("alice")  # the rows stay, as in a backup taken before the erasure
+    reads = (
+        lambda: checkpoints.load(saved),
+        lambda: snapshots.get(scope="alice", thread_id="t1"),
+        lambda: hosted.get_items(["i1"], context=alice),
+        lambda: hosted.get_response("r1", context=alice),
+    )
+    for read in reads:
+        with pytest.raises(ContentSealedError):
+            await read()
+    assert await checkpoints.list_checkpoints(workflow_name="wf") == []  # skipped, as one that does not decode
+    journal = keyed.journal(batch_ms=5)
+    try:
+        with pytest.raises(ContentSealedError):
+            await journal.read("run-1", user_id="alice")
+    finally:
+        await journal.close()

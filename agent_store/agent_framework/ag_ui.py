@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import delete, select
 from sqlalchemy.dialects import postgresql, sqlite
 
-from agent_store.db import codec, tenancy
+from agent_store.db import codec, sealing, tenancy
 from agent_store.db.erasures import erased_since
 from agent_store.db.statements import lock_user
 from agent_store.db.tables import ui_snapshots_t
@@ -91,6 +91,8 @@ class StoreThreadSnapshotStore:
             document, where=f"snapshot of thread {thread_id!r}",
             max_bytes=self._db.settings.max_value_bytes, sort_keys=False,
         )  # fmt: skip
+        if (cipher := await sealing.for_user(self._db, key[0], writing=True)) is not None:  # the scope's keys
+            text = sealing.seal_json(cipher, "u\0" + key[1], text)
         row = {"scope": key[0], "thread_id": key[1], "snapshot": text, "updated_at": datetime.now(UTC)}
         read_at = self._reads.earliest(key)  # none on record: any erasure of the scope still on record fences it
         since = UNKNOWN if read_at is None else read_at - ERASURE_MARGIN
@@ -109,14 +111,18 @@ class StoreThreadSnapshotStore:
         self._reads.read(key, datetime.now(UTC))
         async with self._db.transaction(write=False, doing="reading an AG-UI thread snapshot") as conn:
             found = (await conn.execute(select(U.snapshot).where(U.scope == key[0], U.thread_id == key[1]))).first()
+        stored = None if found is None else found[0]
+        if stored is not None:  # sealed with the scope's keys (a store with keys=): opened
+            cipher = await sealing.for_user(self._db, key[0], writing=False)
+            stored = sealing.open_json(cipher, "u\0" + key[1], stored)[0]
         if (marks := _SERVED.get()) is not None:
-            mark = found[0].get(RUN_MARK) if found is not None else None
+            mark = stored.get(RUN_MARK) if stored is not None else None
             marks[key] = (mark["run_id"], int(mark["seq"]), list(mark.get("pending") or [])) \
                 if isinstance(mark, dict) else None  # fmt: skip
-        if found is None:
+        if stored is None:
             return None
         fields = {f.name for f in dataclasses.fields(self._snapshot_type)}
-        snapshot: AGUIThreadSnapshot = self._snapshot_type(**{k: v for k, v in found[0].items() if k in fields})
+        snapshot: AGUIThreadSnapshot = self._snapshot_type(**{k: v for k, v in stored.items() if k in fields})
         return snapshot
 
     @tenancy.for_argument("scope")

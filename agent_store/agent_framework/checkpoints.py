@@ -31,11 +31,11 @@ from sqlalchemy import delete, select
 from sqlalchemy.dialects import postgresql, sqlite
 
 from agent_store.agent_framework.checkpoint_payloads import decode_payload
-from agent_store.db import codec, tenancy
+from agent_store.db import codec, sealing, tenancy
 from agent_store.db.erasures import erased_since
 from agent_store.db.statements import lock_user
 from agent_store.db.tables import checkpoint_workflows_t, checkpoints_t
-from agent_store.errors import AgentStoreError, CheckpointRefusedError, InvalidValueError
+from agent_store.errors import AgentStoreError, CheckpointRefusedError, ContentSealedError, InvalidValueError
 from agent_store.run.commit import ERASURE_MARGIN
 from agent_store.run.read_times import UNKNOWN, ReadTimes
 
@@ -102,6 +102,8 @@ class StoreCheckpointStorage:
                 f"Checkpoint {ident} cannot be encoded or restored under this storage's allowed types; "
                 "refusing to save."
             ) from exc
+        if (cipher := await sealing.for_user(self._db, self._owner, writing=True)) is not None:  # per-user keys
+            payload = sealing.seal_json(cipher, _row(checkpoint.workflow_name, ident), payload)
         row = {
             "user_id": self._owner, "checkpoint_id": ident, "workflow_name": checkpoint.workflow_name,
             "previous_checkpoint_id": checkpoint.previous_checkpoint_id, "timestamp": checkpoint.timestamp,
@@ -147,17 +149,18 @@ class StoreCheckpointStorage:
         """
         rows, read_at = [], datetime.now(UTC)
         if _storable(checkpoint_id):  # anything else was never stored: the same answer as an unknown id
-            rows = await self._read(select(C.payload).where(*self._mine(), C.checkpoint_id == checkpoint_id))
+            rows = await self._read(select(*_PAYLOAD).where(*self._mine(), C.checkpoint_id == checkpoint_id))
         if not rows:
             raise WorkflowCheckpointException(f"No checkpoint found with ID {checkpoint_id}")
-        return self._decode(rows[0][0], read_at)
+        return self._decode(rows[0], read_at, await sealing.for_user(self._db, self._owner, writing=False))
 
     @tenancy.for_its("_user")
     async def list_checkpoints(self, *, workflow_name: str) -> list[WorkflowCheckpoint]:
         """A workflow's checkpoints, oldest first (commit order); those that no longer decode are left out."""
         read_at = datetime.now(UTC)
-        rows = await self._read(self._of(workflow_name, C.payload).order_by(C.seq))
-        return [found for (payload,) in rows if (found := self._decode_or_skip(payload, read_at)) is not None]
+        rows = await self._read(self._of(workflow_name, *_PAYLOAD).order_by(C.seq))
+        cipher = await sealing.for_user(self._db, self._owner, writing=False)
+        return [found for row in rows if (found := self._decode_or_skip(row, read_at, cipher)) is not None]
 
     @tenancy.for_its("_user")
     async def list_checkpoint_ids(self, *, workflow_name: str) -> list[str]:
@@ -174,9 +177,10 @@ class StoreCheckpointStorage:
         """The workflow's last committed checkpoint that decodes, or None."""
         read_at = datetime.now(UTC)
         ids = await self._read(self._of(workflow_name, C.checkpoint_id).order_by(C.seq.desc()))
+        cipher = await sealing.for_user(self._db, self._owner, writing=False)
         for (ident,) in ids:  # the first, unless it no longer decodes under this storage's allowed types
-            rows = await self._read(select(C.payload).where(*self._mine(), C.checkpoint_id == ident))
-            if rows and (found := self._decode_or_skip(rows[0][0], read_at)) is not None:
+            rows = await self._read(select(*_PAYLOAD).where(*self._mine(), C.checkpoint_id == ident))
+            if rows and (found := self._decode_or_skip(rows[0], read_at, cipher)) is not None:
                 return found
         return None
 
@@ -207,26 +211,35 @@ class StoreCheckpointStorage:
     def _mine(self) -> list[Any]:
         return [C.user_id == self._owner]
 
-    def _of(self, workflow_name: str, column: Any) -> Any:
+    def _of(self, workflow_name: str, *columns: Any) -> Any:
         name = workflow_name if _storable(workflow_name) else None  # never stored: matches nothing
-        return select(column).where(*self._mine(), C.workflow_name == name)
+        return select(*columns).where(*self._mine(), C.workflow_name == name)
 
     async def _read(self, statement: Any) -> list[Any]:
         async with self._db.transaction(write=False, doing="reading workflow checkpoints") as conn:
             return list((await conn.execute(statement)).all())
 
-    def _decode(self, payload: Any, read_at: datetime) -> WorkflowCheckpoint:
-        """The checkpoint, dated: saves that continue its lineage are fenced from ``read_at``."""
+    def _decode(self, row: Any, read_at: datetime, cipher: sealing.UserCipher | None) -> WorkflowCheckpoint:
+        """The checkpoint, dated: saves that continue its lineage are fenced from ``read_at``. Sealed (per-user
+        keys): opened with ``cipher`` first."""
+        payload, _ = sealing.open_json(cipher, _row(row.workflow_name, row.checkpoint_id), row.payload)
         checkpoint = decode_payload(payload, self._allowed)
         self._dated.read(checkpoint.checkpoint_id, read_at)
         return checkpoint
 
-    def _decode_or_skip(self, payload: Any, read_at: datetime) -> WorkflowCheckpoint | None:
+    def _decode_or_skip(self, row: Any, read_at: datetime, cipher: Any) -> WorkflowCheckpoint | None:
         try:
-            return self._decode(payload, read_at)
-        except CheckpointRefusedError as exc:
-            logger.warning("a stored workflow checkpoint does not decode under the allowed types: %s", exc)
+            return self._decode(row, read_at, cipher)
+        except (CheckpointRefusedError, ContentSealedError) as exc:
+            logger.warning("a stored workflow checkpoint does not decode (allowed types, or its key): %s", exc)
             return None
+
+
+_PAYLOAD = (C.payload, C.workflow_name, C.checkpoint_id)  # a payload, and what its seal is bound to
+
+
+def _row(workflow_name: str, checkpoint_id: str) -> str:
+    return "c\0" + workflow_name + "\0" + checkpoint_id
 
 
 def _storable(value: Any) -> bool:

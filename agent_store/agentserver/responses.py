@@ -31,6 +31,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agent_store.agentserver import history as chains
+from agent_store.agentserver import seals
 from agent_store.db import codec, tenancy
 from agent_store.db.tables import hosted_items_t, hosted_links_t, hosted_responses_t
 from agent_store.errors import InvalidValueError
@@ -103,6 +104,7 @@ class StoreResponseProvider:
         codec.check_id(rid, "response id", required=True)
         assert rid is not None
         inputs = self._items(input_items or [], where=f"response {rid!r}: input")
+        envelope, inputs, outputs = await seals.sealed(self.db, user, rid, envelope, inputs, outputs)  # keys=
         history = [str(i) for i in history_item_ids or []]
         conversation, previous = _conversation_of(response), response.get("previous_response_id")
         codec.check_id(conversation, "conversation id")
@@ -138,7 +140,7 @@ class StoreResponseProvider:
         user, rid = partition(context), _id_of(response)
         if not _usable(rid):
             raise KeyError(f"response '{rid}' not found")
-        envelope, outputs = self._split(response)
+        envelope, outputs = await seals.sealed(self.db, user, str(rid), *self._split(response))
         async with self.db.transaction(write=True, doing="updating a response") as conn:
             there = (await conn.execute(select(R.deleted_at).where(R.user_id == user, R.response_id == rid)
                                         .with_for_update())).first()  # fmt: skip
@@ -158,8 +160,7 @@ class StoreResponseProvider:
 
     @_in_partition
     async def delete_response(self, response_id: str, *, context: PlatformContext | None = None) -> None:
-        """Mark a response deleted (its items stay for the responses whose history holds them). KeyError if
-        missing or deleted already."""
+        """Mark a response deleted (its items stay for the histories that hold them). KeyError if missing or gone."""
         user = partition(context)
         if not _usable(response_id):
             raise KeyError(f"response '{response_id}' not found")
@@ -182,7 +183,7 @@ class StoreResponseProvider:
                                            doing="reading a response")  # fmt: skip  # its own snapshot
         if not rows or rows[0].deleted_at is not None:
             raise KeyError(f"response '{response_id}' not found")
-        return {**rows[0].envelope, "output": [r.body for r in rows if r.body is not None]}
+        return await seals.opened_response(self.db, user, response_id, rows)
 
     @_in_partition
     async def get_input_items(
@@ -211,6 +212,7 @@ class StoreResponseProvider:
                 ordered = ordered[: ordered.index(before)]
             page = ordered[: max(1, min(100, int(limit)))]
             found = await self._bodies(conn, user, page)
+        found = await seals.opened(self.db, user, found)
         return [found[i] for i in page if i in found]
 
     @_in_partition
@@ -222,6 +224,7 @@ class StoreResponseProvider:
         found = {r.item_id: r.body for r in await self.db.one_statement(
             _ITEMS[pg], {"user": user, "ids": usable if pg else codec.dumps(usable, where="item ids", max_bytes=2**62)},
             doing="reading response items")} if usable else {}  # fmt: skip  # one statement, its own snapshot
+        found = await seals.opened(self.db, user, found)
         return [found.get(i) for i in wanted]
 
     @_in_partition
@@ -302,7 +305,7 @@ def _one_response() -> Any:
     joined = hosted_responses_t.outerjoin(
         hosted_links_t, and_(L.user_id == R.user_id, L.response_id == R.response_id, L.kind == "o")
     ).outerjoin(hosted_items_t, and_(T.user_id == L.user_id, T.item_id == L.item_id))
-    query = select(R.envelope, R.deleted_at, T.body).select_from(joined)
+    query = select(R.envelope, R.deleted_at, T.item_id, T.body).select_from(joined)
     return query.where(R.user_id == bindparam("user"), R.response_id == bindparam("rid")).order_by(L.pos)
 
 

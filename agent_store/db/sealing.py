@@ -133,14 +133,27 @@ def seals_state(cipher: Any, key: str) -> bool:
 
 def seal_state(cipher: Any, key: str, text: str) -> str:
     """The stored JSON of a state value whose canonical JSON is ``text``."""
-    return json.dumps({SEALED: cipher.encrypt(text, state_row(key))})
+    return seal_json(cipher, state_row(key), text)
 
 
 def open_state(cipher: Any, key: str, value: Any) -> tuple[Any, str | None]:
     """A stored state value, opened if sealed: (the value, its canonical JSON), or (value, None) if not sealed."""
-    if not (isinstance(value, dict) and len(value) == 1 and SEALED in value and seals_state(cipher, key)):
+    return open_json(cipher, state_row(key), value) if seals_state(cipher, key) else (value, None)
+
+
+def seal_json(cipher: UserCipher, row: str, text: str) -> str:
+    """``{"$sealed": token}``: the stored JSON of a JSON payload ``text`` of ``row`` (a state value, a checkpoint,
+    a journal event, a hosted item, an AG-UI snapshot)."""
+    return json.dumps({SEALED: cipher.encrypt(text, row)})
+
+
+def open_json(cipher: UserCipher | None, row: str, value: Any) -> tuple[Any, str | None]:
+    """A stored JSON payload, opened if sealed: (the value, its JSON text); (value, None) if it is not sealed."""
+    if not (isinstance(value, dict) and len(value) == 1 and SEALED in value):
         return value, None
-    text = cipher.decrypt(value[SEALED], state_row(key))
+    if cipher is None:
+        raise InvalidValueError("this content is sealed with per-user keys: open the Store with its keys")
+    text = cipher.decrypt(value[SEALED], row)
     return json.loads(text), text
 
 
@@ -152,6 +165,14 @@ async def cipher_for(db: Any, user_id: str | None) -> Any:
         return db.settings.message_cipher
     owner = user_id or ""
     return UserCipher(owner, await _asking(provider.keys(owner)))
+
+
+async def for_user(db: Any, user_id: str | None, *, writing: bool) -> UserCipher | None:
+    """The user's keys for sealing (``writing``: with a key to seal with) or opening, or None (no ``keys=``)."""
+    if db.settings.keys is None:
+        return None
+    cipher = await (ready(db, user_id, None) if writing else cipher_for(db, user_id))
+    return cipher if isinstance(cipher, UserCipher) else None
 
 
 async def ready(db: Any, user_id: str | None, cipher: Any) -> Any:

@@ -31,12 +31,12 @@ from typing import Any
 from sqlalchemy import bindparam, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
-from agent_store.db import codec, tenancy
+from agent_store.db import codec, sealing, tenancy
 from agent_store.db.database import Database
 from agent_store.db.journal_tables import NOTIFY_CHANNEL, streams_t
 from agent_store.errors import AgentStoreError, InvalidValueError, StreamBusyError, StreamNotFoundError
 from agent_store.journal.listen import Wakeups
-from agent_store.journal.statements import READ, row_now
+from agent_store.journal.statements import READ, event_row, row_now
 from agent_store.journal.writer import StreamWriter
 
 __all__ = ["Journal", "JournalEvent"]
@@ -136,7 +136,9 @@ class Journal:
         head = rows[0]
         info = {"status": head.status, "last_seq": int(head.last_seq), "lease_until": head.lease_until,
                 "error": head.error, "kind": head.kind, "conversation_id": head.conversation_id}  # fmt: skip
-        return [JournalEvent(int(r.seq), r.event) for r in rows if r.seq is not None], info
+        cipher = await sealing.for_user(self.db, user_id, writing=False)  # sealed events (keys=): opened
+        return [JournalEvent(int(r.seq), sealing.open_json(cipher, event_row(stream_id, int(r.seq)), r.event)[0])
+                for r in rows if r.seq is not None], info  # fmt: skip
 
     @tenancy.for_user
     async def live_run(self, conversation_id: str, *, user_id: str | None, kind: str | None = None) -> str | None:

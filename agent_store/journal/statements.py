@@ -17,6 +17,7 @@ import aiosqlite
 from sqlalchemy import BigInteger, String, Text, and_, bindparam, cast, exists, func, insert, select, update
 from sqlalchemy.dialects.postgresql import JSONB
 
+from agent_store.db import sealing
 from agent_store.db.column_types import UTCDateTime
 from agent_store.db.database import Database
 from agent_store.db.driver_path import DriverPath
@@ -99,6 +100,9 @@ async def send_batch(db: Database, params: dict[str, Any], batch: list[str]) -> 
     """One batch (``params``: the stream, this owner, ``prev``/``last``, the status and lease): whether a cancel
     is asked; None if the stream row was not where this writer left it (nothing was written)."""
     user, sid = params["user"], params["sid"]
+    if (cipher := await sealing.for_user(db, user, writing=True)) is not None:  # per-user keys: each event sealed
+        batch = [sealing.seal_json(cipher, event_row(sid, params["prev"] + n), text)
+                 for n, text in enumerate(batch, start=1)]  # fmt: skip
     if db.dialect == "postgresql":
         payload = json.dumps(["batch", user, sid])  # ids may hold any character: a JSON array, not a join
         rows = await db.one_statement(batch_statement(), {**params, "batch": "[" + ",".join(batch) + "]",
@@ -124,3 +128,8 @@ async def row_now(db: Database, user: str, sid: str) -> Any:
     async with db.transaction(write=False, doing="reading a run's journal") as conn:
         query = select(T.last_seq, T.status, T.owner, T.cancel_requested).where(T.user_id == user, T.stream_id == sid)
         return (await conn.execute(query)).first()
+
+
+def event_row(stream_id: str, seq: int) -> str:
+    """What a sealed event is bound to (db/sealing.py): its stream and its place in it."""
+    return f"e\0{stream_id}\0{seq}"
