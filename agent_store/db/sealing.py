@@ -52,6 +52,8 @@ class UserCipher:
             self.add(key_id, key)
 
     def add(self, key_id: str, key: bytes) -> None:
+        if not (isinstance(key_id, str) and key_id and "." not in key_id and isinstance(key, bytes) and len(key) == 32):
+            raise ConfigurationError("the key provider gave a malformed key: a non-empty id without '.', 32 bytes")
         self._keys[key_id] = AESGCM(key)
         self._index_keys[key_id] = hmac.new(key, b"agent_store/blind-index/1", hashlib.sha256).digest()
         self.current = key_id if self.current is None or key_id > self.current else self.current
@@ -83,9 +85,11 @@ class UserCipher:
     # The blind index (exact terms): a sealed message's text column holds one token a term, the first 6 bytes of
     # HMAC-SHA256 under the user's index key (derived from the data key), in hex; search looks the tokens up.
     def index_text(self, text: str) -> str:
-        """What a sealed message's ``text`` column holds: its terms' tokens in order, then its single characters'."""
-        ordered, singles = blind_terms(text[:INDEXED])
-        return " ".join([*map(self._token, ordered), *map(self._token, sorted(set(singles)))])
+        """What a sealed message's ``text`` column holds: its terms' tokens in order, then its single characters'
+        (at most INDEXED_TERMS of each: 13 bytes a token, so at most about 130 KB a message)."""
+        ordered, singles = blind_terms(text)
+        return " ".join([*map(self._token, ordered[:INDEXED_TERMS]),
+                         *map(self._token, sorted(set(singles))[:INDEXED_TERMS])])  # fmt: skip
 
     def tokens(self, term: str) -> list[str]:
         """A query term's tokens under each of the user's keys: the same words, in order, as the index holds them."""
@@ -99,7 +103,7 @@ class UserCipher:
         return hmac.new(index_key, term.encode(), hashlib.sha256).hexdigest()[:12]
 
 
-INDEXED = 100_000  # characters of a message's text that are indexed (as search reads of a plain one)
+INDEXED_TERMS = 5_000  # a message's first terms that search finds (a plain message's: its first 100,000 chars)
 _CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af"
 _PIECES = re.compile(f"[{_CJK}]+|[^\\W_{_CJK}]+")
 

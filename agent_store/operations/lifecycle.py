@@ -11,6 +11,7 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from agent_framework import Message
 from sqlalchemy import ColumnElement, and_, delete, func, literal, or_, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -165,7 +166,10 @@ async def messages(
         query = select(messages_t).where(M.session_id == session_id, M.seq > after_seq).order_by(M.seq).limit(limit)
         rows = (await conn.execute(query)).mappings().all()
     cipher = await sealing.cipher_for(db, user_id)
-    return [MessageRecord(**{**row, "body": _full(row, cipher, sealed_ok)}) for row in rows]  # marks: in the body
+    records = [MessageRecord(**{**row, "body": _full(row, cipher, sealed_ok)}) for row in rows]  # marks: in the body
+    if isinstance(cipher, sealing.UserCipher):  # its text column holds its blind index: the text is its body's
+        records = [r.model_copy(update={"text": Message.from_dict(r.body).text}) for r in records]
+    return records
 
 
 def _full(row: Any, cipher: message_rows.MessageCipher | None, sealed_ok: bool = False) -> Any:

@@ -114,7 +114,7 @@ class Embeddings:
         if type(batch_size) is not int or not 1 <= batch_size <= 10_000:
             raise InvalidValueError(f"batch_size must be an int from 1 to 10000, not {batch_size!r}")
         if self.db.settings.message_cipher or self.db.settings.keys:  # no text to embed; vectors would leak it
-            raise ConfigurationError("a store that encrypts messages keeps no text to embed: hybrid search is off")
+            raise ConfigurationError("a store with a message_cipher or keys keeps no text to embed: hybrid is off")
         pid = await self.profile_id(create=True)
         assert pid is not None  # made above
         # Sweeps in key order. A message a sweep passes without a vector (a writer held its row, its text changed
