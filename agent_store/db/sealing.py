@@ -1,7 +1,8 @@
 """A user's content sealed with the user's own data key (issue 41; the keys: agent_store/keys.py).
 
 A store opened with ``keys=`` seals what a user said and what a run keeps: each message's body (its text column
-is left empty) and each state value of a session's or of the user's own (``user:``) keys. AES-256-GCM, a fresh
+holds its blind index instead, below), each state value of a session's or of the user's own (``user:``) keys,
+and the user's checkpoints, journal events, hosted responses and AG-UI snapshots. AES-256-GCM, a fresh
 96-bit nonce each time, and associated data that binds the ciphertext to its row:
 
     "agent_store/k1" NUL <user id> NUL "m" NUL <message id>        a message (the store's id of it)
@@ -80,7 +81,6 @@ class UserCipher:
             return self._keys[key_id].decrypt(raw[:_NONCE], raw[_NONCE:], self._aad(row)).decode()
         except (InvalidTag, binascii.Error, ValueError) as exc:
             raise ContentSealedError("sealed content that does not belong to this row (moved, or altered)") from exc
-
 
     # The blind index (exact terms): a sealed message's text column holds one token a term, the first 6 bytes of
     # HMAC-SHA256 under the user's index key (derived from the data key), in hex; search looks the tokens up.
