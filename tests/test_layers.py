@@ -24,7 +24,7 @@ from agent_store import Store
 PACKAGE = Path(__file__).resolve().parent.parent / "agent_store"
 # A module may import its own layer's modules and any lower layer's, never a higher one's.
 LAYER = {
-    "errors": 0, "models": 0, "telemetry": 0, "offline": 0,
+    "errors": 0, "models": 0, "telemetry": 0, "offline": 0, "keys": 0,
     "db": 1,
     "run": 2, "operations": 2, "search": 2, "journal": 2,
     "store": 3, "retry": 3,
