@@ -88,8 +88,8 @@ class UserCipher:
         """What a sealed message's ``text`` column holds: its terms' tokens in order, then its single characters'
         (at most INDEXED_TERMS of each: 13 bytes a token, so at most about 130 KB a message)."""
         ordered, singles = blind_terms(text)
-        return " ".join([*map(self._token, ordered[:INDEXED_TERMS]),
-                         *map(self._token, sorted(set(singles))[:INDEXED_TERMS])])  # fmt: skip
+        singles = sorted({self._token(c) for c in singles})  # by token: an order by character would tell them
+        return " ".join([*map(self._token, ordered[:INDEXED_TERMS]), *singles[:INDEXED_TERMS]])
 
     def tokens(self, term: str) -> list[str]:
         """A query term's tokens under each of the user's keys: the same words, in order, as the index holds them."""
