@@ -180,8 +180,7 @@ class Database:
             conn = await checkout(self._single)
             lost = self.lost(doing)
             try:
-                if conn.info.get(tenancy.LEARNED) != self.tenancy_epoch:
-                    await tenancy.learn(self, conn)
+                await tenancy.learn(self, conn)  # once per connection (and epoch)
                 named = tenancy.named_read(statement) if self.row_security and committing is None else None
                 if self.row_security and not names_itself and named is None:  # BEGIN, the name, it, COMMIT
                     await quietly(conn.close, "returning a connection")
@@ -262,9 +261,8 @@ class Database:
             self._schema_ok = True
 
     async def _name_user(self, conn: AsyncConnection) -> None:
-        """Begin a transaction by naming its user, under row-level security (learned first, once)."""
-        if conn.info.get(tenancy.LEARNED) != self.tenancy_epoch:
-            await tenancy.learn(self, conn)
+        """Begin a transaction by naming its user, under row-level security (learned first, per connection)."""
+        await tenancy.learn(self, conn)
         if self.row_security:
             await conn.execute(tenancy.NAME, {**tenancy.named(), "app": self.settings.app_id})
 

@@ -8,6 +8,9 @@ and the user's checkpoints, journal events, hosted responses and AG-UI snapshots
     "agent_store/k1" NUL <user id> NUL "m" NUL <message id>        a message (the store's id of it)
     "agent_store/k1" NUL <user id> NUL "s" NUL <state key>         a state value
 
+(and likewise a checkpoint's workflow and id, a journal event's stream and number, a hosted item's or response's
+id, an AG-UI snapshot's thread),
+
 so content moved to another message, another key or another user's row fails to open (its tag does not
 verify), and content of another user's is sealed under a key this user does not have. A fork copies a session's
 rows to a new session of the same user: they open there too, which is what a fork is for.

@@ -156,7 +156,10 @@ async def learn(db: Any, conn: Any) -> None:
     """Whether row-level security is on, so each transaction of ``db`` (a Database) must name its user: read on
     each new connection (a replica's role too), by the driver's path (through PgBouncer, SQLAlchemy's prepare and
     execute may meet two servers). Refuses a role that would bypass it (superuser, BYPASSRLS) unless the store is
-    an operator's, and an operator's store whose role would not (its cross-user work would see nothing)."""
+    an operator's, and an operator's store whose role would not (its cross-user work would see nothing). Once a
+    connection, and again after a policy's refusal moved ``db.tenancy_epoch`` on."""
+    if conn.info.get(LEARNED) == db.tenancy_epoch:
+        return
     if db.dialect == "postgresql":
         rows = await db.driver.fetch(conn, STATUS, {}, lost=db.lost("learning row-level security"))
         row = rows[0] if rows else None
