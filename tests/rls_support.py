@@ -13,9 +13,9 @@ import asyncpg
 from helpers import plain_dsn
 from sqlalchemy import Boolean, DateTime, Integer, LargeBinary, String, Text, insert
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import create_async_engine
 
 from agent_store import Store
+from agent_store.db.engine import make_engine
 from agent_store.db.tables import messages_t
 
 OWNER, APP = "agent_store_test_owner", "agent_store_test_app"  # in .ci/run's PgBouncer user list too
@@ -105,7 +105,7 @@ async def fill(bed: Bed) -> None:
     """One row per user in every covered table (and an embedding profile), written by the operator (bypassing
     the policies): the smallest row each table's constraints take."""
     metadata = messages_t.metadata
-    engine = create_async_engine(bed.admin_url)
+    engine = make_engine(bed.admin_url)  # (takes ?pgbouncer=true, as the stores do)
     try:
         async with engine.begin() as conn:
             await conn.execute(insert(metadata.tables["agent_embedding_profiles"]).values(
