@@ -18,15 +18,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import and_, bindparam, select, update
+from sqlalchemy import and_, bindparam, func, literal_column, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agent_store.db.hosted_tables import MAX_HOPS
-from agent_store.db.tables import hosted_links_t, hosted_responses_t
+from agent_store.db.tables import hosted_items_t, hosted_links_t, hosted_responses_t
 
-__all__ = ["MAX_HOPS", "Spec", "compress", "full_lists", "link_rows", "materialize_children", "specs", "specs_from",
-           "walk"]
-R, L = hosted_responses_t.c, hosted_links_t.c
+__all__ = ["ITEMS", "MAX_HOPS", "ONE_RESPONSE", "Spec", "compress", "full_lists", "link_rows", "materialize_children",
+           "specs", "specs_from", "walk"]
+R, L, T = hosted_responses_t.c, hosted_links_t.c, hosted_items_t.c
 
 
 @dataclass
@@ -171,3 +171,22 @@ async def materialize_children(conn: AsyncConnection, user: str, response_id: st
             await conn.execute(hosted_links_t.insert(), link_rows(user, child, "h", ids))
         await conn.execute(update(hosted_responses_t).where(R.user_id == user, R.response_id == child)
                            .values(history_from=None, history_skip=0, history_len=len(ids)))  # fmt: skip
+
+
+# The provider's two one-statement reads (responses.py).
+def _one_response() -> Any:
+    """A response's envelope with its output items in order: one statement, built once (bound per call)."""
+    joined = hosted_responses_t.outerjoin(
+        hosted_links_t, and_(L.user_id == R.user_id, L.response_id == R.response_id, L.kind == "o")
+    ).outerjoin(hosted_items_t, and_(T.user_id == L.user_id, T.item_id == L.item_id))
+    query = select(R.envelope, R.deleted_at, T.item_id, T.body).select_from(joined)
+    return query.where(R.user_id == bindparam("user"), R.response_id == bindparam("rid")).order_by(L.pos)
+
+
+ONE_RESPONSE = _one_response()
+# Items by id, one statement with the ids as one parameter (a list on PostgreSQL, a JSON array on SQLite).
+ITEMS = {
+    True: select(T.item_id, T.body).where(T.user_id == bindparam("user"), T.item_id == func.any(bindparam("ids"))),
+    False: select(T.item_id, T.body).where(T.user_id == bindparam("user"), T.item_id.in_(
+        select(literal_column("value")).select_from(func.json_each(bindparam("ids"))))),
+}

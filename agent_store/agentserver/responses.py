@@ -12,9 +12,9 @@ context, or none sent, is the unscoped partition ``""`` (local development), whi
 a user's calls never read it. A header sent empty is refused (``InvalidValueError``): it names nobody.
 ``erase_user(user_id)`` deletes that partition's rows.
 
-Why tables of their own and not the store's sessions: a Responses server keeps OpenAI-shaped items under the ids
-it gave them, with envelopes whose status moves; agent_store's messages are the framework's ``Message``s. The two
-are not the same record, and converting would lose what the server hands back byte for byte.
+Tables of their own, not the store's sessions: a Responses server keeps OpenAI-shaped items under its own ids, with
+envelopes whose status moves, not the framework's ``Message``s; converting would lose what it hands back verbatim.
+A response that continues a history read before an erasure of its user is refused (fence.py).
 """
 
 from __future__ import annotations
@@ -26,12 +26,13 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from azure.ai.agentserver.responses.store import ResponseAlreadyExistsError
-from sqlalchemy import and_, bindparam, delete, func, literal_column, select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agent_store.agentserver import history as chains
 from agent_store.agentserver import seals
+from agent_store.agentserver.fence import HostedReads
 from agent_store.db import codec, tenancy
 from agent_store.db.tables import hosted_items_t, hosted_links_t, hosted_responses_t
 from agent_store.errors import InvalidValueError
@@ -88,7 +89,7 @@ class StoreResponseProvider:
     """``ResponseProviderProtocol`` on the store's tables (see the module docstring)."""
 
     def __init__(self, store: Store) -> None:
-        self.store, self.db = store, store.db
+        self.store, self.db, self._reads = store, store.db, HostedReads()  # the erasure fence (fence.py)
 
     # -- writes ---------------------------------------------------------------------------------------------
 
@@ -104,13 +105,15 @@ class StoreResponseProvider:
         codec.check_id(rid, "response id", required=True)
         assert rid is not None
         inputs = self._items(input_items or [], where=f"response {rid!r}: input")
-        envelope, inputs, outputs = await seals.sealed(self.db, user, rid, envelope, inputs, outputs)  # keys=
         history = [str(i) for i in history_item_ids or []]
         conversation, previous = _conversation_of(response), response.get("previous_response_id")
         codec.check_id(conversation, "conversation id")
         codec.check_id(previous, "previous_response_id")
-        now = datetime.now(UTC)
+        now, since = datetime.now(UTC), self._reads.since(user, previous, conversation, history)
+        await self._reads.before_sealing(self.db, user, since)
+        envelope, inputs, outputs = await seals.sealed(self.db, user, rid, envelope, inputs, outputs)  # keys=
         async with self.db.transaction(write=True, doing="storing a response") as conn:
+            await self._reads.check(conn, user, since)  # never continues what an erasure removed since it was read
             latest = await self._latest(conn, user, conversation) if conversation else None
             source, skip = await chains.compress(conn, user, history, [previous, latest])
             row = {"user_id": user, "response_id": rid, "conversation_id": conversation, "previous_id": previous,
@@ -179,7 +182,8 @@ class StoreResponseProvider:
         user = partition(context)
         if not _usable(response_id):
             raise KeyError(f"response '{response_id}' not found")
-        rows = await self.db.one_statement(_ONE_RESPONSE, {"user": user, "rid": response_id},
+        self._reads.read(user, response=response_id)
+        rows = await self.db.one_statement(chains.ONE_RESPONSE, {"user": user, "rid": response_id},
                                            doing="reading a response")  # fmt: skip  # its own snapshot
         if not rows or rows[0].deleted_at is not None:
             raise KeyError(f"response '{response_id}' not found")
@@ -195,6 +199,7 @@ class StoreResponseProvider:
         user = partition(context)
         if not _usable(response_id):
             raise KeyError(f"response '{response_id}' not found")
+        self._reads.read(user, response=response_id)
         async with self.db.transaction(write=False, doing="reading a response's input items") as conn:
             there = (await conn.execute(select(R.deleted_at).where(R.user_id == user,
                                                                    R.response_id == response_id))).first()  # fmt: skip
@@ -221,9 +226,9 @@ class StoreResponseProvider:
         user, wanted = partition(context), [str(i) for i in item_ids]
         usable = list(dict.fromkeys(i for i in wanted if _usable(i)))
         pg = self.db.dialect == "postgresql"
-        found = {r.item_id: r.body for r in await self.db.one_statement(
-            _ITEMS[pg], {"user": user, "ids": usable if pg else codec.dumps(usable, where="item ids", max_bytes=2**62)},
-            doing="reading response items")} if usable else {}  # fmt: skip  # one statement, its own snapshot
+        ids = usable if pg else codec.dumps(usable, where="item ids", max_bytes=2**62)
+        found = {r.item_id: r.body for r in await self.db.one_statement(chains.ITEMS[pg], {"user": user, "ids": ids},
+                 doing="reading response items")} if usable else {}  # fmt: skip  # one statement, own snapshot
         found = await seals.opened(self.db, user, found)
         return [found.get(i) for i in wanted]
 
@@ -235,6 +240,7 @@ class StoreResponseProvider:
         """The full list of ``previous_response_id``, then of every response of ``conversation_id`` in the order
         they were created (deleted ones skipped), each id once; the last ``limit`` (-1: all)."""
         user = partition(context)
+        self._reads.read(user, response=previous_response_id, conversation=conversation_id)
         starts = [previous_response_id] if previous_response_id and _usable(previous_response_id) else []
         members: list[str] = []
         if conversation_id and _usable(conversation_id):
@@ -298,24 +304,6 @@ class StoreResponseProvider:
             select(R.response_id).where(R.user_id == user, R.conversation_id == conversation, R.deleted_at.is_(None))
             .order_by(R.created_seq.desc(), R.response_id.desc()).limit(1)
         )).scalar()  # fmt: skip
-
-
-def _one_response() -> Any:
-    """A response's envelope with its output items in order: one statement, built once (bound per call)."""
-    joined = hosted_responses_t.outerjoin(
-        hosted_links_t, and_(L.user_id == R.user_id, L.response_id == R.response_id, L.kind == "o")
-    ).outerjoin(hosted_items_t, and_(T.user_id == L.user_id, T.item_id == L.item_id))
-    query = select(R.envelope, R.deleted_at, T.item_id, T.body).select_from(joined)
-    return query.where(R.user_id == bindparam("user"), R.response_id == bindparam("rid")).order_by(L.pos)
-
-
-_ONE_RESPONSE = _one_response()
-# Items by id, one statement with the ids as one parameter (a list on PostgreSQL, a JSON array on SQLite).
-_ITEMS = {
-    True: select(T.item_id, T.body).where(T.user_id == bindparam("user"), T.item_id == func.any(bindparam("ids"))),
-    False: select(T.item_id, T.body).where(T.user_id == bindparam("user"), T.item_id.in_(
-        select(literal_column("value")).select_from(func.json_each(bindparam("ids"))))),
-}
 
 
 def _conversation_of(response: Mapping[str, Any]) -> str | None:

@@ -10,8 +10,9 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, Row, Table, delete, exists, func, select, tuple_, update
+from sqlalchemy import ColumnElement, Row, Table, cast, delete, exists, func, select, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 import agent_store.telemetry as telemetry
@@ -19,6 +20,7 @@ from agent_store.db import codec, sealing
 from agent_store.db.database import Database
 from agent_store.db.erasures import ERASURE_LOG_KEPT, user_key
 from agent_store.db.hosted_tables import CHECKPOINT_CONTEXT, CONTEXT_HASH_LENGTH
+from agent_store.db.message_rows import ENCRYPTED
 from agent_store.db.statements import lock_user
 from agent_store.db.tables import (
     budgets_t,
@@ -30,12 +32,13 @@ from agent_store.db.tables import (
     messages_t,
     sessions_t,
     state_t,
+    stream_events_t,
     streams_t,
     ui_snapshots_t,
     usage_t,
     user_state_t,
 )
-from agent_store.errors import InvalidValueError
+from agent_store.errors import ConfigurationError, InvalidValueError
 from agent_store.models import ErasureReport
 
 S, M, CP = sessions_t.c, messages_t.c, checkpoints_t.c
@@ -145,6 +148,11 @@ async def erase_user(
     codec.check_id(user_id, "user_id", required=True)
     codec.check_int(batch_messages, "batch_messages", low=1, high=10_000_001)
     n = dict.fromkeys(("sessions", "messages", "state_rows", "usage_calls", "batches"), 0)
+    if db.settings.keys is None and await _has_sealed(db, user_id):
+        raise ConfigurationError(
+            f"user {user_id!r} has content sealed with per-user keys: erase with the store's keys (Store(keys=...), "
+            "the CLI's $AGENT_STORE_KEYS) so that they are destroyed too (or a backup stays readable): nothing erased"
+        )
     with telemetry.operation("erase_user"):
         # The user's keys go first (every copy of what they sealed, backups included, is unreadable from now on,
         # even if the rows' deletion is interrupted), and again at the end: a run that began meanwhile made one.
@@ -178,6 +186,32 @@ async def erase_user(
             n["sessions"] += len(ids)
             if progress is not None:
                 progress(len(ids))
+
+
+async def _has_sealed(db: Database, user_id: str) -> bool:
+    """Whether any row of the user's holds content sealed with per-user keys (db/sealing.py): a probe a table at a
+    time, stopping at the first found (an unkeyed user's rows are all read once: an erasure reads them anyway)."""
+    pg = db.dialect == "postgresql"
+
+    def sealed(column: Any, key: str = sealing.SEALED) -> ColumnElement[bool]:
+        at = func.jsonb_extract_path_text(cast(column, JSONB), key) if pg else func.json_extract(column, f'$."{key}"')
+        return at.like(sealing.PREFIX + "%")
+
+    mine, st, us, ev = S.user_id == user_id, state_t.c, user_state_t.c, stream_events_t.c
+    probes = [
+        select(M.seq).join(sessions_t, S.id == M.session_id).where(mine, sealed(M.body, ENCRYPTED)),
+        select(st.key).join(sessions_t, S.id == st.session_id).where(mine, sealed(st.value)),
+        select(us.key).where(us.user_id == user_id, sealed(us.value)),
+        select(CP.seq).where(CP.user_id == user_id, sealed(CP.payload)),
+        select(ev.seq).where(ev.user_id == user_id, sealed(ev.event)),
+        select(hosted_items_t.c.item_id).where(hosted_items_t.c.user_id == user_id, sealed(hosted_items_t.c.body)),
+        select(ui_snapshots_t.c.thread_id).where(ui_snapshots_t.c.scope == user_id, sealed(ui_snapshots_t.c.snapshot)),
+    ]
+    async with db.transaction(write=False, doing="looking for a user's sealed content") as conn:
+        for probe in probes:
+            if (await conn.execute(probe.limit(1))).first() is not None:
+                return True
+    return False
 
 
 async def _count(conn: AsyncConnection, table: Table, sessions: ColumnElement[bool]) -> int:
