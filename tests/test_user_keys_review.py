@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from agent_framework import Message
 from cli_support import cli
 from helpers import rows
 from test_user_keys import talk
@@ -79,3 +80,48 @@ async def test_erasing_a_keyed_user_without_the_keys_is_refused_and_erases_nothi
     assert len(await keyed.db.settings.keys.keys("alice")) == 1  # her key is still there: nothing was half done
     assert "Ann" in (await talk(keyed, "a1", "alice", "what is my name?"))[-1]
     assert (await keyed.erase_user("alice")).keys_destroyed == 1
+
+
+async def test_a_refused_late_write_makes_no_key_for_the_erased_user(keyed: Store) -> None:
+    """Each writer that read before an erasure and writes after it is refused, and leaves no new (empty) key of the
+    user's in the key file: a run's commit, a checkpoint save, an AG-UI snapshot save, a journal batch."""
+    from agent_framework import WorkflowCheckpoint, WorkflowCheckpointException
+    from agent_framework_ag_ui import AGUIThreadSnapshot
+
+    from agent_store import StreamLostError
+    from agent_store.agent_framework.ag_ui import StoreThreadSnapshotStore
+    from agent_store.agent_framework.checkpoints import StoreCheckpointStorage
+
+    keys = keyed.db.settings.keys
+    checkpoints, snapshots = StoreCheckpointStorage(keyed, user_id="alice"), StoreThreadSnapshotStore(keyed)
+    first = await checkpoints.save(WorkflowCheckpoint(workflow_name="wf", graph_signature_hash="g", state={"n": 1}))
+    loaded = await checkpoints.load(first)
+    await snapshots.save(scope="alice", thread_id="t1", snapshot=AGUIThreadSnapshot(messages=[{"text": "hi"}]))
+    assert await snapshots.get(scope="alice", thread_id="t1") is not None
+    journal = keyed.journal(batch_events=1)
+    writer = await journal.start("run-1", user_id="alice")
+    await writer.append({"n": 1})
+    run = await keyed.load("a-new-one", user_id="alice")  # a session of hers: loaded, not yet committed
+    first_run = await keyed.load("d1", user_id="dora")  # a new user's first run: she has no key yet
+    assert len(await keys.keys("alice")) == 1 and await keys.keys("dora") == {}
+
+    await keyed.erase_user("alice")
+    await keyed.erase_user("dora")
+    assert await keys.keys("alice") == {}
+    for late in (run, first_run):
+        late.history.append(Message(role="user", contents=["late"]))
+        with pytest.raises(SessionNotFoundError):
+            await late.commit()
+    assert await keys.keys("dora") == {}
+    with pytest.raises(WorkflowCheckpointException, match="erased"):
+        await checkpoints.save(WorkflowCheckpoint(workflow_name="wf", graph_signature_hash="g", state={"n": 2},
+                                                  previous_checkpoint_id=loaded.checkpoint_id))  # fmt: skip
+    with pytest.raises(SessionNotFoundError):
+        await snapshots.save(scope="alice", thread_id="t1", snapshot=AGUIThreadSnapshot(messages=[{"text": "late"}]))
+    await writer.append({"n": 2})  # its batch is refused: the writer keeps it lost, and says so next
+    with pytest.raises(StreamLostError):
+        await writer.append({"n": 3})
+    await journal.close()
+    assert await keys.keys("alice") == {}  # no write made her a key again
+    for table in ("agent_sessions", "agent_checkpoints", "agent_ui_snapshots", "agent_streams"):
+        assert await rows(keyed, f"SELECT count(*) FROM {table}") == [(0,)], table  # noqa: S608

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import delete, select
 from sqlalchemy.dialects import postgresql, sqlite
 
-from agent_store.db import codec, sealing, tenancy
+from agent_store.db import codec, erasures, sealing, tenancy
 from agent_store.db.erasures import erased_since
 from agent_store.db.statements import lock_user
 from agent_store.db.tables import ui_snapshots_t
@@ -91,15 +91,16 @@ class StoreThreadSnapshotStore:
             document, where=f"snapshot of thread {thread_id!r}",
             max_bytes=self._db.settings.max_value_bytes, sort_keys=False,
         )  # fmt: skip
-        if (cipher := await sealing.for_user(self._db, key[0], writing=True)) is not None:  # the scope's keys
-            text = sealing.seal_json(cipher, "u\0" + key[1], text)
-        row = {"scope": key[0], "thread_id": key[1], "snapshot": text, "updated_at": datetime.now(UTC)}
         read_at = self._reads.earliest(key)  # none on record: any erasure of the scope still on record fences it
         since = UNKNOWN if read_at is None else read_at - ERASURE_MARGIN
+        fence = erasures.fence(self._db, key[0], since, lambda: _erased(thread_id))  # (before a first key)
+        if (cipher := await sealing.for_user(self._db, key[0], writing=True, fence=fence)) is not None:
+            text = sealing.seal_json(cipher, "u\0" + key[1], text)  # the scope's keys
+        row = {"scope": key[0], "thread_id": key[1], "snapshot": text, "updated_at": datetime.now(UTC)}
         async with self._db.transaction(write=True, doing="saving an AG-UI thread snapshot") as conn:
             await lock_user(conn, key[0], exclusive=False)  # erase_user takes it too: wholly before or after
             if await erased_since(conn, key[0], since):
-                raise SessionNotFoundError(f"thread {thread_id!r}: its scope's user was erased since it was read")
+                raise _erased(thread_id)
             insert = (postgresql if conn.dialect.name == "postgresql" else sqlite).insert(ui_snapshots_t).values(row)
             changed = {"snapshot": insert.excluded.snapshot, "updated_at": insert.excluded.updated_at}
             await conn.execute(insert.on_conflict_do_update(index_elements=[U.scope, U.thread_id], set_=changed))
@@ -155,3 +156,7 @@ def _checked(value: Any, name: str) -> str:
         raise InvalidValueError(f"{name} must be a non-empty string.")
     codec.check_id(value, name, required=True)
     return value
+
+
+def _erased(thread_id: str) -> SessionNotFoundError:
+    return SessionNotFoundError(f"thread {thread_id!r}: its scope's user was erased since it was read")

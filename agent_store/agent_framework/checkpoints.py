@@ -31,7 +31,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.dialects import postgresql, sqlite
 
 from agent_store.agent_framework.checkpoint_payloads import decode_payload
-from agent_store.db import codec, sealing, tenancy
+from agent_store.db import codec, erasures, sealing, tenancy
 from agent_store.db.erasures import erased_since
 from agent_store.db.statements import lock_user
 from agent_store.db.tables import checkpoint_workflows_t, checkpoints_t
@@ -102,17 +102,18 @@ class StoreCheckpointStorage:
                 f"Checkpoint {ident} cannot be encoded or restored under this storage's allowed types; "
                 "refusing to save."
             ) from exc
-        if (cipher := await sealing.for_user(self._db, self._owner, writing=True)) is not None:  # per-user keys
-            payload = sealing.seal_json(cipher, _row(checkpoint.workflow_name, ident), payload)
+        # A new lineage read nothing from the store; one that continues a checkpoint carries what was read with
+        # it (unknown if another storage read it: then any erasure of the user still on record fences it).
+        previous = checkpoint.previous_checkpoint_id
+        read_at = datetime.now(UTC) if previous is None else (self._dated.earliest(previous) or UNKNOWN)
+        fence = erasures.fence(self._db, self._user, read_at - ERASURE_MARGIN, lambda: self._erased())
+        if (cipher := await sealing.for_user(self._db, self._owner, writing=True, fence=fence)) is not None:
+            payload = sealing.seal_json(cipher, _row(checkpoint.workflow_name, ident), payload)  # per-user keys
         row = {
             "user_id": self._owner, "checkpoint_id": ident, "workflow_name": checkpoint.workflow_name,
             "previous_checkpoint_id": checkpoint.previous_checkpoint_id, "timestamp": checkpoint.timestamp,
             "iteration_count": checkpoint.iteration_count, "saved_at": datetime.now(UTC), "payload": payload,
         }  # fmt: skip
-        # A new lineage read nothing from the store; one that continues a checkpoint carries what was read with
-        # it (unknown if another storage read it: then any erasure of the user still on record fences it).
-        previous = checkpoint.previous_checkpoint_id
-        read_at = datetime.now(UTC) if previous is None else (self._dated.earliest(previous) or UNKNOWN)
         try:
             await self._write(row, read_at)
         except InvalidValueError as exc:  # a value the database refused (both backends check the same first)
@@ -120,12 +121,15 @@ class StoreCheckpointStorage:
         self._dated.read(ident, read_at)
         return ident
 
+    def _erased(self) -> WorkflowCheckpointException:
+        return WorkflowCheckpointException(f"user {self._user!r} was erased; the checkpoint was not saved")
+
     async def _write(self, row: dict[str, Any], read_at: datetime) -> None:
         async with self._db.transaction(write=True, doing="saving a workflow checkpoint") as conn:
             if self._user is not None:  # erase_user takes the same lock: a save lands wholly before or after it
                 await lock_user(conn, self._user, exclusive=False)
                 if await erased_since(conn, self._user, read_at - ERASURE_MARGIN):
-                    raise WorkflowCheckpointException(f"user {self._user!r} was erased; the checkpoint was not saved")
+                    raise self._erased()
             insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
             first = insert(checkpoint_workflows_t).values(
                 user_id=self._owner, workflow_name=row["workflow_name"], next_seq=1

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from agent_store.db import erasures
 from agent_store.db.database import Database
 from agent_store.db.erasures import erased_since
 from agent_store.db.statements import lock_user
@@ -46,13 +47,10 @@ class HostedReads:
         dates = [at for key in keys if (at := self._reads.earliest(key)) is not None]
         return min(dates) - ERASURE_MARGIN if dates else UNKNOWN
 
-    async def before_sealing(self, db: Database, user: str, since: datetime | None) -> None:
-        """The same refusal before the user's keys are asked for (a store with keys): a refused write must not
-        make a key for an erased user. (``check`` stays the guarantee: an erasure may still come in between.)"""
-        if db.settings.keys is not None and since is not None and user:
-            async with db.transaction(write=False, doing="checking the erasure fence") as conn:
-                if await erased_since(conn, user, since):
-                    raise _refused(user)
+    def before_sealing(self, db: Database, user: str, since: datetime | None) -> erasures.Fence | None:
+        """The same refusal, made before a first key of the user's is made (db/sealing.py ``ready``): a refused
+        write must not leave a key for an erased user. (``check`` stays the guarantee.)"""
+        return None if since is None or not user else erasures.fence(db, user, since, lambda: _refused(user))
 
     @staticmethod
     async def check(conn: AsyncConnection, user: str, since: datetime | None) -> None:

@@ -110,8 +110,8 @@ class StoreResponseProvider:
         codec.check_id(conversation, "conversation id")
         codec.check_id(previous, "previous_response_id")
         now, since = datetime.now(UTC), self._reads.since(user, previous, conversation, history)
-        await self._reads.before_sealing(self.db, user, since)
-        envelope, inputs, outputs = await seals.sealed(self.db, user, rid, envelope, inputs, outputs)  # keys=
+        fence = self._reads.before_sealing(self.db, user, since)
+        envelope, inputs, outputs = await seals.sealed(self.db, user, rid, envelope, inputs, outputs, fence=fence)
         async with self.db.transaction(write=True, doing="storing a response") as conn:
             await self._reads.check(conn, user, since)  # never continues what an erasure removed since it was read
             latest = await self._latest(conn, user, conversation) if conversation else None

@@ -11,9 +11,9 @@ from agent_store.db import sealing
 Items = list[tuple[str, str, str | None]]  # (item id, its JSON, its type)
 
 
-async def sealed(db: Any, user: str, rid: str, envelope: str, *lists: Items) -> tuple[Any, ...]:
-    """The envelope and each list of items as stored: sealed, if the store has keys."""
-    cipher = await sealing.for_user(db, user, writing=True)
+async def sealed(db: Any, user: str, rid: str, envelope: str, *lists: Items, fence: Any = None) -> tuple[Any, ...]:
+    """The envelope and each list of items as stored: sealed, if the store has keys (``fence``: sealing.ready)."""
+    cipher = await sealing.for_user(db, user, writing=True, fence=fence)
     if cipher is None:
         return (envelope, *lists)
     items = [[(i, sealing.seal_json(cipher, "i\0" + i, body), kind) for i, body, kind in items] for items in lists]

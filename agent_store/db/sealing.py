@@ -35,6 +35,7 @@ from typing import Any
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from agent_store.db.erasures import Fence
 from agent_store.errors import AgentStoreError, ConfigurationError, ContentSealedError, InvalidValueError
 
 PREFIX = "k1."
@@ -174,19 +175,25 @@ async def cipher_for(db: Any, user_id: str | None) -> Any:
     return UserCipher(owner, await _asking(provider.keys(owner)))
 
 
-async def for_user(db: Any, user_id: str | None, *, writing: bool) -> UserCipher | None:
+async def for_user(db: Any, user_id: str | None, *, writing: bool, fence: Fence | None = None) -> UserCipher | None:
     """The user's keys for sealing (``writing``: with a key to seal with) or opening, or None (no ``keys=``)."""
     if db.settings.keys is None:
         return None
-    cipher = await (ready(db, user_id, None) if writing else cipher_for(db, user_id))
+    cipher = await (ready(db, user_id, None, fence=fence) if writing else cipher_for(db, user_id))
     return cipher if isinstance(cipher, UserCipher) else None
 
 
-async def ready(db: Any, user_id: str | None, cipher: Any) -> Any:
-    """``cipher`` (fetched if not yet) with a key to seal with: a user's first write makes the user's first key."""
+async def ready(db: Any, user_id: str | None, cipher: Any, *, fence: Fence | None = None) -> Any:
+    """``cipher`` (fetched if not yet) with a key to seal with: a user's first write makes the user's first key.
+
+    ``fence`` is awaited before a key is made: a write that its erasure fence will refuse (a run, a checkpoint,
+    a journal batch that read before the user was erased) must not leave a new, empty key behind. The write's
+    own check, in its transaction, stays the guarantee; this only keeps the key file clean of it."""
     if cipher is None and db.settings.keys is not None:
         cipher = await cipher_for(db, user_id)
     if isinstance(cipher, UserCipher) and cipher.current is None:
+        if fence is not None:
+            await fence()
         cipher.add(*await _asking(db.settings.keys.new_key(cipher.user_id)))
     return cipher
 

@@ -17,6 +17,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql import UUID
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from agent_store.db import erasures
 from agent_store.db.database import APP_LOCK, USER_LOCK
 from agent_store.db.message_rows import EncodedMessage
 from agent_store.db.scopes import Scope, owner_is
@@ -26,6 +27,12 @@ from agent_store.errors import ConflictError, SessionClosedError, SessionNotFoun
 
 def _insert(db: AsyncConnection, table: Table) -> Any:
     return (postgresql if db.dialect.name == "postgresql" else sqlite).insert(table)
+
+
+def session_fence(db: Any, session_id: str, user_id: str | None, since: datetime) -> erasures.Fence:
+    """The erasure fence of a run of ``session_id``, before a first key is made (db/sealing.py): refused as its
+    commit would refuse it (not found)."""
+    return erasures.fence(db, user_id, since, lambda: not_found(session_id, user_id))
 
 
 def not_found(session_id: str, user_id: str | None) -> SessionNotFoundError:

@@ -22,6 +22,7 @@ from agent_store.db.column_types import UTCDateTime
 from agent_store.db.database import Database
 from agent_store.db.driver_path import DriverPath
 from agent_store.db.journal_tables import NOTIFY_CHANNEL, stream_events_t, streams_t
+from agent_store.errors import StreamLostError
 
 __all__ = ["READ", "row_now", "send_batch"]
 T, E = streams_t.c, stream_events_t.c
@@ -100,8 +101,9 @@ async def send_batch(db: Database, params: dict[str, Any], batch: list[str]) -> 
     """One batch (``params``: the stream, this owner, ``prev``/``last``, the status and lease): whether a cancel
     is asked; None if the stream row was not where this writer left it (nothing was written)."""
     user, sid = params["user"], params["sid"]
-    if (cipher := await sealing.for_user(db, user, writing=True)) is not None:  # per-user keys: each event sealed
-        batch = [sealing.seal_json(cipher, event_row(sid, params["prev"] + n), text)
+    fence = functools.partial(_still_there, db, user, sid)
+    if (cipher := await sealing.for_user(db, user, writing=True, fence=fence)) is not None:
+        batch = [sealing.seal_json(cipher, event_row(sid, params["prev"] + n), text)  # per-user keys: each sealed
                  for n, text in enumerate(batch, start=1)]  # fmt: skip
     if db.dialect == "postgresql":
         payload = json.dumps(["batch", user, sid])  # ids may hold any character: a JSON array, not a join
@@ -128,6 +130,13 @@ async def row_now(db: Database, user: str, sid: str) -> Any:
     async with db.transaction(write=False, doing="reading a run's journal") as conn:
         query = select(T.last_seq, T.status, T.owner, T.cancel_requested).where(T.user_id == user, T.stream_id == sid)
         return (await conn.execute(query)).first()
+
+
+async def _still_there(db: Database, user: str, sid: str) -> None:
+    """Before a first key of the user's is made (db/sealing.py ``ready``): a stream erased (or purged) meanwhile
+    takes no more events, and must not leave a key behind for its erased user."""
+    if await row_now(db, user, sid) is None:
+        raise StreamLostError(f"stream {sid!r} is gone (erased, purged or ended): nothing more was written")
 
 
 def event_row(stream_id: str, seq: int) -> str:

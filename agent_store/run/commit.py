@@ -34,7 +34,7 @@ import agent_store.run.checked_commit as checked_commit
 import agent_store.run.commit_postgresql as commit_postgresql
 import agent_store.run.commit_sqlite as commit_sqlite
 import agent_store.telemetry as telemetry
-from agent_store.db import codec, ids, runlog, sealing, tenancy
+from agent_store.db import codec, ids, runlog, sealing, statements, tenancy
 from agent_store.db.database import Database
 from agent_store.db.ledger import ModelCall
 from agent_store.db.load_statement import POSITION_STEP
@@ -185,7 +185,9 @@ class Run:
         retry = self._pending is not None
         self._maybe_landed = retry and self._maybe_landed
         try:
-            self._cipher = self._cipher if retry else await sealing.ready(self.db, self.user_id, self._cipher)
+            if not retry:  # the user's keys; a first key is made only past the erasure fence
+                fence = statements.session_fence(self.db, self.storage_id, self.user_id, self._fence_since())
+                self._cipher = await sealing.ready(self.db, self.user_id, self._cipher, fence=fence)
             delta = self._pending or self._delta()
         except BaseException as exc:
             await self.discard()
