@@ -23,7 +23,7 @@ from agent_store.errors import ConfigurationError, InvalidValueError
 from agent_store.journal import Journal
 from agent_store.keys import KeyProvider
 from agent_store.models import ErasureReport, MessageRecord, SearchPage, SessionInfo, SessionPage, TransferReport
-from agent_store.operations import branching, health, lifecycle, retention, stats, transfer, transfer_all
+from agent_store.operations import branching, health, lifecycle, retention, seal_clear, stats, transfer, transfer_all
 from agent_store.operations.usage import UsageLedger
 from agent_store.run import priming
 from agent_store.run.commit import Run
@@ -159,17 +159,10 @@ class Store:
 
     @asynccontextmanager
     async def session(
-        self,
-        session_id: str,
-        *,
-        user_id: str | None = None,
-        agent_id: str | None = None,
-        history_limit: int | None = None,
-        if_expired: str = "error",
-        serialized: bool = False,
-        run_id: str | None = None,
-        skip_excluded: bool = False,
-    ) -> AsyncIterator[AgentSession]:
+        self, session_id: str, *, user_id: str | None = None, agent_id: str | None = None,
+        history_limit: int | None = None, if_expired: str = "error", serialized: bool = False,
+        run_id: str | None = None, skip_excluded: bool = False,
+    ) -> AsyncIterator[AgentSession]:  # fmt: skip
         """Yield the stored session as an ``AgentSession``; commit what changed when the block exits.
 
         The session is created on first use. ``history_limit`` loads only the last N messages (the
@@ -228,9 +221,8 @@ class Store:
         self, query: str, *, user_id: str | None = None, all_users: bool = False, session_id: str | None = None,
         agent_id: str | None = None, limit: int = 20, cursor: str | None = None, ranking: str = "auto",
     ) -> SearchPage:  # fmt: skip
-        """Messages of ``user_id``'s sessions that match ``query``, best first (see ``agent_store.search``):
-        words, ``"phrases"``, ``OR``, ``-exclusions``; Chinese matches inside words. Reads from the replica.
-        ``all_users=True`` (instead of a ``user_id``) searches every user's sessions: an operator's search.
+        """Messages of ``user_id``'s sessions (``all_users``: every user's, an operator's) that match ``query``,
+        best first (``agent_store.search``): words, ``"phrases"``, ``OR``, ``-exclusions``; Chinese inside words.
         ``ranking``: ``keyword``, ``vector``, ``hybrid`` (both, fused), or ``auto`` (hybrid with an embedder)."""
         return await hybrid.search(
             self.db, self.embeddings, query, ranking=ranking, user_id=user_id, session_id=session_id,
@@ -258,7 +250,7 @@ class Store:
         await lifecycle.close(self.db, session_id, user_id)
 
     async def clear(self, session_id: str, *, user_id: str | None = None) -> int:
-        """Delete a session's messages, keeping the session and its state; returns how many were deleted."""
+        """Delete a session's messages, keeping the session and its state; returns how many."""
         return await lifecycle.clear(self.db, session_id, user_id)
 
     async def purge_expired(
@@ -269,8 +261,7 @@ class Store:
         return await retention.purge_expired(self.db, batch_size, batch_messages, progress)
 
     async def purge_checkpoints(self, older_than: timedelta, *, keep_latest: bool = True, batch_size: int = 500) -> int:
-        """Delete workflow checkpoints saved more than ``older_than`` ago, in batches; each workflow's latest
-        stays (``keep_latest``), so a paused workflow can still resume. Returns how many were deleted."""
+        """Delete checkpoints saved over ``older_than`` ago, in batches; each workflow's latest stays (resumable)."""
         return await retention.purge_checkpoints(self.db, older_than, keep_latest=keep_latest, batch_size=batch_size)
 
     async def count_expired(self) -> int:
@@ -280,9 +271,12 @@ class Store:
     async def erase_user(
         self, user_id: str, *, batch_messages: int = retention.BATCH_MESSAGES, progress: Progress | None = None
     ) -> ErasureReport:
-        """Delete every session, message and state row of a user, user-scoped memory, workflow checkpoints and
-        AG-UI snapshots included, in short transactions (see ``retention.erase_user``); run again if interrupted."""
+        """Delete everything of a user's, in short transactions (``retention.erase_user``); again if interrupted."""
         return await retention.erase_user(self.db, user_id, batch_messages, progress)
+
+    async def seal_clear(self, *, batch_size: int = 500) -> dict[str, int]:
+        """Seal content in clear with per-user keys (keys turned on for a store with content: seal_clear.py)."""
+        return await seal_clear.seal_clear(self.db, batch_size=batch_size)
 
     async def fork(
         self, session_id: str, *, user_id: str | None = None, at_seq: int | None = None, new_id: str | None = None,

@@ -35,6 +35,9 @@ async def database(admin_url: str, name: str, *, rls: bool) -> str:
         exists = await admin.fetchval("SELECT 1 FROM pg_roles WHERE rolname = $1", APP)
         if not exists:
             await admin.execute(f"CREATE ROLE {APP} LOGIN NOSUPERUSER NOBYPASSRLS")
+        # As docs/row-security.md sets the application's role up: generic plans (a custom plan of a statement under
+        # the policies is planned again on every execution).
+        await admin.execute(f"ALTER ROLE {APP} SET plan_cache_mode = force_generic_plan")
     finally:
         await admin.close()
     owner_url = admin_url.rsplit("/", 1)[0] + "/" + name

@@ -10,16 +10,20 @@ before its fix, on both backends.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from agent_framework import Message
-from cli_support import cli
+from cli_support import cli, ok
+from conftest import fresh_database
 from helpers import rows
+from sqlalchemy import text
 from test_user_keys import talk
 
-from agent_store import ConfigurationError, KeyFile, SessionNotFoundError, Store
+from agent_store import ConfigurationError, ContentSealedError, KeyFile, SessionNotFoundError, Store
 
 
 @pytest.fixture
@@ -125,3 +129,111 @@ async def test_a_refused_late_write_makes_no_key_for_the_erased_user(keyed: Stor
     assert await keys.keys("alice") == {}  # no write made her a key again
     for table in ("agent_sessions", "agent_checkpoints", "agent_ui_snapshots", "agent_streams"):
         assert await rows(keyed, f"SELECT count(*) FROM {table}") == [(0,)], table  # noqa: S608
+
+
+async def everything_of_alices(store: Store) -> Any:
+    """A user's content in every sealed table: messages and state (a run), a checkpoint, a hosted response, an
+    AG-UI snapshot. Returns the checkpoint storage and its id, to read them back."""
+    from agent_framework import WorkflowCheckpoint
+    from agent_framework_ag_ui import AGUIThreadSnapshot
+    from azure.ai.agentserver.responses import PlatformContext
+    from test_hosted_responses import response, said
+
+    from agent_store.agent_framework.ag_ui import StoreThreadSnapshotStore
+    from agent_store.agent_framework.checkpoints import StoreCheckpointStorage
+    from agent_store.agentserver.responses import StoreResponseProvider
+
+    await talk(store, "a1", "alice", "my name is Zanzibar")
+    checkpoints = StoreCheckpointStorage(store, user_id="alice")
+    saved = await checkpoints.save(WorkflowCheckpoint(workflow_name="wf", graph_signature_hash="g",
+                                                      state={"where": "Zanzibar"}))  # fmt: skip
+    await StoreResponseProvider(store).create_response(response("r1", output=["o1"]), [said("i1", "Zanzibar", "user")],
+                                                       None, context=PlatformContext(user_id_key="alice"))  # fmt: skip
+    snapshot = AGUIThreadSnapshot(messages=[{"text": "Zanzibar"}])
+    await StoreThreadSnapshotStore(store).save(scope="alice", thread_id="t1", snapshot=snapshot)
+    return checkpoints, saved
+
+
+async def all_stored(store: Store) -> str:
+    tables = ("agent_messages", "agent_state", "agent_user_state", "agent_checkpoints", "agent_hosted_responses",
+              "agent_hosted_items", "agent_ui_snapshots")  # fmt: skip
+    found = [await rows(store, f"SELECT * FROM {table}") for table in tables]  # noqa: S608
+    return json.dumps([[str(v) for v in r] for table in found for r in table], ensure_ascii=False)
+
+
+async def reads_back(store: Store, checkpoints: Any, saved: str, *, snapshots: bool = True) -> None:
+    from azure.ai.agentserver.responses import PlatformContext
+
+    from agent_store.agent_framework.ag_ui import StoreThreadSnapshotStore
+    from agent_store.agentserver.responses import StoreResponseProvider
+
+    reloaded = type(checkpoints)(store, user_id="alice")
+    assert (await reloaded.load(saved)).state == {"where": "Zanzibar"}
+    hosted = StoreResponseProvider(store)
+    assert (await hosted.get_items(["i1"], context=PlatformContext(user_id_key="alice")))[0]["content"][0]["text"] \
+        == "Zanzibar"  # fmt: skip
+    snapshot = await StoreThreadSnapshotStore(store).get(scope="alice", thread_id="t1")
+    assert not snapshots or (snapshot is not None and snapshot.messages == [{"text": "Zanzibar"}])
+    assert (await store.search("zanzibar", user_id="alice")).items  # through the blind index
+    assert "Zanzibar" in (await talk(store, "a1", "alice", "what is my name?"))[-1]
+
+
+async def test_turning_keys_on_for_a_store_with_content_refuses_clear_rows_until_sealed(
+    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with Store.from_url(url) as plain:
+        await plain.migrate()
+        checkpoints, saved = await everything_of_alices(plain)
+    key_file = tmp_path / "keys.db"
+    async with Store.from_url(url, keys=KeyFile(key_file)) as keyed:
+        with pytest.raises(ContentSealedError, match="in clear"):  # read in clear: refused, typed, nothing lost
+            await keyed.load("a1", user_id="alice")
+        monkeypatch.setenv("AGENT_STORE_KEYS", str(key_file))
+        said = ok(cli("keys", "seal", "--batch-size", "2", url=url, cwd=tmp_path))  # small batches: several each
+        assert said.startswith("sealed ") and "messages" in said and "checkpoints" in said, said
+        assert "Zanzibar" not in await all_stored(keyed)
+        await reads_back(keyed, checkpoints, saved)
+        assert ok(cli("keys", "seal", url=url, cwd=tmp_path)).startswith("nothing in clear")  # resumable: idempotent
+
+
+async def test_content_put_in_clear_into_a_keyed_store_is_refused(keyed: Store) -> None:
+    """Someone with the database but not the keys writes content in clear over a user's: it is never read as hers.
+    Each substitution on a user of its own; the others' content still reads."""
+    from agent_framework import WorkflowCheckpoint
+
+    from agent_store.agent_framework.checkpoints import StoreCheckpointStorage
+
+    for user in ("u0", "u1", "u2", "u3"):
+        await talk(keyed, f"{user}-s", user, "my name is Zanzibar")
+    checkpoints = StoreCheckpointStorage(keyed, user_id="u3")
+    saved = await checkpoints.save(WorkflowCheckpoint(workflow_name="wf", graph_signature_hash="g", state={}))
+    substitutions = {
+        "u0": "UPDATE agent_messages SET body = '{\"$text\": 1}', text = 'pay me' WHERE session_id = 'u0-s'",
+        "u1": "UPDATE agent_state SET value = '\"forged\"' WHERE session_id = 'u1-s' AND key = 'mood'",
+        "u2": "UPDATE agent_user_state SET value = '\"forged\"' WHERE user_id = 'u2'",
+        "u3": "UPDATE agent_checkpoints SET payload = '{\"state\": {}}' WHERE user_id = 'u3'",
+    }  # fmt: skip
+    async with keyed.engine.begin() as conn:
+        for sql in substitutions.values():
+            await conn.execute(text(sql))
+    for user in ("u0", "u1", "u2"):
+        with pytest.raises(ContentSealedError, match="in clear"):
+            await keyed.load(f"{user}-s", user_id=user)
+    with pytest.raises(ContentSealedError, match="in clear"):
+        await checkpoints.load(saved)
+    assert (await keyed.load("u3-s", user_id="u3")).session.state["mood"] == "felt my name is Zanzibar"
+
+
+async def test_an_import_into_a_keyed_store_seals_what_it_imports(url: str, tmp_path: Path) -> None:
+    async with Store.from_url(url) as plain:
+        await plain.migrate()
+        checkpoints, saved = await everything_of_alices(plain)
+        lines = [line async for line in plain.export(all_users=True)]
+    (tmp_path / "target").mkdir()
+    async with fresh_database(plain.db.dialect, tmp_path / "target") as target:
+        async with Store.from_url(target, keys=KeyFile(tmp_path / "keys.db")) as keyed:
+            await keyed.migrate()
+            report = await keyed.import_lines(lines)
+            assert report.imported == 1 and report.checkpoints == 1
+            assert "Zanzibar" not in await all_stored(keyed)
+            await reads_back(keyed, checkpoints, saved, snapshots=False)  # (AG-UI snapshots are not exported)

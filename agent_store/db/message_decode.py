@@ -23,7 +23,9 @@ from typing import Any
 
 from agent_framework import Content, Message
 
+from agent_store.db import sealing
 from agent_store.db.message_rows import (
+    ENCRYPTED,
     MESSAGE_ID_MARK,
     NO_ID_PREFIX,
     STORE_ID,
@@ -43,6 +45,8 @@ def message_from_row(
 
     ``body`` None is a plain text message's ``{"$text": 1}``, as the load's statement returns it.
     """
+    if getattr(cipher, "binds_rows", False) and not (body is not None and ENCRYPTED in body):
+        raise sealing.in_clear("m")  # per-user keys seal every body: this one was put there in clear
     if body is None:
         return _plain_text(identity, None, role, author_name, text, marks)
     if body.get(TEXT_FROM_COLUMN) == 1 and (

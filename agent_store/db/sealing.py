@@ -158,11 +158,24 @@ def seal_json(cipher: UserCipher, row: str, text: str) -> str:
 def open_json(cipher: UserCipher | None, row: str, value: Any) -> tuple[Any, str | None]:
     """A stored JSON payload, opened if sealed: (the value, its JSON text); (value, None) if it is not sealed."""
     if not (isinstance(value, dict) and len(value) == 1 and SEALED in value):
+        if isinstance(cipher, UserCipher):  # a store with keys seals all of it: clear content was put there
+            raise in_clear(row.partition("\0")[0])
         return value, None
     if cipher is None:
         raise InvalidValueError("this content is sealed with per-user keys: open the Store with its keys")
     text = cipher.decrypt(value[SEALED], row)
     return json.loads(text), text
+
+
+def in_clear(what: str) -> ContentSealedError:
+    """The refusal of content in clear where a store with keys keeps it sealed: written there outside agent_store
+    (content substituted for a user's), or before the keys were turned on (``agent-store keys seal`` seals it)."""
+    return ContentSealedError(f"content in clear ({_KINDS.get(what, what)}) in a store with per-user keys: put there "
+                              "outside agent_store, or stored before keys were turned on (`agent-store keys seal`)")
+
+
+_KINDS = {"m": "a message", "s": "a state value", "c": "a checkpoint", "e": "a journal event", "i": "a hosted item",
+          "r": "a hosted response", "u": "an AG-UI snapshot"}  # fmt: skip
 
 
 async def cipher_for(db: Any, user_id: str | None) -> Any:

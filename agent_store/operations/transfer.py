@@ -47,7 +47,7 @@ from agent_store.db.tables import (
 )
 from agent_store.errors import ConflictError, InvalidValueError
 from agent_store.models import TransferReport
-from agent_store.operations import import_trees, transfer_config, transfer_hosted
+from agent_store.operations import import_trees, seal_clear, transfer_config, transfer_hosted
 from agent_store.operations.import_rows import TABLES, row_values
 
 FORMAT = "agent_store.jsonl"
@@ -181,6 +181,7 @@ async def import_lines(
     pending: list[tuple[str, dict[str, Any]]] = []
     restoring: set[tuple[Any, Any]] = set()  # (user, workflow) whose checkpoints this import writes
     hosted = transfer_hosted.Imported()
+    imported_rows: tuple[set[str], set[str]] = (set(), set())  # (session ids, owners): what a keyed store seals
     async with db.transaction(write=True, doing="importing sessions") as conn:
 
         async def flush() -> None:
@@ -218,6 +219,8 @@ async def import_lines(
             if kind == "trailer":
                 await flush()
                 await hosted.check(conn)
+                if db.settings.keys is not None:  # a store with keys holds nothing in clear (seal_clear.py)
+                    await seal_clear.seal_clear(db, conn=conn, only=imported_rows)
                 trailer = record
                 if record.get("lines") != number or record.get("sessions") != imported + skipped:
                     raise InvalidValueError("import: the trailer's counts do not match the file; nothing was imported")
@@ -237,6 +240,7 @@ async def import_lines(
                 raise InvalidValueError(f"import: line {number}: {exc}; nothing was imported") from exc
             if kind in ("session", "user_state", "checkpoint", *transfer_hosted.KINDS):
                 await flush()
+                imported_rows[kind != "session"].add(values["id"] if kind == "session" else values.get("user_id") or "")
             if kind in transfer_hosted.KINDS:
                 await hosted.add(conn, kind, values)
                 continue
