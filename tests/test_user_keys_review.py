@@ -23,7 +23,7 @@ from helpers import rows
 from sqlalchemy import text
 from test_user_keys import talk
 
-from agent_store import ConfigurationError, ContentSealedError, KeyFile, SessionNotFoundError, Store
+from agent_store import ConfigurationError, ContentSealedError, DatabaseError, KeyFile, SessionNotFoundError, Store
 
 
 @pytest.fixture
@@ -76,8 +76,13 @@ async def test_erasing_a_keyed_user_without_the_keys_is_refused_and_erases_nothi
         said = cli("erase-user", "alice", "--yes", url=url, cwd=tmp_path)
         assert said.returncode != 0 and "sealed with per-user keys" in said.stderr, said
         assert "Traceback" not in said.stderr
-        async with unkeyed.session("c1", user_id="carol") as session:  # a user with nothing sealed ...
-            session.state["plain"] = 1
+        with pytest.raises(ConfigurationError, match="sealed with per-user keys"):  # not an empty page
+            await unkeyed.search("Ann", user_id="alice")
+        run = await unkeyed.load("c1", user_id="carol")  # a user with nothing sealed ...
+        run.session.state["plain"] = 1
+        run.history.append(Message(role="user", contents=["plain words"]))
+        await run.commit()
+        assert (await unkeyed.search("Ann", user_id="carol")).items == []  # ... finds nothing, as before
         assert (await unkeyed.erase_user("carol")).sessions == 1  # ... is erased as before
     for table, left in (("agent_sessions", 1), ("agent_messages", 2), ("agent_user_state", 1), ("agent_erasures", 1)):
         assert await rows(keyed, f"SELECT count(*) FROM {table}") == [(left,)], table  # noqa: S608  (carol's fence)
@@ -219,6 +224,8 @@ async def test_content_put_in_clear_into_a_keyed_store_is_refused(keyed: Store) 
     for user in ("u0", "u1", "u2"):
         with pytest.raises(ContentSealedError, match="in clear"):
             await keyed.load(f"{user}-s", user_id=user)
+    with pytest.raises(ContentSealedError, match="in clear"):  # the transcript too
+        await keyed.messages("u0-s", user_id="u0")
     with pytest.raises(ContentSealedError, match="in clear"):
         await checkpoints.load(saved)
     assert (await keyed.load("u3-s", user_id="u3")).session.state["mood"] == "felt my name is Zanzibar"
@@ -237,3 +244,12 @@ async def test_an_import_into_a_keyed_store_seals_what_it_imports(url: str, tmp_
             assert report.imported == 1 and report.checkpoints == 1
             assert "Zanzibar" not in await all_stored(keyed)
             await reads_back(keyed, checkpoints, saved, snapshots=False)  # (AG-UI snapshots are not exported)
+
+
+async def test_a_body_changed_outside_into_no_framework_message_is_a_typed_error(store: Store) -> None:
+    await talk(store, "a1", "alice", "my name is Ann")
+    async with store.engine.begin() as conn:
+        await conn.execute(text("UPDATE agent_messages SET body = '{\"foo\": 1}' WHERE seq = 0"))
+    with pytest.raises(DatabaseError, match="not an Agent Framework message"):
+        await store.load("a1", user_id="alice")
+    assert (await store.messages("a1", user_id="alice"))[0].body["foo"] == 1  # the transcript shows it as stored

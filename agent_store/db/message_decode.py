@@ -35,6 +35,7 @@ from agent_store.db.message_rows import (
     give_id,
     with_marks,
 )
+from agent_store.errors import DatabaseError
 
 
 def message_from_row(
@@ -56,7 +57,11 @@ def message_from_row(
         return _plain_text(identity, body.get("message_id"), role, author_name, text, marks)
     full = with_marks(full_body(body, cipher, message_id=identity, role=role, author_name=author_name, text=text),
                       marks)  # fmt: skip
-    message = Message.from_dict(dict(full))
+    try:
+        message = Message.from_dict(dict(full))
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:  # only a row changed outside agent_store
+        why = f"stored message {identity!r} is not an Agent Framework message ({type(exc).__name__})"[:200]
+        raise DatabaseError(f"{why}: the row was changed outside agent_store") from exc
     message.additional_properties[STORE_ID] = identity
     if message.message_id is None:
         give_id(message, identity)  # see message_rows.store_id()

@@ -213,6 +213,8 @@ def full_body(
     """The message's full ``to_dict()`` from its row: decrypted if stored encrypted, the columns put back."""
     if ENCRYPTED in body:
         return plain_body(body, cipher, message_id)
+    if getattr(cipher, "binds_rows", False):  # per-user keys seal every body: this one was put there in clear
+        raise sealing.in_clear("m")
     filled = dict(body)
     if filled.pop(TEXT_FROM_COLUMN, None) is not None:
         filled["contents"] = [{"type": "text", "text": text, "additional_properties": {}}]

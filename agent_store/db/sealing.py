@@ -34,6 +34,8 @@ from typing import Any
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from sqlalchemy import cast, func
+from sqlalchemy.dialects.postgresql import JSONB
 
 from agent_store.db.erasures import Fence
 from agent_store.errors import AgentStoreError, ConfigurationError, ContentSealedError, InvalidValueError
@@ -176,6 +178,12 @@ def in_clear(what: str) -> ContentSealedError:
 
 _KINDS = {"m": "a message", "s": "a state value", "c": "a checkpoint", "e": "a journal event", "i": "a hosted item",
           "r": "a hosted response", "u": "an AG-UI snapshot"}  # fmt: skip
+
+
+def sealed_marker(column: Any, key: str, pg: bool) -> Any:
+    """SQL: the token a sealed JSON value holds under ``key`` (``SEALED``; a message body's ``$encrypted``), NULL
+    for a value in clear, on either backend."""
+    return func.jsonb_extract_path_text(cast(column, JSONB), key) if pg else func.json_extract(column, f'$."{key}"')
 
 
 async def cipher_for(db: Any, user_id: str | None) -> Any:

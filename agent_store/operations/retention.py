@@ -10,9 +10,8 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, Row, Table, cast, delete, exists, func, select, tuple_, update
+from sqlalchemy import ColumnElement, Row, Table, delete, exists, func, select, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 import agent_store.telemetry as telemetry
@@ -194,8 +193,7 @@ async def _has_sealed(db: Database, user_id: str) -> bool:
     pg = db.dialect == "postgresql"
 
     def sealed(column: Any, key: str = sealing.SEALED) -> ColumnElement[bool]:
-        at = func.jsonb_extract_path_text(cast(column, JSONB), key) if pg else func.json_extract(column, f'$."{key}"')
-        return at.like(sealing.PREFIX + "%")
+        return sealing.sealed_marker(column, key, pg).like(sealing.PREFIX + "%")  # type: ignore[no-any-return]
 
     mine, st, us, ev = S.user_id == user_id, state_t.c, user_state_t.c, stream_events_t.c
     probes = [

@@ -18,8 +18,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import ColumnElement, Table, Text, and_, cast, func, select, tuple_, update
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy import ColumnElement, Table, Text, and_, cast, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agent_store.db import codec, message_decode, message_rows, sealing
@@ -39,7 +38,7 @@ from agent_store.db.tables import (
 )
 from agent_store.errors import ConfigurationError
 
-__all__ = ["seal_clear", "sealed_marker"]
+__all__ = ["seal_clear"]
 
 S = sessions_t.c
 # Per table: (its payload column, the sealed marker's key, its key columns, its owner (a column, or the session's
@@ -62,11 +61,6 @@ _PAYLOADS: dict[str, tuple[Table, str, str, tuple[str, ...], str | None, Callabl
                      lambda r: "u\0" + r.thread_id),
 }  # fmt: skip
 _STATE = ("state", "state_history", "user_state")  # sealed as the commit seals them: canonical JSON
-
-
-def sealed_marker(column: Any, key: str, pg: bool) -> ColumnElement[Any]:
-    """The token a sealed JSON value holds under ``key`` (NULL for a value in clear), on either backend."""
-    return func.jsonb_extract_path_text(cast(column, JSONB), key) if pg else func.json_extract(column, f'$."{key}"')
 
 
 async def seal_clear(
@@ -122,7 +116,7 @@ def _page(table: Table, keys: tuple[str, ...], after: tuple[Any, ...] | None, cl
 
 async def _messages(db: Database, conn: AsyncConnection, after: Any, limit: int, scope: Any) -> tuple[int, Any]:
     M, pg = messages_t.c, db.dialect == "postgresql"
-    where, order = _page(messages_t, ("session_id", "seq"), after, sealed_marker(M.body, message_rows.ENCRYPTED,
+    where, order = _page(messages_t, ("session_id", "seq"), after, sealing.sealed_marker(M.body, message_rows.ENCRYPTED,
                                                                                  pg).is_(None))  # fmt: skip
     if scope is not None:
         where.append(M.session_id.in_(scope[0]))
@@ -144,7 +138,7 @@ def _payloads(name: str) -> Any:
 
     async def batch(db: Database, conn: AsyncConnection, after: Any, limit: int, scope: Any) -> tuple[int, Any]:
         c, pg = table.c, db.dialect == "postgresql"
-        where, order = _page(table, keys, after, sealed_marker(c[column], marker, pg).is_(None))
+        where, order = _page(table, keys, after, sealing.sealed_marker(c[column], marker, pg).is_(None))
         if scope is not None:
             where.append(c.session_id.in_(scope[0]) if owner is None else c[owner].in_(scope[1]))
         where.append(c[column].is_not(None))  # (a key a commit created has no value before it: SQL NULL)

@@ -46,10 +46,10 @@ from sqlalchemy import (
     tuple_,
 )
 
-from agent_store.db import codec, message_decode, sealing, tenancy, text_match
+from agent_store.db import codec, message_decode, message_rows, sealing, tenancy, text_match
 from agent_store.db.database import Database
 from agent_store.db.tables import messages_t, sessions_t
-from agent_store.errors import InvalidValueError
+from agent_store.errors import ConfigurationError, InvalidValueError
 from agent_store.models import SearchHit, SearchPage
 
 M, S = messages_t.c, sessions_t.c
@@ -253,6 +253,9 @@ async def search(
             keyset = tuple_(hits.c.created_at, hits.c.session_id, hits.c.seq) < tuple_(*after[1:])
             page = page.where(or_(hits.c.rank < after[0], and_(hits.c.rank == after[0], keyset)))
         rows = (await conn.execute(page)).all()
+        if not rows and cipher is None and user_id is not None and await _sealed_newest(conn, user_id):
+            raise ConfigurationError("this user's messages are sealed with per-user keys: search them with the "
+                                     "store's keys (keys=; the CLI: $AGENT_STORE_KEYS)")  # fmt: skip
     items = []
     for row in rows[:limit]:
         text, marks = snippet(_said(row, cipher) if cipher is not None else row.text, asked)
@@ -262,6 +265,14 @@ async def search(
             excluded=bool(row.excluded), summarized_by=row.summarized_by,
         ))  # fmt: skip
     return SearchPage(items=items, next_cursor=_encode(rows[limit - 1]) if len(rows) > limit else None)
+
+
+async def _sealed_newest(conn: Any, user_id: str) -> bool:
+    """Whether the user's newest message is sealed (a store with keys seals them all): one row, by two indexes."""
+    newest = select(S.id).where(S.user_id == user_id).order_by(S.updated_at.desc(), S.id.desc()).limit(1)
+    body = select(M.body).where(M.session_id == newest.scalar_subquery()).order_by(M.seq.desc()).limit(1).subquery()
+    marker = sealing.sealed_marker(body.c.body, message_rows.ENCRYPTED, conn.dialect.name == "postgresql")
+    return (await conn.execute(select(marker.like(sealing.PREFIX + "%")))).scalar() is True
 
 
 def _said(row: Any, cipher: Any) -> str:
