@@ -45,6 +45,7 @@ async def test_the_documented_set_up_holds_the_application_to_the_policies(pg_ur
         plain = await asyncpg.connect(plain_dsn(app_url))
         try:
             assert await plain.fetchval("SELECT count(*) FROM agent_transcript") == 0  # no name, nothing
+            assert await plain.fetchval("SHOW plan_cache_mode") == "force_generic_plan"  # the role's own setting
         finally:
             await plain.close()
         async with Store.from_url(operator_url, operator=True) as everyone:
