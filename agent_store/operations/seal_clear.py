@@ -122,6 +122,7 @@ async def _messages(db: Database, conn: AsyncConnection, after: Any, limit: int,
         where.append(M.session_id.in_(scope[0]))
     query = select(M.session_id, M.seq, M.message_id, M.role, M.author_name, M.text, cast(M.body, Text).label("raw"),
                    S.user_id).join(sessions_t, S.id == M.session_id).where(*where).order_by(*order).limit(limit)
+    query = query.with_for_update(of=messages_t)  # (PostgreSQL: a row changed meanwhile is read again, or left)
     rows = (await conn.execute(query)).all()
     ciphers = await _ciphers(db, {r.user_id or "" for r in rows})
     for r in rows:
@@ -147,7 +148,7 @@ def _payloads(name: str) -> Any:
                        *([c.workflow_name] if name == "checkpoints" else []))  # fmt: skip
         if owner is None:
             query = query.join(sessions_t, S.id == c.session_id)
-        rows = (await conn.execute(query.where(*where).order_by(*order).limit(limit))).all()
+        rows = (await conn.execute(query.where(*where).order_by(*order).limit(limit).with_for_update(of=table))).all()
         ciphers = await _ciphers(db, {r.owner or "" for r in rows})
         for r in rows:
             text = r.raw if name not in _STATE else codec.dumps(json.loads(r.raw), where=name, max_bytes=2**62)
