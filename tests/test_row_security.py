@@ -10,13 +10,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import asyncpg
 import pytest
 from agent_framework import Agent, AgentSession, Message
 from helpers import plain_dsn
-from rls_support import APP, COVERED, OWNER, VIEWS, Bed, fill, make_bed, read_bobs_rows, violations
+from rls_support import APP, COVERED, OWNER, VIEWS, Bed, fill, make_bed, named, read_bobs_rows, violations
 from sqlalchemy import text
 
 from agent_store import ConfigurationError, SessionNotFoundError, Store
@@ -357,6 +358,7 @@ async def test_every_other_entry_point_names_its_user(bed: Bed) -> None:
     from agent_store import StreamNotFoundError
     from agent_store.agent_framework.ag_ui import StoreThreadSnapshotStore
     from agent_store.agent_framework.checkpoints import StoreCheckpointStorage
+    from agent_store.agentserver.foundry import StoreCheckpointStoreProvider
     from agent_store.agentserver.responses import StoreResponseProvider
 
     async with Store.from_url(bed.app_url) as store:
@@ -376,6 +378,11 @@ async def test_every_other_entry_point_names_its_user(bed: Bed) -> None:
         saved = await mine.save(WorkflowCheckpoint(workflow_name="wf", graph_signature_hash="g"))
         assert (await mine.load(saved)).workflow_name == "wf" and await mine.list_checkpoint_ids(workflow_name="wf")
         assert await theirs.list_checkpoint_ids(workflow_name="wf") == []
+        hosted_ctx = [StoreCheckpointStoreProvider(store).get_store_for_scope(  # a hosted workflow context: alice's
+            scope=SimpleNamespace(user_id=user), context_id="ctx", platform_context=None) for user in ("alice", "bob")]
+        saved = await hosted_ctx[0].save(WorkflowCheckpoint(workflow_name="wf", graph_signature_hash="g"))
+        assert (await hosted_ctx[0].load(saved)).workflow_name == "wf"
+        assert await hosted_ctx[1].list_checkpoint_ids(workflow_name="wf") == []
         snapshots = StoreThreadSnapshotStore(store)
         await snapshots.save(scope="alice", thread_id="t1", snapshot=AGUIThreadSnapshot(messages=[]))
         assert await snapshots.get(scope="alice", thread_id="t1") is not None
@@ -391,6 +398,12 @@ async def test_every_other_entry_point_names_its_user(bed: Bed) -> None:
         await hosted.create_response(response("r1", output=["o1"]), [said("i1")], None, context=bob)  # his own r1
     admin = await asyncpg.connect(plain_dsn(bed.admin_url))
     try:  # what each call wrote is its user's (the operator sees both)
+        for user, context_rows in (("alice", 1), ("bob", 0)):  # plain SQL: alice's context is hers, not bob's
+            async with admin.transaction():
+                await admin.execute(f"SET LOCAL ROLE {APP}")
+                await named(admin, user)
+                found = await admin.fetchval("SELECT count(*) FROM agent_checkpoints WHERE user_id LIKE '%context:%'")
+                assert found == context_rows, (user, found)
         assert await admin.fetchval("SELECT count(*) FROM agent_stream_events WHERE user_id = 'alice'") == 1
         assert await admin.fetchval("SELECT array_agg(user_id ORDER BY user_id) FROM agent_hosted_responses") == [
             "alice", "bob"]  # fmt: skip

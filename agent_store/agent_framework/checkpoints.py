@@ -33,6 +33,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from agent_store.agent_framework.checkpoint_payloads import decode_payload
 from agent_store.db import codec, erasures, sealing, tenancy
 from agent_store.db.erasures import erased_since
+from agent_store.db.hosted_tables import checkpoint_binding, checkpoint_user
 from agent_store.db.statements import lock_user
 from agent_store.db.tables import checkpoint_workflows_t, checkpoints_t
 from agent_store.errors import AgentStoreError, CheckpointRefusedError, ContentSealedError, InvalidValueError
@@ -61,7 +62,9 @@ class StoreCheckpointStorage:
         self, store: Store, *, user_id: str | None = None, allowed_checkpoint_types: list[str] | None = None
     ) -> None:
         codec.check_id(user_id, "user_id")
-        self._db, self._user, self._owner = store.db, user_id, user_id or ""
+        # The rows' owner, and the user it acts as: a hosted workflow context's collection is its user's.
+        self._db, self._owner = store.db, user_id or ""
+        self._user = checkpoint_user(user_id) if user_id is not None else None
         self._allowed: frozenset[str] = frozenset(allowed_checkpoint_types or [])
         # Per checkpoint id, when what it carries was read from the store (the fence of saves that continue it).
         self._dated = ReadTimes()
@@ -107,8 +110,8 @@ class StoreCheckpointStorage:
         previous = checkpoint.previous_checkpoint_id
         read_at = datetime.now(UTC) if previous is None else (self._dated.earliest(previous) or UNKNOWN)
         fence = erasures.fence(self._db, self._user, read_at - ERASURE_MARGIN, lambda: self._erased())
-        if (cipher := await sealing.for_user(self._db, self._owner, writing=True, fence=fence)) is not None:
-            payload = sealing.seal_json(cipher, _row(checkpoint.workflow_name, ident), payload)  # per-user keys
+        if (cipher := await sealing.for_user(self._db, self._sealer, writing=True, fence=fence)) is not None:
+            payload = sealing.seal_json(cipher, self._row(checkpoint.workflow_name, ident), payload)  # per-user keys
         row = {
             "user_id": self._owner, "checkpoint_id": ident, "workflow_name": checkpoint.workflow_name,
             "previous_checkpoint_id": checkpoint.previous_checkpoint_id, "timestamp": checkpoint.timestamp,
@@ -156,14 +159,14 @@ class StoreCheckpointStorage:
             rows = await self._read(select(*_PAYLOAD).where(*self._mine(), C.checkpoint_id == checkpoint_id))
         if not rows:
             raise WorkflowCheckpointException(f"No checkpoint found with ID {checkpoint_id}")
-        return self._decode(rows[0], read_at, await sealing.for_user(self._db, self._owner, writing=False))
+        return self._decode(rows[0], read_at, await sealing.for_user(self._db, self._sealer, writing=False))
 
     @tenancy.for_its("_user")
     async def list_checkpoints(self, *, workflow_name: str) -> list[WorkflowCheckpoint]:
         """A workflow's checkpoints, oldest first (commit order); those that no longer decode are left out."""
         read_at = datetime.now(UTC)
         rows = await self._read(self._of(workflow_name, *_PAYLOAD).order_by(C.seq))
-        cipher = await sealing.for_user(self._db, self._owner, writing=False)
+        cipher = await sealing.for_user(self._db, self._sealer, writing=False)
         return [found for row in rows if (found := self._decode_or_skip(row, read_at, cipher)) is not None]
 
     @tenancy.for_its("_user")
@@ -181,7 +184,7 @@ class StoreCheckpointStorage:
         """The workflow's last committed checkpoint that decodes, or None."""
         read_at = datetime.now(UTC)
         ids = await self._read(self._of(workflow_name, C.checkpoint_id).order_by(C.seq.desc()))
-        cipher = await sealing.for_user(self._db, self._owner, writing=False)
+        cipher = await sealing.for_user(self._db, self._sealer, writing=False)
         for (ident,) in ids:  # the first, unless it no longer decodes under this storage's allowed types
             rows = await self._read(select(*_PAYLOAD).where(*self._mine(), C.checkpoint_id == ident))
             if rows and (found := self._decode_or_skip(rows[0], read_at, cipher)) is not None:
@@ -212,6 +215,13 @@ class StoreCheckpointStorage:
             query = query.where(C.checkpoint_id == (checkpoint_id if _storable(checkpoint_id) else None))
         return [dict(row._mapping) for row in await self._read(query.order_by(C.seq))]
 
+    @property
+    def _sealer(self) -> str:
+        return self._user or ""  # whose keys seal the payloads (the owner's user: db/hosted_tables.py)
+
+    def _row(self, workflow_name: str, checkpoint_id: str) -> str:
+        return checkpoint_binding(self._owner, workflow_name, checkpoint_id)
+
     def _mine(self) -> list[Any]:
         return [C.user_id == self._owner]
 
@@ -226,7 +236,7 @@ class StoreCheckpointStorage:
     def _decode(self, row: Any, read_at: datetime, cipher: sealing.UserCipher | None) -> WorkflowCheckpoint:
         """The checkpoint, dated: saves that continue its lineage are fenced from ``read_at``. Sealed (per-user
         keys): opened with ``cipher`` first."""
-        payload, _ = sealing.open_json(cipher, _row(row.workflow_name, row.checkpoint_id), row.payload)
+        payload, _ = sealing.open_json(cipher, self._row(row.workflow_name, row.checkpoint_id), row.payload)
         checkpoint = decode_payload(payload, self._allowed)
         self._dated.read(checkpoint.checkpoint_id, read_at)
         return checkpoint
@@ -240,10 +250,6 @@ class StoreCheckpointStorage:
 
 
 _PAYLOAD = (C.payload, C.workflow_name, C.checkpoint_id)  # a payload, and what its seal is bound to
-
-
-def _row(workflow_name: str, checkpoint_id: str) -> str:
-    return "c\0" + workflow_name + "\0" + checkpoint_id
 
 
 def _storable(value: Any) -> bool:

@@ -27,6 +27,25 @@ from agent_store.db.schema_base import ID_MAX, Base
 # user id, this, and a hash of the context id, so erase_user finds them by prefix.
 CHECKPOINT_CONTEXT = "\x1fcontext:"
 CONTEXT_HASH_LENGTH = 24  # hex characters of the context id's SHA-256 after it
+
+
+def checkpoint_user(owner: str) -> str:
+    """Whose a checkpoint collection is: a hosted workflow context's (``user`` + CHECKPOINT_CONTEXT + a hash) is its
+    user's, so its saves take that user's lock and fence, seal with that user's keys (erase_user destroys them)
+    and act as that user under row-level security (migration 0025); any other owner is its own."""
+    tail = len(CHECKPOINT_CONTEXT) + CONTEXT_HASH_LENGTH
+    if len(owner) > tail and owner[:-CONTEXT_HASH_LENGTH].endswith(CHECKPOINT_CONTEXT):
+        return owner[:-tail]
+    return owner
+
+
+def checkpoint_binding(owner: str, workflow_name: str, checkpoint_id: str) -> str:
+    """The row a checkpoint's seal binds to (db/sealing.py): its workflow and id, and a context's whole owner (one
+    user's key seals all their contexts: a checkpoint moved to another of them does not open)."""
+    row = "c\0" + workflow_name + "\0" + checkpoint_id
+    return row if checkpoint_user(owner) == owner else row + "\0" + owner
+
+
 # A reading follows at most this many pointers (agentserver/history.py): every MAX_HOPS-th response of a chain keeps
 # its history as rows of its own (a window of W ids: W/MAX_HOPS links per response, amortized), so a read is bounded.
 MAX_HOPS = 16

@@ -34,7 +34,7 @@ from sqlalchemy.engine import URL
 from agent_store.db.column_types import UTCDateTime
 from agent_store.db.database import Database
 from agent_store.db.erasures import ERASURE_LOG_KEPT, user_key
-from agent_store.db.hosted_tables import CHECKPOINT_CONTEXT, hosted_items_t, hosted_responses_t
+from agent_store.db.hosted_tables import checkpoint_user, hosted_items_t, hosted_responses_t
 from agent_store.db.journal_tables import streams_t
 from agent_store.db.tables import (
     budgets_t,
@@ -135,7 +135,7 @@ async def reapply_erasures(db: Database, log: Iterable[dict[str, Any]] | dict[st
     async with db.transaction(write=False, doing="finding erased owners") as conn:
         for row in await conn.execute(select(owners.c.owner, func.max(owners.c.at).label("at"))
                                       .where(owners.c.owner.is_not(None)).group_by(owners.c.owner)):  # fmt: skip
-            owner = row.owner.split(CHECKPOINT_CONTEXT)[0]  # a hosted workflow context's checkpoints: its user's
+            owner = checkpoint_user(row.owner)  # a hosted workflow context's checkpoints: its user's
             if owner and row.at is not None:
                 newest[owner] = max(row.at, newest.get(owner) or row.at)
             elif owner:
@@ -186,8 +186,10 @@ def direct_only(url: URL, program: str = "a backup") -> None:
     """pg_dump and pg_restore need the server itself: behind PgBouncer in transaction mode their settings and
     snapshot would not hold. Checked before any connection is made."""
     if url.query.get("pgbouncer") in ("true", "1", "yes") or "prepared_statement_cache_size" in url.query:
-        raise ConfigurationError(f"{program} needs a direct connection to the server, not PgBouncer in "
-                                 "transaction mode (its settings and snapshot would not hold): give the server's URL")
+        raise ConfigurationError(
+            f"{program} needs a direct connection to the server, not PgBouncer in "
+            "transaction mode (its settings and snapshot would not hold): give the server's URL"
+        )
 
 
 def _sqlite_path(url: URL) -> Path:

@@ -23,6 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agent_store.db import codec, message_decode, message_rows, sealing
 from agent_store.db.database import Database
+from agent_store.db.hosted_tables import checkpoint_binding, checkpoint_user
 from agent_store.db.journal_tables import stream_events_t
 from agent_store.db.scopes import USER_PREFIX
 from agent_store.db.tables import (
@@ -50,7 +51,7 @@ _PAYLOADS: dict[str, tuple[Table, str, str, tuple[str, ...], str | None, Callabl
     "user_state": (user_state_t, "value", sealing.SEALED, ("user_id", "key"), "user_id",
                    lambda r: sealing.state_row(USER_PREFIX + r.key)),
     "checkpoints": (checkpoints_t, "payload", sealing.SEALED, ("user_id", "checkpoint_id"), "user_id",
-                    lambda r: "c\0" + r.workflow_name + "\0" + r.checkpoint_id),
+                    lambda r: checkpoint_binding(r.owner, r.workflow_name, r.checkpoint_id)),
     "stream_events": (stream_events_t, "event", sealing.SEALED, ("user_id", "stream_id", "seq"), "user_id",
                       lambda r: f"e\0{r.stream_id}\0{r.seq}"),
     "hosted_items": (hosted_items_t, "body", sealing.SEALED, ("user_id", "item_id"), "user_id",
@@ -120,8 +121,15 @@ async def _messages(db: Database, conn: AsyncConnection, after: Any, limit: int,
                                                                                  pg).is_(None))  # fmt: skip
     if scope is not None:
         where.append(M.session_id.in_(scope[0]))
-    query = select(M.session_id, M.seq, M.message_id, M.role, M.author_name, M.text, cast(M.body, Text).label("raw"),
-                   S.user_id).join(sessions_t, S.id == M.session_id).where(*where).order_by(*order).limit(limit)
+    query = (
+        select(
+            M.session_id, M.seq, M.message_id, M.role, M.author_name, M.text, cast(M.body, Text).label("raw"), S.user_id
+        )
+        .join(sessions_t, S.id == M.session_id)
+        .where(*where)
+        .order_by(*order)
+        .limit(limit)
+    )
     query = query.with_for_update(of=messages_t)  # (PostgreSQL: a row changed meanwhile is read again, or left)
     rows = (await conn.execute(query)).all()
     ciphers = await _ciphers(db, {r.user_id or "" for r in rows})
@@ -149,10 +157,11 @@ def _payloads(name: str) -> Any:
         if owner is None:
             query = query.join(sessions_t, S.id == c.session_id)
         rows = (await conn.execute(query.where(*where).order_by(*order).limit(limit).with_for_update(of=table))).all()
-        ciphers = await _ciphers(db, {r.owner or "" for r in rows})
+        sealer = checkpoint_user if name == "checkpoints" else str  # (a hosted context's: its user's keys)
+        ciphers = await _ciphers(db, {sealer(r.owner or "") for r in rows})
         for r in rows:
             text = r.raw if name not in _STATE else codec.dumps(json.loads(r.raw), where=name, max_bytes=2**62)
-            stored = sealing.seal_json(ciphers[r.owner or ""], row_of(r), text)
+            stored = sealing.seal_json(ciphers[sealer(r.owner or "")], row_of(r), text)
             await conn.execute(update(table).where(and_(*(c[k] == getattr(r, k) for k in keys))).values(
                 {column: stored}))  # fmt: skip
         return len(rows), tuple(getattr(rows[-1], k) for k in keys) if len(rows) == limit else None

@@ -268,9 +268,12 @@ async def search(
 
 
 async def _sealed_newest(conn: Any, user_id: str) -> bool:
-    """Whether the user's newest message is sealed (a store with keys seals them all): one row, by two indexes."""
-    newest = select(S.id).where(S.user_id == user_id).order_by(S.updated_at.desc(), S.id.desc()).limit(1)
-    body = select(M.body).where(M.session_id == newest.scalar_subquery()).order_by(M.seq.desc()).limit(1).subquery()
+    """Whether the user's newest message is sealed (a store with keys seals them all): the newest of their sessions
+    that has a message (a new or emptied one has none), by the user's index and the messages' key."""
+    last = select(M.body).where(M.session_id == S.id).order_by(M.seq.desc()).limit(1).scalar_subquery()
+    has_one = select(M.seq).where(M.session_id == S.id).exists()
+    newest = select(last.label("body")).where(S.user_id == user_id, has_one)
+    body = newest.order_by(S.updated_at.desc(), S.id.desc()).limit(1).subquery()
     marker = sealing.sealed_marker(body.c.body, message_rows.ENCRYPTED, conn.dialect.name == "postgresql")
     return (await conn.execute(select(marker.like(sealing.PREFIX + "%")))).scalar() is True
 
