@@ -178,7 +178,7 @@ def create_app(
     @read_only
     async def sessions(request: Request) -> Response:
         f, listed = await sessions_page(request)
-        firsts = await browse.first_user_texts(store.db, [s.id for s in listed.items if not s.title])
+        firsts = await browse.first_user_texts(store.db, [(s.id, s.user_id) for s in listed.items if not s.title])
         keep = [(k, v) for k, v in request.query_params.multi_items() if k not in ("cursor", "token")]
         return page("sessions.html", f=f, page=listed, firsts=firsts, keep=keep)
 
@@ -205,7 +205,7 @@ def create_app(
                    if c.get("type") == "function_result" and c.get("call_id")}  # fmt: skip  # none: shown alone
         # A compaction's summaries fold what they replaced; an excluded message links to its summary.
         summaries = [m.message_id for m in messages if _summary_of(m.body)]
-        folded = await browse.summarized(store.db, info.id, summaries)
+        folded = await browse.summarized(store.db, info.id, info.user_id, summaries)
         seq_of = {m.message_id: m.seq for m in messages}
         return page("session.html", s=info, messages=messages, after=after, panels=panels, results=results,
                     checkpoints=await browse.user_checkpoints(store.db, info.user_id), page_size=page_size,

@@ -7,11 +7,14 @@ Every read is a read-only transaction (on the replica when there is one); nothin
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import SimpleNamespace
 from typing import Any
 
 from sqlalchemy import select
 
+from agent_store.db import message_decode, message_rows, sealing
 from agent_store.db.database import Database
+from agent_store.db.scopes import USER_PREFIX
 from agent_store.db.tables import (
     app_state_t,
     checkpoints_t,
@@ -22,25 +25,48 @@ from agent_store.db.tables import (
     usage_t,
     user_state_t,
 )
+from agent_store.errors import ContentSealedError, InvalidValueError
 from agent_store.operations import branching
 from agent_store.run import points
 
 M, S, R, C = messages_t.c, sessions_t.c, runs_t.c, checkpoints_t.c
+SEALED_TEXT = "(sealed)"  # what cannot be opened here shows as this, never as its columns hold it
+_TEXT = (M.message_id, M.role, M.author_name, M.text, M.body)  # what a message's text is read from
 
 
-async def first_user_texts(db: Database, session_ids: list[str]) -> dict[str, str]:
-    """Each session's first user message (what a listing shows when a session has no title)."""
-    if not session_ids:
-        return {}
-    texts: dict[str, str] = {}  # one short indexed read per session of the page (a page is at most 100)
+def shown_text(row: Any, cipher: Any) -> str:
+    """A message's text as the browser shows it: read as the transcript reads it (opened with its user's keys;
+    a keyed store refuses a body in clear). A sealed body's ``text`` column holds its blind index, never shown."""
+    if isinstance(row.body, dict) and message_rows.ENCRYPTED in row.body and cipher is None:
+        return SEALED_TEXT  # (this browser has no keys)
+    try:
+        return message_decode.message_from_row(row.body, cipher, identity=row.message_id, role=row.role,
+                                               author_name=row.author_name, text=row.text).text  # fmt: skip
+    except ContentSealedError:  # a key gone, content moved or put there in clear
+        return SEALED_TEXT
+
+
+def shown_value(cipher: Any, key: str, value: Any) -> tuple[Any, bool]:
+    """A state value as the browser shows it, and whether it is shown: opened with its user's keys if sealed;
+    refused in clear when the store has keys (as ``load`` refuses it)."""
+    opener = cipher if isinstance(cipher, sealing.UserCipher) else None
+    try:
+        return sealing.open_json(opener, sealing.state_row(key), value)[0], True
+    except (ContentSealedError, InvalidValueError):  # (InvalidValueError: sealed, and this browser has no keys)
+        return None, False
+
+
+async def first_user_texts(db: Database, sessions: list[tuple[str, str | None]]) -> dict[str, str]:
+    """Each session's first user message (what a listing shows when a session has no title), by (id, user)."""
+    found: dict[str, Any] = {}  # one short indexed read per session of the page (a page is at most 100)
     async with db.transaction(write=False, replica=True, doing="reading first messages") as conn:
-        for sid in session_ids:
-            row = (
-                await conn.execute(select(M.text).where(M.session_id == sid, M.role == "user").order_by(M.seq).limit(1))
-            ).first()
-            if row is not None:
-                texts[sid] = row.text
-    return texts
+        for sid, _ in sessions:
+            query = select(*_TEXT).where(M.session_id == sid, M.role == "user").order_by(M.seq).limit(1)
+            if (row := (await conn.execute(query)).first()) is not None:
+                found[sid] = row
+    users = {user for sid, user in sessions if sid in found}
+    ciphers = {user: await sealing.cipher_for(db, user) for user in users}
+    return {sid: shown_text(found[sid], ciphers[user]) for sid, user in sessions if sid in found}
 
 
 async def session_panels(db: Database, session_id: str, user_id: str | None, app_id: str) -> dict[str, Any]:
@@ -55,12 +81,13 @@ async def session_panels(db: Database, session_id: str, user_id: str | None, app
         a = app_state_t.c
         app = (await conn.execute(select(app_state_t).where(a.app_id == app_id).order_by(a.key))).all()
         branches = (await conn.execute(select(S.id, S.forked_at_seq).where(S.forked_from == session_id))).all()
+    cipher = await sealing.cipher_for(db, user_id)
     return {
         "runs": {r.run_id: r._mapping for r in runs},
         "calls": await run_calls(db, session_id),
-        "state": [("", r.key, r.value, r.version) for r in own]
-        + [("user:", r.key, r.value, r.version) for r in user]
-        + [("app:", r.key, r.value, r.version) for r in app],
+        "state": [("", r.key, *shown_value(cipher, r.key, r.value)) for r in own]
+        + [("user:", r.key, *shown_value(cipher, USER_PREFIX + r.key, r.value)) for r in user]
+        + [("app:", r.key, r.value, True) for r in app],  # (app: state is the app's: never sealed)
         "branches": [(b.id, b.forked_at_seq) for b in branches],
         "tree": await conversation_tree(db, session_id, user_id),
     }
@@ -106,17 +133,22 @@ async def user_checkpoints(db: Database, user_id: str | None, limit: int = 20) -
         return list((await conn.execute(query)).all())
 
 
-async def summarized(db: Database, session_id: str, summary_ids: Sequence[str]) -> dict[str, list[Any]]:
+async def summarized(
+    db: Database, session_id: str, user_id: str | None, summary_ids: Sequence[str]
+) -> dict[str, list[Any]]:
     """For each summary (by store id), the messages it replaced: (seq, role, text), in the session's order."""
     if not summary_ids:
         return {}
     found: dict[str, list[Any]] = {}
     async with db.transaction(write=False, replica=True, doing="reading summarized messages") as conn:
         query = (
-            select(M.summarized_by, M.seq, M.role, M.text)
+            select(M.summarized_by, M.seq, *_TEXT)
             .where(M.session_id == session_id, M.summarized_by.in_(list(summary_ids)))
             .order_by(M.seq)
         )
-        for row in await conn.execute(query):
-            found.setdefault(row.summarized_by, []).append(row)
+        rows = (await conn.execute(query)).all()
+    cipher = await sealing.cipher_for(db, user_id)
+    for row in rows:
+        found.setdefault(row.summarized_by, []).append(SimpleNamespace(seq=row.seq, role=row.role,
+                                                                       text=shown_text(row, cipher)))  # fmt: skip
     return found

@@ -30,7 +30,7 @@ from agent_framework._sessions import _STATE_CLASS_REGISTRY, _STATE_TYPE_REGISTR
 from agent_store.db.tables import ID_MAX
 from agent_store.errors import InvalidValueError
 
-_TAGS = frozenset({"$datetime", "$date", "$tuple", "$state", "$dict"})
+_TAGS = frozenset({"$datetime", "$date", "$tuple", "$state", "$dict", "$sealed"})  # ($sealed: db/sealing.py)
 _SCALARS = (str, int, bool, type(None))
 # A JSON \u0000 escape that is not itself escaped (preceded by an even number of backslashes).
 _NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")

@@ -34,7 +34,7 @@ from typing import Any
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from sqlalchemy import cast, func
+from sqlalchemy import and_, cast, func
 from sqlalchemy.dialects.postgresql import JSONB
 
 from agent_store.db.erasures import Fence
@@ -76,8 +76,9 @@ class UserCipher:
         return f"{PREFIX}{self.current}.{base64.urlsafe_b64encode(nonce + sealed).decode()}"
 
     def decrypt(self, token: str, row: str) -> str:
-        if not isinstance(token, str) or not token.startswith(PREFIX):
-            raise InvalidValueError("this content was sealed by a message_cipher: open the Store with that cipher")
+        if not isinstance(token, str) or not token.startswith(PREFIX):  # not a seal of these keys: altered
+            raise ContentSealedError("content not sealed with per-user keys (altered, or sealed by a store's "
+                                     "message_cipher: open that Store with its cipher)")  # fmt: skip
         key_id, _, body = token[len(PREFIX):].partition(".")  # fmt: skip
         if key_id not in self._keys:
             raise ContentSealedError(f"content sealed with a key of the user's that is gone (erased), or another "
@@ -159,7 +160,8 @@ def seal_json(cipher: UserCipher, row: str, text: str) -> str:
 
 def open_json(cipher: UserCipher | None, row: str, value: Any) -> tuple[Any, str | None]:
     """A stored JSON payload, opened if sealed: (the value, its JSON text); (value, None) if it is not sealed."""
-    if not (isinstance(value, dict) and len(value) == 1 and SEALED in value):
+    if not (isinstance(value, dict) and len(value) == 1 and isinstance(value.get(SEALED), str)
+            and value[SEALED].startswith(PREFIX)):  # fmt: skip  # (what is_sealed finds in SQL)
         if isinstance(cipher, UserCipher):  # a store with keys seals all of it: clear content was put there
             raise in_clear(row.partition("\0")[0])
         return value, None
@@ -184,6 +186,16 @@ def sealed_marker(column: Any, key: str, pg: bool) -> Any:
     """SQL: the token a sealed JSON value holds under ``key`` (``SEALED``; a message body's ``$encrypted``), NULL
     for a value in clear, on either backend."""
     return func.jsonb_extract_path_text(cast(column, JSONB), key) if pg else func.json_extract(column, f'$."{key}"')
+
+
+def is_sealed(column: Any, key: str, pg: bool) -> Any:
+    """SQL, never NULL: whether a stored JSON value is sealed as ``seal_json`` (or a message body's seal) writes
+    it: an object of that one key, whose token is a seal's (``k1.``). What ``open_json`` opens; anything else,
+    a value that only looks like one included, is in clear (``keys seal`` seals it)."""
+    marker = sealed_marker(column, key, pg)
+    whole = cast(column, JSONB) == func.jsonb_build_object(key, marker) if pg else (
+        func.json(column) == func.json_object(key, marker))  # fmt: skip
+    return func.coalesce(and_(marker.like(PREFIX + "%"), whole), False)
 
 
 async def cipher_for(db: Any, user_id: str | None) -> Any:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
-from agent_store.db import codec, tenancy
+from agent_store.db import codec, sealing, tenancy
 from agent_store.db.database import Database
 from agent_store.db.journal_tables import STATUSES
 from agent_store.errors import AgentStoreError, InvalidValueError, StorageUnavailableError, StreamLostError
@@ -103,6 +103,9 @@ class StreamWriter:
             raise InvalidValueError(f"stream {self.stream_id!r} has ended: no more events")
         if self._lost is not None:
             raise self._lost
+        if isinstance(event, dict) and len(event) == 1 and sealing.SEALED in event:  # a sealed event's own form
+            raise InvalidValueError(f"an event may not be a one-key {{{sealing.SEALED!r}: ...}} object: the store "
+                                    "keeps sealed events in that form")  # fmt: skip
         text = codec.dumps(event, where=f"stream {self.stream_id!r} event", max_bytes=self.journal.max_event_bytes,
                            sort_keys=False)  # fmt: skip
         if len(self._pending) >= QUEUED_BATCHES * self.journal.batch_events:

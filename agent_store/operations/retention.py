@@ -193,7 +193,7 @@ async def _has_sealed(db: Database, user_id: str) -> bool:
     pg = db.dialect == "postgresql"
 
     def sealed(column: Any, key: str = sealing.SEALED) -> ColumnElement[bool]:
-        return sealing.sealed_marker(column, key, pg).like(sealing.PREFIX + "%")  # type: ignore[no-any-return]
+        return sealing.is_sealed(column, key, pg)  # type: ignore[no-any-return]
 
     mine, st, us, ev, hr = S.user_id == user_id, state_t.c, user_state_t.c, stream_events_t.c, hosted_responses_t.c
     probes = [

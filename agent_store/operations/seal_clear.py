@@ -117,8 +117,8 @@ def _page(table: Table, keys: tuple[str, ...], after: tuple[Any, ...] | None, cl
 
 async def _messages(db: Database, conn: AsyncConnection, after: Any, limit: int, scope: Any) -> tuple[int, Any]:
     M, pg = messages_t.c, db.dialect == "postgresql"
-    where, order = _page(messages_t, ("session_id", "seq"), after, sealing.sealed_marker(M.body, message_rows.ENCRYPTED,
-                                                                                 pg).is_(None))  # fmt: skip
+    where, order = _page(messages_t, ("session_id", "seq"), after, ~sealing.is_sealed(M.body, message_rows.ENCRYPTED,
+                                                                                  pg))  # fmt: skip
     if scope is not None:
         where.append(M.session_id.in_(scope[0]))
     query = (
@@ -147,7 +147,7 @@ def _payloads(name: str) -> Any:
 
     async def batch(db: Database, conn: AsyncConnection, after: Any, limit: int, scope: Any) -> tuple[int, Any]:
         c, pg = table.c, db.dialect == "postgresql"
-        where, order = _page(table, keys, after, sealing.sealed_marker(c[column], marker, pg).is_(None))
+        where, order = _page(table, keys, after, ~sealing.is_sealed(c[column], marker, pg))
         if scope is not None:
             where.append(c.session_id.in_(scope[0]) if owner is None else c[owner].in_(scope[1]))
         where.append(c[column].is_not(None))  # (a key a commit created has no value before it: SQL NULL)

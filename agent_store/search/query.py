@@ -253,7 +253,7 @@ async def search(
             keyset = tuple_(hits.c.created_at, hits.c.session_id, hits.c.seq) < tuple_(*after[1:])
             page = page.where(or_(hits.c.rank < after[0], and_(hits.c.rank == after[0], keyset)))
         rows = (await conn.execute(page)).all()
-        if not rows and cipher is None and user_id is not None and await _sealed_newest(conn, user_id):
+        if not rows and cipher is None and user_id is not None and await _sealed_in(conn, scope):
             raise ConfigurationError("this user's messages are sealed with per-user keys: search them with the "
                                      "store's keys (keys=; the CLI: $AGENT_STORE_KEYS)")  # fmt: skip
     items = []
@@ -267,15 +267,13 @@ async def search(
     return SearchPage(items=items, next_cursor=_encode(rows[limit - 1]) if len(rows) > limit else None)
 
 
-async def _sealed_newest(conn: Any, user_id: str) -> bool:
-    """Whether the user's newest message is sealed (a store with keys seals them all): the newest of their sessions
-    that has a message (a new or emptied one has none), by the user's index and the messages' key."""
+async def _sealed_in(conn: Any, scope: list[ColumnElement[bool]]) -> bool:
+    """Whether a session in the search's scope ends with a sealed message (a store with keys seals every message
+    it writes): each session's last message, by the user's index and the messages' key, until one is found."""
     last = select(M.body).where(M.session_id == S.id).order_by(M.seq.desc()).limit(1).scalar_subquery()
-    has_one = select(M.seq).where(M.session_id == S.id).exists()
-    newest = select(last.label("body")).where(S.user_id == user_id, has_one)
-    body = newest.order_by(S.updated_at.desc(), S.id.desc()).limit(1).subquery()
-    marker = sealing.sealed_marker(body.c.body, message_rows.ENCRYPTED, conn.dialect.name == "postgresql")
-    return (await conn.execute(select(marker.like(sealing.PREFIX + "%")))).scalar() is True
+    marker = sealing.sealed_marker(last, message_rows.ENCRYPTED, conn.dialect.name == "postgresql")
+    found = select(S.id).where(*scope, marker.like(sealing.PREFIX + "%")).limit(1)
+    return (await conn.execute(found)).first() is not None
 
 
 def _said(row: Any, cipher: Any) -> str:
