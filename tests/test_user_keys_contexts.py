@@ -137,3 +137,19 @@ async def test_sealing_a_contexts_checkpoints_in_clear_uses_its_users_key(url: s
         await restore(keyed, backup)
         with pytest.raises(ContentSealedError):
             await context(keyed, "alice", "ctx-1").load("cp-1")
+
+
+async def test_a_users_export_carries_their_hosted_contexts_checkpoints(keyed: Store, tmp_path: Path) -> None:
+    from conftest import fresh_database
+
+    await context(keyed, "alice", "ctx-1").save(checkpoint("cp-1"))
+    await context(keyed, "bob", "ctx-1").save(checkpoint("cp-bob"))
+    lines = [line async for line in keyed.export(user_id="alice")]
+    owners = [json.loads(line)["row"]["user_id"] for line in lines if json.loads(line).get("kind") == "checkpoint"]
+    assert len(owners) == 1 and owners[0].startswith("alice\x1fcontext:")  # hers, and not bob's
+    (tmp_path / "target").mkdir()
+    async with fresh_database(keyed.db.dialect, tmp_path / "target") as target:
+        async with Store.from_url(target, keys=keyed.db.settings.keys) as moved:
+            await moved.migrate()
+            assert (await moved.import_lines(lines)).checkpoints == 1
+            assert (await context(moved, "alice", "ctx-1").load("cp-1")).state["secret"] == "Ann's passport 12345"

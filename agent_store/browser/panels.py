@@ -14,6 +14,7 @@ from sqlalchemy import select
 
 from agent_store.db import message_decode, message_rows, sealing
 from agent_store.db.database import Database
+from agent_store.db.hosted_tables import checkpoints_of
 from agent_store.db.scopes import USER_PREFIX
 from agent_store.db.tables import (
     app_state_t,
@@ -129,7 +130,8 @@ async def user_checkpoints(db: Database, user_id: str | None, limit: int = 20) -
     owner = user_id or ""  # checkpoints saved without a user are stored under ''
     columns = (C.workflow_name, C.seq, C.checkpoint_id, C.previous_checkpoint_id, C.iteration_count, C.saved_at)
     async with db.transaction(write=False, replica=True, doing="reading workflow checkpoints") as conn:
-        query = select(*columns).where(C.user_id == owner).order_by(C.saved_at.desc(), C.seq.desc()).limit(limit)
+        mine = checkpoints_of(C.user_id, owner)  # (their hosted workflow contexts' too)
+        query = select(*columns).where(mine).order_by(C.saved_at.desc(), C.seq.desc()).limit(limit)
         return list((await conn.execute(query)).all())
 
 

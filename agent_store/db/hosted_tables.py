@@ -17,7 +17,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import BigInteger, ForeignKeyConstraint, Index, Integer, String, Table
+from sqlalchemy import BigInteger, ForeignKeyConstraint, Index, Integer, String, Table, func
 from sqlalchemy.orm import Mapped, mapped_column
 
 from agent_store.db.column_types import JsonText, UTCDateTime
@@ -37,6 +37,14 @@ def checkpoint_user(owner: str) -> str:
     if len(owner) > tail and owner[:-CONTEXT_HASH_LENGTH].endswith(CHECKPOINT_CONTEXT):
         return owner[:-tail]
     return owner
+
+
+def checkpoints_of(owner: Any, user_id: str) -> Any:
+    """SQL: a checkpoint owner that is the user's (``checkpoint_user`` in SQL): the user id, or one of the user's
+    hosted workflow contexts (exactly the prefix and a hash, never a longer owner that only starts with it)."""
+    prefix = user_id + CHECKPOINT_CONTEXT
+    context = (func.substr(owner, 1, len(prefix)) == prefix) & (func.length(owner) == len(prefix) + CONTEXT_HASH_LENGTH)
+    return (owner == user_id) | context
 
 
 def checkpoint_binding(owner: str, workflow_name: str, checkpoint_id: str) -> str:

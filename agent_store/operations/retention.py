@@ -18,7 +18,7 @@ import agent_store.telemetry as telemetry
 from agent_store.db import codec, sealing
 from agent_store.db.database import Database
 from agent_store.db.erasures import ERASURE_LOG_KEPT, user_key
-from agent_store.db.hosted_tables import CHECKPOINT_CONTEXT, CONTEXT_HASH_LENGTH
+from agent_store.db.hosted_tables import checkpoints_of
 from agent_store.db.message_rows import ENCRYPTED
 from agent_store.db.statements import lock_user
 from agent_store.db.tables import (
@@ -200,7 +200,7 @@ async def _has_sealed(db: Database, user_id: str) -> bool:
         select(M.seq).join(sessions_t, S.id == M.session_id).where(mine, sealed(M.body, ENCRYPTED)),
         select(st.key).join(sessions_t, S.id == st.session_id).where(mine, sealed(st.value)),
         select(us.key).where(us.user_id == user_id, sealed(us.value)),
-        select(CP.seq).where(_owned_by(CP.user_id, user_id), sealed(CP.payload)),
+        select(CP.seq).where(checkpoints_of(CP.user_id, user_id), sealed(CP.payload)),
         select(hr.response_id).where(hr.user_id == user_id, sealed(hr.envelope)),
         select(ev.seq).where(ev.user_id == user_id, sealed(ev.event)),
         select(hosted_items_t.c.item_id).where(hosted_items_t.c.user_id == user_id, sealed(hosted_items_t.c.body)),
@@ -211,14 +211,6 @@ async def _has_sealed(db: Database, user_id: str) -> bool:
             if (await conn.execute(probe.limit(1))).first() is not None:
                 return True
     return False
-
-
-def _owned_by(owner: ColumnElement[str], user_id: str) -> ColumnElement[bool]:
-    """A checkpoint owner that is the user's: the user id, or one of their hosted workflow contexts (exactly the
-    prefix and a hash, never a longer owner that only starts with it: db/hosted_tables.py)."""
-    prefix = user_id + CHECKPOINT_CONTEXT
-    context = (func.substr(owner, 1, len(prefix)) == prefix) & (func.length(owner) == len(prefix) + CONTEXT_HASH_LENGTH)
-    return (owner == user_id) | context
 
 
 async def _count(conn: AsyncConnection, table: Table, sessions: ColumnElement[bool]) -> int:
@@ -235,7 +227,7 @@ async def _erase_user_rows(conn: AsyncConnection, user_id: str) -> tuple[int, in
     user_rows = (await conn.execute(delete(user_state_t).where(user_state_t.c.user_id == user_id))).rowcount
     # The user's checkpoints, and theirs per hosted workflow context (0018): exactly the prefix and a 24-character
     # hash (agentserver/foundry.py), never a longer owner that only starts with it.
-    deleted = [(await conn.execute(delete(owner.table).where(_owned_by(owner, user_id)))).rowcount
+    deleted = [(await conn.execute(delete(owner.table).where(checkpoints_of(owner, user_id)))).rowcount
                for owner in (checkpoints_t.c.user_id, checkpoint_workflows_t.c.user_id)]  # fmt: skip
     checkpoints = deleted[0]
     hosted = (await conn.execute(delete(hosted_responses_t).where(hosted_responses_t.c.user_id == user_id))).rowcount

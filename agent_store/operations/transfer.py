@@ -31,6 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 import agent_store.operations.import_rows as import_rows
 from agent_store.db import codec
 from agent_store.db.database import Database
+from agent_store.db.hosted_tables import checkpoints_of
 from agent_store.db.scopes import owner_is
 from agent_store.db.statements import lock_user, new_stamp, not_found
 from agent_store.db.tables import (
@@ -108,21 +109,23 @@ async def export(db: Database, *, user_id: str | None, session_id: str | None = 
 
 
 async def _export_checkpoints(db: Database, owner: str) -> AsyncIterator[str]:
-    """The owner's workflow checkpoints, by workflow and sequence, a page per short read transaction."""
-    C, after = checkpoints_t.c, ("", 0)
+    """The owner's workflow checkpoints, their hosted workflow contexts' too (db/hosted_tables.py), by owner,
+    workflow and sequence, a page per short read transaction."""
+    C, after = checkpoints_t.c, ("", "", 0)
     while True:
         async with db.transaction(write=False, replica=True, doing="exporting workflow checkpoints") as conn:
             page = (
                 await conn.execute(
-                    select(checkpoints_t).where(C.user_id == owner, tuple_(C.workflow_name, C.seq) > after)
-                    .order_by(C.workflow_name, C.seq).limit(PAGE)
+                    select(checkpoints_t).where(checkpoints_of(C.user_id, owner),
+                                                tuple_(C.user_id, C.workflow_name, C.seq) > after)
+                    .order_by(C.user_id, C.workflow_name, C.seq).limit(PAGE)
                 )
             ).all()  # fmt: skip
         for row in page:
             yield _line("checkpoint", _to_json(checkpoints_t, row))
         if len(page) < PAGE:
             return
-        after = (page[-1].workflow_name, page[-1].seq)
+        after = (page[-1].user_id, page[-1].workflow_name, page[-1].seq)
 
 
 async def _export_session(db: Database, sid: str) -> AsyncIterator[str]:
