@@ -268,10 +268,8 @@ def _unregistered(doc: Any, where: str) -> tuple[bool, list[Any]]:
         value = pending.pop()
         if isinstance(value, list):
             pending.extend(value)
-        elif isinstance(value, dict) and len(value) == 1 and next(iter(value)) in _TAGS:
+        elif isinstance(value, dict) and len(value) == 1 and next(iter(value)) in _TAGS - {"$sealed"}:  # (a seal)
             tag, inner = next(iter(value.items()))
-            if tag == "$sealed":  # a value sealed with per-user keys (or one shaped like it: keys seal seals it)
-                continue
             shape = list if tag == "$tuple" else str if tag in ("$datetime", "$date") else dict
             if not isinstance(inner, shape):
                 raise InvalidValueError(f"{where}: a {tag} must hold a {shape.__name__}, not {type(inner).__name__}")
