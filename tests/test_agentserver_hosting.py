@@ -97,19 +97,21 @@ async def test_checkpoints_are_one_collection_per_user_and_context(store: Store)
         assert latest is not None and latest.checkpoint_id == f"{user}-{context}"
         assert [c.checkpoint_id for c in await storage(user, context).list_checkpoints(workflow_name="wf")] == [
             f"{user}-{context}"]  # fmt: skip
-    # A user whose id starts like u's collections (the app's own StoreCheckpointStorage): not u's to erase
+    # No user id can spell another user's collection, or one that only looks like it: the separator is refused
     from agent_store.agent_framework import StoreCheckpointStorage
     from agent_store.db.hosted_tables import CHECKPOINT_CONTEXT
 
-    lookalike = StoreCheckpointStorage(store, user_id=f"u{CHECKPOINT_CONTEXT}{'0' * 24}x")
-    await lookalike.save(WorkflowCheckpoint(workflow_name="wf", graph_signature_hash="g", checkpoint_id="theirs"))
+    for lookalike in (f"u{CHECKPOINT_CONTEXT}{'0' * 24}x", f"u{CHECKPOINT_CONTEXT}{'0' * 23}", "u\x1f"):
+        with pytest.raises(InvalidValueError, match="x1f"):
+            StoreCheckpointStorage(store, user_id=lookalike)
+        with pytest.raises(InvalidValueError, match="x1f"):
+            await store.session("s", user_id=lookalike).__aenter__()
     with pytest.raises(InvalidValueError):  # a request's user id can never spell a collection of another user
         storage("u\x1fcontext:abc", "c1")
     report = await store.erase_user("u")
     assert report.checkpoints == 2
     assert await storage("u", "c1").get_latest(workflow_name="wf") is None
     assert (await storage("v", "c1").get_latest(workflow_name="wf")) is not None
-    assert (await lookalike.get_latest(workflow_name="wf")) is not None
 
 
 async def test_a_conversation_key_follows_its_head_through_the_operators_commands(store: Store) -> None:

@@ -129,9 +129,44 @@ async def test_search_without_the_keys_refuses_past_a_newer_session_in_clear(key
     await talk(keyed, "s1", "alice", "my name is Ann")
     async with Store.from_url(url) as unkeyed:
         await talk(unkeyed, "s2", "alice", "hello there")  # a process without the keys writes in clear
-        for scope in ({}, {"session_id": "s1"}):
+        for scope in ({"user_id": "alice"}, {"user_id": "alice", "session_id": "s1"}, {"all_users": True}):
             with pytest.raises(ConfigurationError, match="sealed with per-user keys"):
-                await unkeyed.search("Ann", user_id="alice", **scope)
+                await unkeyed.search("Ann", **scope)
+
+
+async def test_the_browser_without_the_keys_shows_no_blind_index_and_unreadable_content_as_sealed(
+    keyed: Store, url: str
+) -> None:
+    await talk(keyed, "a1", "alice", "my name is Ann")
+    (index,) = [r[0] for r in await rows(keyed, "SELECT text FROM agent_messages WHERE seq = 0")]
+    async with Store.from_url(url) as unkeyed:
+        web = httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(unkeyed)), base_url="http://127.0.0.1")
+        async with web:
+            for page in ("/session?id=a1&user=alice", "/session.jsonl?id=a1&user=alice", "/sessions"):
+                shown = await web.get(page)
+                assert shown.status_code == 200 and index.split()[0] not in shown.text, page
+    await keyed.db.settings.keys.destroy("alice")  # the key gone (an erasure's first step): nothing opens
+    web = httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(keyed)), base_url="http://127.0.0.1")
+    async with web:
+        shown = await web.get("/session.jsonl?id=a1&user=alice")
+        assert shown.status_code == 200 and all(json.loads(line)["body"]["encrypted"] is True
+                                                for line in shown.text.splitlines())  # fmt: skip
+
+
+async def test_erasing_without_the_keys_is_refused_when_only_state_history_is_sealed(keyed: Store, url: str) -> None:
+    async with keyed.session("a1", user_id="alice") as session:
+        session.state["secret"] = "diary one"
+    await keyed.fork("a1", new_id="b1", user_id="alice", share=True)  # a1 keeps its keys' history from now on
+    for words in ("diary two", "diary three"):
+        async with keyed.session("a1", user_id="alice") as session:
+            session.state["secret"] = words
+    async with keyed.db.engine.begin() as conn:  # what is left sealed: the history alone
+        await conn.execute(text("DELETE FROM agent_state"))
+        await conn.execute(text("DELETE FROM agent_messages"))
+    assert await rows(keyed, "SELECT count(*) FROM agent_state_history") != [(0,)]
+    async with Store.from_url(url) as unkeyed:
+        with pytest.raises(ConfigurationError, match="sealed with per-user keys"):
+            await unkeyed.erase_user("alice")
 
 
 async def test_a_journal_event_in_a_seals_form_is_refused(store: Store) -> None:

@@ -61,7 +61,8 @@ class StoreCheckpointStorage:
     def __init__(
         self, store: Store, *, user_id: str | None = None, allowed_checkpoint_types: list[str] | None = None
     ) -> None:
-        codec.check_id(user_id, "user_id")
+        codec.check_id(user_id, "checkpoint owner")
+        codec.check_id(checkpoint_user(user_id) if user_id is not None else None, "user_id")  # (a context: its user's)
         # The rows' owner, and the user it acts as: a hosted workflow context's collection is its user's.
         self._db, self._owner = store.db, user_id or ""
         self._user = checkpoint_user(user_id) if user_id is not None else None

@@ -49,6 +49,8 @@ def check_id(value: str | None, what: str, *, required: bool = False) -> None:
         raise InvalidValueError(f"{what} must be a non-empty string, not {value!r}")
     if len(value) > ID_MAX or "\x00" in value or (not value.isprintable() and has_surrogate(value)):
         raise InvalidValueError(f"{what} must be at most {ID_MAX} characters with no NUL or lone surrogate characters")
+    if what == "user_id" and "\x1f" in value:  # a user's hosted workflow contexts are named with it (hosted_tables)
+        raise InvalidValueError("user_id must not contain the character \\x1f: it names a user's checkpoints")
 
 
 def has_surrogate(value: str) -> bool:

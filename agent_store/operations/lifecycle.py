@@ -21,7 +21,7 @@ from agent_store.db.database import Database
 from agent_store.db.scopes import owner_is
 from agent_store.db.statements import delete_with_branches, not_found
 from agent_store.db.tables import JsonText, message_marks_t, messages_t, sessions_t
-from agent_store.errors import InvalidValueError, SessionExpiredError
+from agent_store.errors import ContentSealedError, InvalidValueError, SessionExpiredError
 from agent_store.models import MessageRecord, SessionInfo, SessionPage
 
 S = sessions_t.c
@@ -155,8 +155,9 @@ async def get(db: Database, session_id: str, user_id: str | None) -> SessionInfo
 async def messages(
     db: Database, session_id: str, user_id: str | None, after_seq: int, limit: int, *, sealed_ok: bool = False
 ) -> list[MessageRecord]:
-    """A page of a transcript. ``sealed_ok`` (the browser): an encrypted message the store has no cipher for
-    comes back with an empty body marked ``"encrypted": true`` instead of raising."""
+    """A page of a transcript. ``sealed_ok`` (the browser): an encrypted message the store has no cipher for, or
+    one it cannot open (a key gone, content moved or put there in clear), comes back with an empty body marked
+    ``"encrypted": true`` and no text (a sealed message's text column is its blind index) instead of raising."""
     codec.check_int(after_seq, "after_seq", low=-1, high=codec.INT32)
     codec.check_int(limit, "limit", low=1, high=10_001)
     M = messages_t.c
@@ -167,16 +168,22 @@ async def messages(
         rows = (await conn.execute(query)).mappings().all()
     cipher = await sealing.cipher_for(db, user_id)
     records = [MessageRecord(**{**row, "body": _full(row, cipher, sealed_ok)}) for row in rows]  # marks: in the body
-    if isinstance(cipher, sealing.UserCipher):  # its text column holds its blind index: the text is its body's
-        records = [r.model_copy(update={"text": Message.from_dict(r.body).text}) for r in records]
-    return records
+    return [r.model_copy(update={"text": ""}) if r.body.get("encrypted") is True else  # (not opened: sealed_ok)
+            r.model_copy(update={"text": Message.from_dict(r.body).text}) if isinstance(cipher, sealing.UserCipher)
+            else r for r in records]  # fmt: skip  # (per-user keys: the text column holds the blind index)
 
 
 def _full(row: Any, cipher: message_rows.MessageCipher | None, sealed_ok: bool = False) -> Any:
+    unopened = {"type": "message", "role": row["role"], "contents": [], "encrypted": True}
     if sealed_ok and cipher is None and isinstance(row["body"], dict) and message_rows.ENCRYPTED in row["body"]:
-        return {"type": "message", "role": row["role"], "contents": [], "encrypted": True}
-    body = message_rows.full_body(row["body"], cipher, message_id=row["message_id"], role=row["role"],
-                                  author_name=row["author_name"], text=row["text"])  # fmt: skip
+        return unopened
+    try:
+        body = message_rows.full_body(row["body"], cipher, message_id=row["message_id"], role=row["role"],
+                                      author_name=row["author_name"], text=row["text"])  # fmt: skip
+    except ContentSealedError:
+        if not sealed_ok:
+            raise
+        return unopened
     return dict(message_rows.with_marks(body, message_rows.with_links(row.get("marks"), row.get("summary_of"))))
 
 

@@ -30,6 +30,7 @@ from agent_store.db.tables import (
     hosted_responses_t,
     messages_t,
     sessions_t,
+    state_history_t,
     state_t,
     stream_events_t,
     streams_t,
@@ -195,10 +196,12 @@ async def _has_sealed(db: Database, user_id: str) -> bool:
     def sealed(column: Any, key: str = sealing.SEALED) -> ColumnElement[bool]:
         return sealing.is_sealed(column, key, pg)  # type: ignore[no-any-return]
 
-    mine, st, us, ev, hr = S.user_id == user_id, state_t.c, user_state_t.c, stream_events_t.c, hosted_responses_t.c
+    mine, st, sh, us = S.user_id == user_id, state_t.c, state_history_t.c, user_state_t.c
+    ev, hr = stream_events_t.c, hosted_responses_t.c
     probes = [
         select(M.seq).join(sessions_t, S.id == M.session_id).where(mine, sealed(M.body, ENCRYPTED)),
         select(st.key).join(sessions_t, S.id == st.session_id).where(mine, sealed(st.value)),
+        select(sh.key).join(sessions_t, S.id == sh.session_id).where(mine, sealed(sh.value)),
         select(us.key).where(us.user_id == user_id, sealed(us.value)),
         select(CP.seq).where(checkpoints_of(CP.user_id, user_id), sealed(CP.payload)),
         select(hr.response_id).where(hr.user_id == user_id, sealed(hr.envelope)),
