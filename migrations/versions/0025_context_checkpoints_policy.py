@@ -24,20 +24,26 @@ down_revision: str | None = "0024"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-_NAMED = "(SELECT NULLIF(current_setting('agent_store.user_id', true), ''))"
-_OWN = f"user_id = {_NAMED}"
 # left(x, -24): all but the hash; a shorter owner gives '', which no name followed by the marker equals.
-_OR_CONTEXT = f"{_OWN} OR left(user_id, -24) = ({_NAMED} || E'\\x1fcontext:')"
-_TABLES = ("agent_checkpoints", "agent_checkpoint_workflows")
+_OR_CONTEXT = """
+    USING (user_id = (SELECT NULLIF(current_setting('agent_store.user_id', true), ''))
+           OR left(user_id, -24) = ((SELECT NULLIF(current_setting('agent_store.user_id', true), ''))
+                                    || E'\\x1fcontext:'))"""
+_OWN = """
+    USING (user_id = (SELECT NULLIF(current_setting('agent_store.user_id', true), '')))"""
+_UP = ("ALTER POLICY agent_store_tenant ON agent_checkpoints" + _OR_CONTEXT,
+       "ALTER POLICY agent_store_tenant ON agent_checkpoint_workflows" + _OR_CONTEXT)  # fmt: skip
+_DOWN = ("ALTER POLICY agent_store_tenant ON agent_checkpoints" + _OWN,
+         "ALTER POLICY agent_store_tenant ON agent_checkpoint_workflows" + _OWN)  # fmt: skip
 
 
 def upgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":
-        for table in _TABLES:
-            op.execute(f"ALTER POLICY agent_store_tenant ON {table} USING ({_OR_CONTEXT})")
+        for statement in _UP:
+            op.execute(statement)
 
 
 def downgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":
-        for table in _TABLES:
-            op.execute(f"ALTER POLICY agent_store_tenant ON {table} USING ({_OWN})")
+        for statement in _DOWN:
+            op.execute(statement)
