@@ -19,7 +19,7 @@ import pytest
 from agent_framework import Agent, Message
 from cli_support import cli, ok
 from conftest import fresh_database
-from helpers import rows
+from helpers import rows, without_tokens
 from sqlalchemy import text
 
 from agent_store import (
@@ -59,7 +59,7 @@ async def stored_text(store: Store) -> str:
     found = await rows(store, "SELECT text, body FROM agent_messages")
     found += await rows(store, "SELECT key, value FROM agent_state")
     found += await rows(store, "SELECT key, value FROM agent_user_state")
-    return json.dumps([[str(v) for v in row] for row in found], ensure_ascii=False)
+    return without_tokens(json.dumps([[str(v) for v in row] for row in found], ensure_ascii=False))
 
 
 async def test_a_users_content_is_sealed_and_the_agent_still_remembers(keyed: Store) -> None:

@@ -19,7 +19,7 @@ import pytest
 from agent_framework import Message
 from cli_support import cli, ok
 from conftest import fresh_database
-from helpers import rows
+from helpers import rows, without_tokens
 from sqlalchemy import text
 from test_user_keys import talk
 
@@ -163,7 +163,7 @@ async def all_stored(store: Store) -> str:
     tables = ("agent_messages", "agent_state", "agent_user_state", "agent_checkpoints", "agent_hosted_responses",
               "agent_hosted_items", "agent_ui_snapshots")  # fmt: skip
     found = [await rows(store, f"SELECT * FROM {table}") for table in tables]  # noqa: S608
-    return json.dumps([[str(v) for v in r] for table in found for r in table], ensure_ascii=False)
+    return without_tokens(json.dumps([[str(v) for v in r] for table in found for r in table], ensure_ascii=False))
 
 
 async def reads_back(store: Store, checkpoints: Any, saved: str, *, snapshots: bool = True) -> None:
