@@ -275,7 +275,7 @@ async def _sealed_in(conn: Any, scope: list[ColumnElement[bool]]) -> bool:
     newest = select(last.label("body")).select_from(sessions_t).where(*scope).order_by(S.updated_at.desc(), S.id.desc())
     marker = sealing.sealed_marker(newest.limit(PROBED).subquery().c.body, message_rows.ENCRYPTED,
                                    conn.dialect.name == "postgresql")
-    return (await conn.execute(select(func.count()).where(marker.like(sealing.PREFIX + "%")))).scalar_one() > 0
+    return bool((await conn.execute(select(func.count()).where(marker.like(sealing.PREFIX + "%")))).scalar_one() > 0)
 
 
 PROBED = 100
