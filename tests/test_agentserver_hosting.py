@@ -105,7 +105,8 @@ async def test_checkpoints_are_one_collection_per_user_and_context(store: Store)
         with pytest.raises(InvalidValueError, match="x1f"):
             StoreCheckpointStorage(store, user_id=lookalike)
         with pytest.raises(InvalidValueError, match="x1f"):
-            await store.session("s", user_id=lookalike).__aenter__()
+            async with store.session("s", user_id=lookalike):
+                pass
     with pytest.raises(InvalidValueError):  # a request's user id can never spell a collection of another user
         storage("u\x1fcontext:abc", "c1")
     report = await store.erase_user("u")

@@ -62,10 +62,10 @@ class StoreCheckpointStorage:
         self, store: Store, *, user_id: str | None = None, allowed_checkpoint_types: list[str] | None = None
     ) -> None:
         codec.check_id(user_id, "checkpoint owner")
-        codec.check_id(checkpoint_user(user_id) if user_id is not None else None, "user_id")  # (a context: its user's)
         # The rows' owner, and the user it acts as: a hosted workflow context's collection is its user's.
         self._db, self._owner = store.db, user_id or ""
         self._user = checkpoint_user(user_id) if user_id is not None else None
+        codec.check_id(self._user, "user_id")  # (no user id holds the separator of a context's name)
         self._allowed: frozenset[str] = frozenset(allowed_checkpoint_types or [])
         # Per checkpoint id, when what it carries was read from the store (the fence of saves that continue it).
         self._dated = ReadTimes()

@@ -186,10 +186,8 @@ def direct_only(url: URL, program: str = "a backup") -> None:
     """pg_dump and pg_restore need the server itself: behind PgBouncer in transaction mode their settings and
     snapshot would not hold. Checked before any connection is made."""
     if url.query.get("pgbouncer") in ("true", "1", "yes") or "prepared_statement_cache_size" in url.query:
-        raise ConfigurationError(
-            f"{program} needs a direct connection to the server, not PgBouncer in "
-            "transaction mode (its settings and snapshot would not hold): give the server's URL"
-        )
+        raise ConfigurationError(f"{program} needs a direct connection to the server, not PgBouncer in "
+                                 "transaction mode (its settings and snapshot would not hold): give the server's URL")
 
 
 def _sqlite_path(url: URL) -> Path:

@@ -167,10 +167,18 @@ async def messages(
         query = select(messages_t).where(M.session_id == session_id, M.seq > after_seq).order_by(M.seq).limit(limit)
         rows = (await conn.execute(query)).mappings().all()
     cipher = await sealing.cipher_for(db, user_id)
-    records = [MessageRecord(**{**row, "body": _full(row, cipher, sealed_ok)}) for row in rows]  # marks: in the body
-    return [r.model_copy(update={"text": ""}) if r.body.get("encrypted") is True else  # (not opened: sealed_ok)
-            r.model_copy(update={"text": Message.from_dict(r.body).text}) if isinstance(cipher, sealing.UserCipher)
-            else r for r in records]  # fmt: skip  # (per-user keys: the text column holds the blind index)
+    return [_record(row, cipher, sealed_ok) for row in rows]
+
+
+def _record(row: Any, cipher: message_rows.MessageCipher | None, sealed_ok: bool) -> MessageRecord:
+    """A transcript's message. Under per-user keys its text column holds its blind index: the text is its
+    body's, or none when the body was not opened (``sealed_ok``)."""
+    record = MessageRecord(**{**row, "body": _full(row, cipher, sealed_ok)})  # marks: in the body
+    if record.body.get("encrypted") is True:
+        return record.model_copy(update={"text": ""})
+    if isinstance(cipher, sealing.UserCipher):
+        return record.model_copy(update={"text": Message.from_dict(record.body).text})
+    return record
 
 
 def _full(row: Any, cipher: message_rows.MessageCipher | None, sealed_ok: bool = False) -> Any:

@@ -121,15 +121,8 @@ async def _messages(db: Database, conn: AsyncConnection, after: Any, limit: int,
                                                                                   pg))  # fmt: skip
     if scope is not None:
         where.append(M.session_id.in_(scope[0]))
-    query = (
-        select(
-            M.session_id, M.seq, M.message_id, M.role, M.author_name, M.text, cast(M.body, Text).label("raw"), S.user_id
-        )
-        .join(sessions_t, S.id == M.session_id)
-        .where(*where)
-        .order_by(*order)
-        .limit(limit)
-    )
+    query = select(M.session_id, M.seq, M.message_id, M.role, M.author_name, M.text, cast(M.body, Text).label("raw"),
+                   S.user_id).join(sessions_t, S.id == M.session_id).where(*where).order_by(*order).limit(limit)
     query = query.with_for_update(of=messages_t)  # (PostgreSQL: a row changed meanwhile is read again, or left)
     rows = (await conn.execute(query)).all()
     ciphers = await _ciphers(db, {r.user_id or "" for r in rows})
