@@ -15,7 +15,8 @@ changed with ALTER POLICY after the migration, never in the product):
 - ``on, session-keyed admit all (+ direct)``: the nine tables reached through ``agent_sessions`` admit every row:
   the best a ``user_id`` column compared directly on those rows could do.
 - ``on, every policy admits all``: the machinery and the naming, no check at all: the floor of any policy design.
-Sides rotate in each repetition (the order reversed every other); every figure is a median of the repetitions.
+Every variant's store is open at once and S1's runs are interleaved (run n of each, in a rotating order): the
+machine's drift falls on all alike. Each figure is a median over repetitions of each variant's p50.
 """
 
 from __future__ import annotations
@@ -24,11 +25,10 @@ import argparse
 import asyncio
 import os
 import statistics
-from collections.abc import Awaitable, Callable
 
 import asyncpg
 from rls import database
-from scenarios import s1, store_run
+from scenarios import store_run, timed
 
 from agent_store import Store
 from agent_store.db import tenancy
@@ -65,6 +65,8 @@ VARIANTS: dict[str, tuple[bool, list[str]]] = {  # name -> (switch on, the polic
     "off, named": (False, []),
     "on": (True, []),
     "on, direct": (True, direct(SESSION_IS_USERS)),
+    "on, direct inside the session-keyed EXISTS only": (True, [
+        f"ALTER POLICY agent_store_tenant ON {t} USING ({SESSION_IS_USERS.format(t=t)})" for t in KEYED]),
     "on, session-keyed admit all": (True, [f"ALTER POLICY agent_store_tenant ON {t} USING (true)" for t in KEYED]),
     "on, session-keyed admit all + direct": (True, direct("true")),
     "on, user_id column: read by compare, written by EXISTS": (True, [*COLUMN, *direct(
@@ -76,7 +78,8 @@ VARIANTS: dict[str, tuple[bool, list[str]]] = {  # name -> (switch on, the polic
 }  # fmt: skip
 
 
-async def one_side(admin_url: str, variant: str, rep: int) -> float:
+async def prepared(admin_url: str, variant: str) -> str:
+    """A database for ``variant``: migrated, the switch set, its policies changed; the application's URL."""
     switch, changes = VARIANTS[variant]
     name = "agent_store_bench_rlsv_" + "".join(c if c.isalnum() else "_" for c in variant)
     url = await database(admin_url, name, rls=switch)
@@ -86,41 +89,53 @@ async def one_side(admin_url: str, variant: str, rep: int) -> float:
             await owner.execute(change)
     finally:
         await owner.close()
-    learn = tenancy.learn
-    if variant == "off, named":  # the store names its user although the switch is off
-
-        async def named(db: object, conn: object) -> None:
-            await learn(db, conn)
-            db.row_security = True  # type: ignore[attr-defined]
-
-        tenancy.learn = named
-    try:
-        async with Store.from_url(url, pool_size=4, max_overflow=0) as store:
-            await store.warm_up()
-            run: Callable[[str, int], Awaitable[None]] = lambda sid, n: store_run(store, sid, n)  # noqa: E731
-            await s1(run, f"warm-{rep}")
-            return (await s1(run, f"s1-{rep}"))["p50 ms"]
-    finally:
-        tenancy.learn = learn
+    return url
 
 
-async def everything(admin_url: str, reps: int) -> dict[str, list[float]]:
+async def everything(admin_url: str, reps: int, runs: int) -> dict[str, list[float]]:
+    """Each repetition: every variant's store open at once, S1's runs interleaved (run n of every variant, in a
+    rotating order, then run n + 1), so the machine's drift falls on all of them alike; each variant's p50."""
     seen: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
+    learn = tenancy.learn
     for rep in range(reps):
-        for variant in list(VARIANTS) if rep % 2 == 0 else list(VARIANTS)[::-1]:
-            seen[variant].append(await one_side(admin_url, variant, rep))
+        urls = {variant: await prepared(admin_url, variant) for variant in VARIANTS}
+        stores = {variant: Store.from_url(url, pool_size=2, max_overflow=0) for variant, url in urls.items()}
+
+        async def learn_as(db: object, conn: object, named: object = stores["off, named"].db) -> None:
+            await learn(db, conn)  # and "off, named": the store names its user anyway
+            if db is named:
+                db.row_security = True  # type: ignore[attr-defined]
+
+        tenancy.learn = learn_as
+        try:
+            latencies: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
+            order = list(VARIANTS)
+            for n in range(-50, runs):  # the first 50: warming every store's plans and connections
+                order = order[1:] + order[:1]
+                for variant in order:
+                    took = await timed(lambda s=stores[variant], sid=f"s1-{rep}", n=n: store_run(s, sid, abs(n)))
+                    if n >= 0:
+                        latencies[variant].append(took)
+            for variant, taken in latencies.items():
+                seen[variant].append(statistics.median(taken) * 1e3)
+        finally:
+            tenancy.learn = learn
+            for store in stores.values():
+                await store.close()
     return seen
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--reps", type=int, default=9)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--runs", type=int, default=500)
     parser.add_argument("--pg-url", default=os.environ.get("AGENT_STORE_BENCH_PG_URL",
                                                            "postgresql+asyncpg://postgres@127.0.0.1:5432/test"))
     args = parser.parse_args()
-    seen = asyncio.run(everything(args.pg_url, args.reps))
+    seen = asyncio.run(everything(args.pg_url, args.reps, args.runs))
     off = statistics.median(seen["off"])
-    print(f"S1 (500 sequential runs, last 20 messages), PostgreSQL; medians of {args.reps} repetitions\n")
+    print(f"S1 ({args.runs} sequential runs a variant, last 20 messages, the variants interleaved run by run), "
+          f"PostgreSQL; medians of {args.reps} repetitions' p50\n")
     print("| variant | S1 p50 ms | / off |\n|---|---|---|")
     for variant, p50s in seen.items():
         print(f"| {variant} | {statistics.median(p50s):.3f} | {statistics.median(p50s) / off:.3f}x |")
