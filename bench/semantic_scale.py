@@ -7,7 +7,8 @@
    user has about 2,000), filled at 0006 and upgraded (the search indexes built over the rows), then a vector
    for every message written by SQL (random 4-bit codes: a vector's bytes, not its meaning, are what a scan
    costs). For 200 random users: p50/p99 of hybrid, vector-only and keyword-only search (wordllama embeds each
-   query), beside the floor: the raw driver reading the same user's vectors with the same join.
+   query; ``--embedder e5``: e5 does, over vectors of its 192 bytes), beside the floor: the raw driver reading the
+   same user's vectors with the same join.
 2. **The backfill of 1M messages** with wordllama in a fresh database: messages a second, the longest batch
    write (the longest any other writer of those rows could wait), and an app's commits meanwhile (p50, max).
 """
@@ -33,6 +34,13 @@ VECTORS = """INSERT INTO agent_message_vectors (session_id, seq, profile_id, vec
                                          || md5(seq::text) || md5(session_id || 'a') || md5(seq || 'b')
                                          || md5(session_id || 'c') || md5(seq || 'd'), 'hex')
     FROM agent_messages"""
+# e5's vectors: 384 dimensions at 4 bits, 192 bytes
+VECTORS_E5 = """INSERT INTO agent_message_vectors (session_id, seq, profile_id, vec)
+    SELECT session_id, seq, :pid, decode(md5(session_id || seq) || md5(seq || session_id) || md5(session_id)
+                                         || md5(seq::text) || md5(session_id || 'a') || md5(seq || 'b')
+                                         || md5(session_id || 'c') || md5(seq || 'd') || md5(session_id || 'e')
+                                         || md5(seq || 'f') || md5(session_id || 'g') || md5(seq || 'h'), 'hex')
+    FROM agent_messages"""
 FLOOR = """SELECT v.session_id, v.seq, v.vec FROM agent_message_vectors v JOIN agent_sessions s ON s.id = v.session_id
     WHERE s.user_id = $1 AND v.profile_id = $2"""
 
@@ -51,7 +59,7 @@ async def timed(call: Any, users: list[str]) -> list[float]:
     return out
 
 
-async def search_at(pg_url: str, messages: int, reuse: bool) -> None:
+async def search_at(pg_url: str, messages: int, reuse: bool, embedder: str) -> None:
     sessions = messages // 100
     url = pg_url.rsplit("/", 1)[0] + "/agent_store_bench_semantic"
     if not reuse:
@@ -59,12 +67,12 @@ async def search_at(pg_url: str, messages: int, reuse: bool) -> None:
         print(f"building {messages:,} messages ...", flush=True)
         built = await build(store, sessions)
         await store.close()
-    async with Store.from_url(url, embedder="wordllama", pool_size=4) as semantic:
+    async with Store.from_url(url, embedder=embedder, pool_size=4) as semantic:
         pid = await semantic.embeddings.profile_id(create=True)
         if not reuse:
             started = time.perf_counter()
             async with semantic.engine.begin() as conn:
-                await conn.execute(text(VECTORS), {"pid": pid})
+                await conn.execute(text(VECTORS_E5 if embedder == "e5" else VECTORS), {"pid": pid})
             async with semantic.engine.connect() as conn:
                 autocommit = await conn.execution_options(isolation_level="AUTOCOMMIT")
                 await autocommit.execute(text("VACUUM ANALYZE agent_message_vectors"))
@@ -86,7 +94,7 @@ async def search_at(pg_url: str, messages: int, reuse: bool) -> None:
             await semantic.search("train tickets", user_id=users[0], ranking=ranking)  # warm
             rows[f"search, {ranking}"] = await timed(
                 lambda u, r=ranking: semantic.search("train tickets", user_id=u, ranking=r, limit=10), users)
-    print(f"\n| {messages:,} messages, 200 users of about 2,000 | p50 ms | p99 ms |\n|---|---|---|")
+    print(f"\n| {messages:,} messages, 200 users of about 2,000 ({embedder}) | p50 ms | p99 ms |\n|---|---|---|")
     for name, samples in rows.items():
         p50, p99 = p50_p99(samples).split()
         print(f"| {name} | {p50} | {p99} |")
@@ -141,8 +149,10 @@ async def main() -> None:
     parser.add_argument("--messages", type=int, default=10_000_000)
     parser.add_argument("--backfill", type=int, default=1_000_000, help="0: no backfill")
     parser.add_argument("--reuse", action="store_true", help="search the database a previous run built")
+    parser.add_argument("--embedder", choices=["wordllama", "e5"], default="wordllama",
+                        help="the search's embedder (its query is embedded in each search; vectors of its size)")
     args = parser.parse_args()
-    await search_at(args.url, args.messages, args.reuse)
+    await search_at(args.url, args.messages, args.reuse, args.embedder)
     if args.backfill:
         await backfill_of(args.url, args.backfill)
 
