@@ -47,6 +47,7 @@ M, S, V, P = messages_t.c, sessions_t.c, vectors_t.c, profiles_t.c
 Progress = Callable[[int], None]
 CENTER_FROM = 100  # vectors in scope before ranking centers on their mean
 QUERIES_KEPT = 256
+STORED = (P.id, P.dimensions, P.model, P.version)  # a profile's row: its name must mean all of these
 # The scan's best plan is the user's sessions by index, then each one's vectors by key (2 ms for 2,000 vectors
 # among 10M). PostgreSQL's estimate of a session's rows is off (n_distinct of session_id is sampled: 23,000 of
 # 100,000), which makes that plan look dear and a parallel scan of agent_sessions cheaper: 11 ms (bench/
@@ -70,6 +71,10 @@ class Embeddings:
             name = type(embedder).__name__
             raise ConfigurationError(f"an embedder has a profile and an embed() method; {name} has not")
         self.db, self.embedder = db, typing.cast("Embedder | None", embedder)
+        if self.embedder is not None:  # before any row is written in its name
+            from agent_store.search.embedders import check_profile
+
+            check_profile(self.embedder.profile)
         self._profile_id: int | None = None
         self._queries: OrderedDict[str, Any] = OrderedDict()  # the last queries' vectors (an embedder may be slow)
 
@@ -89,19 +94,20 @@ class Embeddings:
             return self._profile_id
         profile = self._need().profile
         async with self.db.transaction(write=create, doing="finding the embedding profile") as conn:
-            row = (await conn.execute(select(P.id, P.dimensions).where(P.name == profile.name))).first()
+            row = (await conn.execute(select(*STORED).where(P.name == profile.name))).first()
             if row is None and create:
                 values = {"id": profile_key(profile.name), "name": profile.name, "model": profile.model,
                           "dimensions": profile.dimensions, "version": profile.version, "created_at": datetime.now(UTC)}
                 insert = (postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert)(profiles_t)
                 await conn.execute(insert.values(values).on_conflict_do_nothing())
-                row = (await conn.execute(select(P.id, P.dimensions).where(P.name == profile.name))).first()
+                row = (await conn.execute(select(*STORED).where(P.name == profile.name))).first()
                 if row is None:  # its key is another name's: 1 in 2 billion a pair
                     raise EmbeddingProfileError(f"profile {profile.name!r} hashes to another profile's key")
         if row is None:
             return None
-        if row.dimensions != profile.dimensions:
-            raise EmbeddingProfileError(f"profile {profile.name!r} is stored with {row.dimensions} dimensions")
+        if (row.dimensions, row.model, row.version) != (profile.dimensions, profile.model, profile.version):
+            stored = f"{row.model!r} at {row.dimensions} dimensions, version {row.version!r}"
+            raise EmbeddingProfileError(f"profile {profile.name!r} is stored as {stored}"[:400])
         self._profile_id = int(row.id)
         return self._profile_id
 
@@ -113,6 +119,10 @@ class Embeddings:
         embedder = self._need()
         if type(batch_size) is not int or not 1 <= batch_size <= 10_000:
             raise InvalidValueError(f"batch_size must be an int from 1 to 10000, not {batch_size!r}")
+        if limit is not None and (type(limit) is not int or limit < 1):
+            raise InvalidValueError(f"limit must be None or an int of at least 1, not {limit!r}"[:200])
+        if progress is not None and not callable(progress):
+            raise InvalidValueError(f"progress must be None or a callable taking a count, not {progress!r}"[:200])
         if self.db.settings.message_cipher or self.db.settings.keys:  # no text to embed; vectors would leak it
             raise ConfigurationError("a store with a message_cipher or keys keeps no text to embed: hybrid is off")
         pid = await self.profile_id(create=True)
