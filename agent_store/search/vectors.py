@@ -119,8 +119,8 @@ class Embeddings:
         embedder = self._need()
         if type(batch_size) is not int or not 1 <= batch_size <= 10_000:
             raise InvalidValueError(f"batch_size must be an int from 1 to 10000, not {batch_size!r}")
-        if limit is not None and (type(limit) is not int or limit < 1):
-            raise InvalidValueError(f"limit must be None or an int of at least 1, not {limit!r}"[:200])
+        if limit is not None and (type(limit) is not int or limit < 0):
+            raise InvalidValueError(f"limit must be None or an int of at least 0, not {limit!r}"[:200])
         if progress is not None and not callable(progress):
             raise InvalidValueError(f"progress must be None or a callable taking a count, not {progress!r}"[:200])
         if self.db.settings.message_cipher or self.db.settings.keys:  # no text to embed; vectors would leak it
