@@ -2,7 +2,7 @@
 a time on the same migrated schema: the policies' forms, which tables carry a real check, and the naming alone.
 Prints a table: S1's p50 per variant and its ratio to the switch off.
 
-    python bench/rls_variants.py [--reps 9] [--pg-url postgresql+asyncpg://postgres@127.0.0.1:5432/test]
+    python bench/rls_variants.py [--reps 5] [--runs 500] [--pg-url postgresql+asyncpg://...]
 
 Variants (each on a database of its own, migrated to head, as bench/rls.py's application role; the policies are
 changed with ALTER POLICY after the migration, never in the product):
@@ -12,8 +12,11 @@ changed with ALTER POLICY after the migration, never in the product):
 - ``on``: as shipped (migration 0024/0025).
 - ``on, direct``: each policy reads its setting directly, ``NULLIF(current_setting(...), '')``, instead of
   through ``(SELECT ...)``: no initplan per statement, the setting read per row (a GUC lookup).
+- ``on, direct inside the session-keyed EXISTS only``: only those nine policies' settings read directly.
 - ``on, session-keyed admit all (+ direct)``: the nine tables reached through ``agent_sessions`` admit every row:
   the best a ``user_id`` column compared directly on those rows could do.
+- ``on, user_id column: ...``: that column added (a default from the transaction's name), compared on read, and
+  on write either checked against the session by ``EXISTS`` or compared too; settings read directly.
 - ``on, every policy admits all``: the machinery and the naming, no check at all: the floor of any policy design.
 Every variant's store is open at once and S1's runs are interleaved (run n of each, in a rotating order): the
 machine's drift falls on all alike. Each figure is a median over repetitions of each variant's p50.
@@ -130,7 +133,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--runs", type=int, default=500)
     parser.add_argument("--pg-url", default=os.environ.get("AGENT_STORE_BENCH_PG_URL",
-                                                           "postgresql+asyncpg://postgres@127.0.0.1:5432/test"))
+                                                           "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres"))
     args = parser.parse_args()
     seen = asyncio.run(everything(args.pg_url, args.reps, args.runs))
     off = statistics.median(seen["off"])

@@ -19,7 +19,7 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -42,21 +42,20 @@ class EmbeddingProfile:
         return f"{self.model}/{self.dimensions}/{self.version}/{QUANTIZATION}"
 
 
-def check_profile(profile: object) -> EmbeddingProfile:
-    """``profile`` if it is one that can be stored and named once, else ``InvalidValueError``: a model (which may
-    hold ``/``, as a hub's ids do), whole dimensions, and a version without ``/``, so that read from the right
-    its name is one profile only (a model ``acme/256/1`` at version 2 and a model ``acme`` at ``1/256/2`` would
-    share a name); within the columns' sizes on both backends."""
-    model, dimensions, version = (getattr(profile, field, None) for field in ("model", "dimensions", "version"))
-    fine = (isinstance(profile, EmbeddingProfile) and isinstance(model, str) and isinstance(version, str)
-            and type(dimensions) is int and 1 <= dimensions <= 65_536 and model.strip() != "" and version.strip() != ""
-            and "/" not in version and len(version) <= 64 and len(profile.name) <= ID_MAX)  # fmt: skip
+def check_profile(profile: object) -> None:
+    """``InvalidValueError`` unless ``profile`` can be stored and named once: a model (which may hold ``/``, as a
+    hub's ids do), whole dimensions, and a version without ``/``, so that read from the right its name is one
+    profile only (a model ``acme/256/1`` at version 2 and a model ``acme`` at ``1/256/2`` would share a name);
+    within the columns' sizes on both backends."""
+    fine = (isinstance(profile, EmbeddingProfile) and isinstance(profile.model, str) and profile.model.strip() != ""
+            and type(profile.dimensions) is int and 1 <= profile.dimensions <= 65_536
+            and isinstance(profile.version, str) and profile.version.strip() != "" and "/" not in profile.version
+            and len(profile.version) <= 64 and len(profile.name) <= ID_MAX)  # fmt: skip
     if not fine:
         raise InvalidValueError(
             f"an embedder's profile is an EmbeddingProfile(model, dimensions, version): a model, 1 to 65536 whole "
             f"dimensions, a version of at most 64 characters without '/', a name within {ID_MAX}; not {profile!r}"[:400]
         )
-    return cast(EmbeddingProfile, profile)
 
 
 class Embedder(Protocol):
