@@ -6,8 +6,9 @@ wordllama's speed; this prints its recall@10 on the paraphrase set of tests/test
     python bench/static_distill.py
 
 Recall here is computed with numpy the way the store ranks (each user's vectors centered on their mean, cosine,
-top 10); e5's row checks that: it must match the README's e5 figures. Only the pieces the set's texts use are
-embedded (each piece's vector is computed alone, so the others cannot change these figures); the whole
+top 10); e5's row checks that: within 0.01 of the README's (the store ranks 4-bit vectors). Only the pieces
+the set's texts use are embedded (each piece's vector is computed alone, so the others cannot change these
+figures); the whole
 vocabulary (250,002 pieces) would take about 14 minutes at 300 pieces a second. Weights: none, or SIF
 (a / (a + p)) with a piece's probability taken from its rank, as Model2Vec does (pieces are stored by score).
 """
