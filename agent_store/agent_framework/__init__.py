@@ -7,6 +7,8 @@
     run_middleware.py     the size guard for tool results; continuing locally when the service forgot
     usage_recorder.py     UsageRecorder: each model call into the usage ledger (the providers add it themselves)
     search_tool.py        SearchHistoryProvider: a tool that searches the user's past conversations
+    vector_history.py     StoreVectorStore: the framework's VectorStoreHistoryProvider on the store's messages
+                          (imported on its own: the framework's vector stores are experimental, and say so)
     ag_ui.py              StoreThreadSnapshotStore for AG-UI front ends (the ag-ui extra; imported on its own)
     ag_ui_resume.py       resumable AG-UI runs: detached, journaled, replayed from any worker (ditto)
 

@@ -170,6 +170,19 @@ async def messages(
     return [_record(row, cipher, sealed_ok) for row in rows]
 
 
+@tenancy.for_user
+async def messages_by_ids(db: Database, user_id: str | None, message_ids: list[str]) -> list[MessageRecord]:
+    """The messages of ``user_id``'s sessions with these store ids (an index probe a session of the user's)."""
+    M = messages_t.c
+    owner = select(S.id).where(owner_is(S.user_id, user_id))
+    query = select(messages_t).where(M.message_id.in_(message_ids), M.session_id.in_(owner))
+    query = query.order_by(M.session_id, M.seq)
+    async with db.transaction(write=False, replica=True, doing="reading messages") as conn:
+        rows = (await conn.execute(query)).mappings().all()
+    cipher = await sealing.cipher_for(db, user_id)
+    return [_record(row, cipher, False) for row in rows]
+
+
 def _record(row: Any, cipher: message_rows.MessageCipher | None, sealed_ok: bool) -> MessageRecord:
     """A transcript's message. Under per-user keys its text column holds its blind index: the text is its
     body's, or none when the body was not opened (``sealed_ok``)."""
@@ -237,8 +250,10 @@ async def close(db: Database, session_id: str, user_id: str | None) -> None:
 
 
 @tenancy.for_user
-async def clear(db: Database, session_id: str, user_id: str | None) -> int:
-    """Delete the session's messages (its state stays); returns how many were deleted."""
+async def clear(db: Database, session_id: str, user_id: str | None, *, only: frozenset[str] | None = None) -> int:
+    """Delete the session's messages (its state stays); returns how many were deleted. ``only``: refused unless
+    those are the session's messages' ids, all of them (checked under the session's lock: a message written
+    meanwhile is never deleted unseen)."""
     async with db.transaction(write=True, doing="clearing a session") as conn:
         if (
             await conn.execute(
@@ -252,6 +267,10 @@ async def clear(db: Database, session_id: str, user_id: str | None) -> int:
         # points on it (0017) named messages that are gone; a branch reading them would lose its history.
         if (await conn.execute(select(S.id).where(S.base_id == session_id).limit(1))).first() is not None:
             raise InvalidValueError(f"session {session_id!r} has branches that read its history: delete them first")
+        M = messages_t.c
+        if only is not None and set((await conn.execute(select(M.message_id).where(M.session_id == session_id)))
+                                    .scalars()) != only:  # fmt: skip
+            raise InvalidValueError(f"session {session_id!r} holds other messages too: only its whole history goes")
         await conn.execute(delete(message_marks_t).where(message_marks_t.c.session_id == session_id))
         await cut_points(conn, session_id, None)
         return int((await conn.execute(delete(messages_t).where(messages_t.c.session_id == session_id))).rowcount)

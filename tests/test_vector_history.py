@@ -1,0 +1,124 @@
+"""Issue 40, point 5: the framework's own VectorStoreHistoryProvider on agent_store (StoreVectorStore), its records
+the store's messages (no copy of the history), on both backends, with the real Agent."""
+
+from __future__ import annotations
+
+import pytest
+from agent_framework import Agent, AgentSession, Message
+from agent_framework._vector_filters import Filter, FilterGroup
+from agent_framework._vectors import VectorStoreCollectionDefinition, VectorStoreField, VectorStoreHistoryProvider
+from agent_framework.exceptions import IntegrationException
+from helpers import rows
+
+from agent_store import ConfigurationError, InvalidValueError, SessionNotFoundError, Store
+from agent_store.agent_framework import StoreHistoryProvider
+from agent_store.agent_framework.vector_history import StoreVectorStore
+from agent_store.offline import OfflineChatClient
+
+pytestmark = pytest.mark.filterwarnings("ignore::agent_framework._feature_stage.ExperimentalWarning")
+
+
+def provider(store: Store, user: str = "alice", **options: object) -> VectorStoreHistoryProvider:
+    return VectorStoreHistoryProvider(StoreVectorStore(store, user_id=user), application_id="app", **options)  # type: ignore[arg-type]
+
+
+def agent(store: Store, user: str = "alice", **options: object) -> Agent:
+    return Agent(client=OfflineChatClient(), name="Bot", context_providers=[provider(store, user, **options)])
+
+
+async def stored(store: Store, session_id: str) -> list[tuple[object, ...]]:
+    return await rows(store, "SELECT role, text FROM agent_messages WHERE session_id = :s ORDER BY seq", s=session_id)
+
+
+async def test_the_framework_provider_remembers_across_restarts_in_the_store_s_own_rows(store: Store, url: str) -> None:
+    await agent(store).run("我叫李明", session=AgentSession(session_id="v1"))
+    async with Store.from_url(url) as again:  # another process, later
+        reply = await agent(again).run("我叫什么名字？", session=AgentSession(session_id="v1"))
+    assert reply.text == "你叫李明。"
+    # The records are the store's messages, readable with plain SQL, once each: no copy anywhere.
+    assert await stored(store, "v1") == [("user", "我叫李明"), ("assistant", "你好，李明！很高兴认识你。"),
+                                         ("user", "我叫什么名字？"), ("assistant", "你叫李明。")]  # fmt: skip
+    assert await rows(store, "SELECT user_id FROM agent_sessions WHERE id = 'v1'") == [("alice",)]
+    assert await rows(store, "SELECT count(*) FROM agent_messages") == [(4,)]
+    # And the store's own seams read the same history.
+    assert [m.text for m in (await store.load("v1", user_id="alice")).history][-1] == "你叫李明。"
+
+
+async def test_a_retried_save_stores_nothing_twice_and_keeps_the_order(store: Store) -> None:
+    history = provider(store)
+    said = [Message("user", [f"第{n}句"]) for n in range(5)]
+    await history.save_messages("v2", said)
+    await history.save_messages("v2", said)  # a retry: the same ids
+    assert [text for _, text in await stored(store, "v2")] == [f"第{n}句" for n in range(5)]
+    assert [m.text for m in await history.get_messages("v2")] == [f"第{n}句" for n in range(5)]
+    assert [m.message_id for m in await history.get_messages("v2")] == [m.message_id for m in said]
+
+
+async def test_another_user_reads_nothing_and_writes_nothing(store: Store) -> None:
+    await provider(store).save_messages("v3", [Message("user", ["alice's secret"])])
+    assert await provider(store, "bob").get_messages("v3") == []
+    with pytest.raises(IntegrationException) as refused:
+        await provider(store, "bob").save_messages("v3", [Message("user", ["bob was here"])])
+    assert isinstance(refused.value.__cause__, SessionNotFoundError)
+    assert await stored(store, "v3") == [("user", "alice's secret")]
+    keys = [r["id"] for r in await provider(store)._collection.get(filter=provider(store)._scope_filter("v3"))]
+    assert len(keys) == 1 and await provider(store, "bob")._collection.get(keys) == []
+
+
+async def test_scopes_and_collections_stay_apart_in_one_session(store: Store) -> None:
+    await provider(store).save_messages("v4", [Message("user", ["from the app"])])
+    await provider(store, source_id="other").save_messages("v4", [Message("user", ["from another source"])])
+    named = provider(store, collection_name="history_msgpack_v1", contents_format="msgpack")
+    await named.save_messages("v4", [Message("user", ["packed"])])
+    await StoreHistoryProvider(store, user_id="alice").save_messages("v4", [Message("user", ["the store's own"])])
+    assert [m.text for m in await provider(store).get_messages("v4")] == ["from the app"]
+    assert [m.text for m in await provider(store, source_id="other").get_messages("v4")] == ["from another source"]
+    assert [m.text for m in await named.get_messages("v4")] == ["packed"]
+    assert len(await stored(store, "v4")) == 4
+    names = await StoreVectorStore(store, user_id="alice").list_collection_names()
+    assert names == sorted(["history_msgpack_v1", provider(store).collection_name])
+
+
+async def test_a_changed_message_under_a_stored_id_is_refused_and_nothing_is_written(store: Store) -> None:
+    history = provider(store)
+    first = Message("user", ["the original"], message_id="m-1")
+    await history.save_messages("v5", [first])
+    with pytest.raises(InvalidValueError, match="another message"):
+        await history.save_messages("v5", [Message("user", ["a rewrite"], message_id="m-1"),
+                                           Message("user", ["new, in the same batch"])])  # fmt: skip
+    assert await stored(store, "v5") == [("user", "the original")]
+
+
+async def test_clear_deletes_the_session_s_records_but_never_a_message_it_did_not_name(store: Store) -> None:
+    history = provider(store)
+    await history.save_messages("v6", [Message("user", ["one"]), Message("assistant", ["two"])])
+    await history.clear("v6")
+    assert await stored(store, "v6") == [] and await history.get_messages("v6") == []
+    await history.save_messages("v6", [Message("user", ["three"])])
+    await StoreHistoryProvider(store, user_id="alice").save_messages("v6", [Message("user", ["not a record"])])
+    with pytest.raises(IntegrationException) as refused:
+        await history.clear("v6")
+    assert isinstance(refused.value.__cause__, InvalidValueError) and "other messages" in str(refused.value)
+    assert await stored(store, "v6") == [("user", "three"), ("user", "not a record")]
+
+
+async def test_what_it_cannot_do_is_refused_by_name(store: Store) -> None:
+    with pytest.raises(ConfigurationError, match="no provider vectors"):
+        StoreVectorStore(store, user_id="alice").get_collection(dict, collection_name="c", definition=(
+            VectorStoreCollectionDefinition([VectorStoreField("key", name="id", type_="str"),
+                                             VectorStoreField("vector", name="embedding", type_="float", dimensions=4)])
+        ))  # fmt: skip
+    with pytest.raises(ConfigurationError, match="history records"):
+        StoreVectorStore(store, user_id="alice").get_collection(dict, collection_name="c", definition=(
+            VectorStoreCollectionDefinition([VectorStoreField("key", name="id", type_="str"),
+                                             VectorStoreField("data", name="title", type_="str")])
+        ))  # fmt: skip
+    collection = provider(store)._collection
+    with pytest.raises(NotImplementedError, match="session_id"):
+        await collection.get(filter=Filter("application_id", "eq", "app"))
+    with pytest.raises(NotImplementedError, match="starts_with"):
+        await collection.get(filter=FilterGroup("and", [Filter("session_id", "eq", "v7"),
+                                                        Filter("agent_id", "starts_with", "a")]))  # fmt: skip
+    with pytest.raises(InvalidValueError):
+        StoreVectorStore(store, user_id="")
+    assert await rows(store, "SELECT count(*) FROM agent_messages") == [(0,)]
