@@ -9,6 +9,7 @@ from agent_framework._vector_filters import Filter, FilterGroup
 from agent_framework._vectors import VectorStoreCollectionDefinition, VectorStoreField, VectorStoreHistoryProvider
 from agent_framework.exceptions import IntegrationException
 from helpers import rows
+from sqlalchemy import text
 
 from agent_store import ConfigurationError, InvalidValueError, SessionNotFoundError, Store
 from agent_store.agent_framework import StoreHistoryProvider
@@ -102,8 +103,58 @@ async def test_clear_deletes_the_session_s_records_but_never_a_message_it_did_no
     assert await stored(store, "v6") == [("user", "three"), ("user", "not a record")]
 
 
+async def test_the_provider_s_own_vectors_and_search_tool_work_on_the_store(store: Store, url: str) -> None:
+    """The provider embeds with the framework's real OpenAI embedding client (the tests' own server); its vectors
+    are kept beside the messages in a profile of their own, and its search tool finds by meaning."""
+    from agent_framework_openai import OpenAIEmbeddingClient
+    from fake_openai import FakeOpenAI
+
+    server = FakeOpenAI().start()
+    try:
+        client = OpenAIEmbeddingClient(model="text-embedding-test", api_key="k", base_url=server.base_url)
+        options = {"collection_name": "hist", "embedding_generator": client, "include_search_tool": True,
+                   "embedding_options": {"dimensions": 256}}  # fmt: skip
+        history = provider(store, **options)
+        said = [Message("user", [t]) for t in ("I booked a flight to Paris for Friday", "Buy milk", "My dog is sick")]
+        await history.save_messages("v8", said)
+        await history.save_messages("v8", said)  # a retry: nothing twice, no second vector
+        profiles = "SELECT p.name, count(*) FROM agent_message_vectors v JOIN agent_embedding_profiles p ON p.id = "
+        named = [("agent-framework:hist/256/given/q4", 3)]
+        assert await rows(store, profiles + "v.profile_id GROUP BY p.name") == named
+        found = await history._create_search_tool("v8").invoke(arguments={"query": "airplane ticket"})
+        assert [c.text for c in found][:1] == ["[user] I booked a flight to Paris for Friday"] and len(found) == 3
+        scope = history._scope_filter("v8")
+        scored = [(h["record"]["message"], h["score"]) async for h in
+                  (await history._collection.search("my pet is unwell", filter=scope, top=3)).results]  # fmt: skip
+        assert scored[0][0] == said[2].to_json() and [s for _, s in scored] == sorted([s for _, s in scored])[::-1]
+        best = await history._collection.search("my pet is unwell", filter=scope, score_threshold=scored[0][1])
+        assert [h["record"]["id"] async for h in best.results] == [scored_id(scored[0][0], history)]
+        # A rewritten text loses its vector (the store's trigger): a vector never outlives the text it was made of.
+        async with store.engine.begin() as conn:
+            await conn.execute(text("UPDATE agent_messages SET text = 'Buy oat milk' WHERE seq = 1"))
+        await history.save_messages("v8", [Message("user", ["The vet said rest"])])
+        assert await rows(store, "SELECT seq FROM agent_message_vectors ORDER BY seq") == [(0,), (2,), (3,)]
+        with pytest.raises(ConfigurationError, match="keys or a message_cipher"):
+            async with Store.from_url(url, message_cipher=Reversing()) as ciphered:
+                provider(ciphered, **options)
+    finally:
+        server.stop()
+
+
+def scored_id(message_json: str, history: VectorStoreHistoryProvider) -> str:
+    return history._record_id("v8", Message.from_json(message_json).message_id or "")
+
+
+class Reversing:
+    def encrypt(self, value: str) -> str:
+        return value[::-1]
+
+    def decrypt(self, value: str) -> str:
+        return value[::-1]
+
+
 async def test_what_it_cannot_do_is_refused_by_name(store: Store) -> None:
-    with pytest.raises(ConfigurationError, match="no provider vectors"):
+    with pytest.raises(ConfigurationError, match="history records"):
         StoreVectorStore(store, user_id="alice").get_collection(dict, collection_name="c", definition=(
             VectorStoreCollectionDefinition([VectorStoreField("key", name="id", type_="str"),
                                              VectorStoreField("vector", name="embedding", type_="float", dimensions=4)])

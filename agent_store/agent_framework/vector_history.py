@@ -1,53 +1,52 @@
 """The framework's vector-store seam over agent_store's tables (issue 40): ``VectorStoreHistoryProvider`` runs on
 ``StoreVectorStore``, and its records are the store's own messages, never a copy of them.
 
-The provider owns its records' shape: an id it derives, scope fields (application, tenant, agent, source,
-session), nanosecond stamps, the message's JSON and its contents again. Here a record *is* a stored message:
-- its id is the message's store id (``additional_properties["agent_store_id"]``, the ``message_id`` column), so
+The provider owns its records' shape: a key it derives, scope fields (application, tenant, agent, source,
+session), nanosecond stamps, the message's JSON, its contents again, and with an embedding client a vector.
+Here a record *is* a stored message (vector_records.py):
+- its key is the message's store id (``additional_properties["agent_store_id"]``, the ``message_id`` column), so
   a retried save stores nothing twice;
 - its scope fields and stamps ride in the message's ``additional_properties["agent_store_record"]``, with the
   collection's name (sealed with the message under per-user keys);
 - ``session_id`` is the agent_store session (created for the store's user on first write), and ``contents`` is
-  derived from the message when read.
+  derived from the message when read;
+- its vector, if any, is kept beside the message at 4 bits a dimension in a profile of the collection's own.
 
 Writes go through a run's commit, one transaction per session in a batch (Run.unloaded: the erasure fence,
-per-user keys, row-level security's name). Reads are the user's: another user's session reads as empty.
+per-user keys, row-level security's name); the vectors follow in a short transaction of their own, never in the
+commit (the store's rule), and a retried save writes a vector that is missing. Reads are the user's: another
+user's session reads as empty.
 
 Refused, with a typed error, never done silently:
-- a definition other than the provider's history records, or one with vectors (``embedding_generator``):
-  search goes through ``store.search`` and ``SearchHistoryProvider`` (hybrid), whose vectors the store keeps;
-- listing records without a ``session_id`` equality in the filter (a scan of every session);
-- an upsert whose message differs from the stored one under the same id (history is written once);
-- a delete that is not a session's whole history (the provider's ``clear`` of a session it alone wrote).
+- a definition other than the provider's history records;
+- vectors in a store with per-user keys or a message cipher (a vector gives its text away);
+- listing or searching without a ``session_id`` equality in the filter (a scan of every session);
+- an upsert whose message differs from the stored one under the same key (history is written once);
+- a delete that is not a session's whole history (the provider's ``clear`` of a session it alone wrote);
+- vectors given back (``include_vectors``): they are kept at 4 bits, not as given.
 """
 
 from __future__ import annotations
 
-import base64
-import json
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from operator import itemgetter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import msgspec
 from agent_framework import AgentSession, Message
-from agent_framework._vector_filters import Filter, FilterGroup
-from agent_framework._vectors import BaseVectorCollection, BaseVectorStore, VectorStoreCollectionDefinition
+from agent_framework._vectors import BaseVectorCollection, BaseVectorSearch, BaseVectorStore, SearchResults
 
+from agent_store.agent_framework import vector_records as records
 from agent_store.db import codec, message_rows, tenancy
 from agent_store.errors import ConfigurationError, InvalidValueError, SessionNotFoundError
 from agent_store.operations import lifecycle
 from agent_store.run.commit import Run
+from agent_store.search.vectors import Embeddings
 
 if TYPE_CHECKING:
     from agent_store.store import Store
 
 __all__ = ["StoreHistoryCollection", "StoreVectorStore"]
-RECORD = "agent_store_record"  # where a record's scope fields and stamps ride in its message
-SCOPE = ("application_id", "tenant_id", "agent_id", "source_id")
-STAMPS = ("created_at", "modified_at")
-FIELDS = {"id", *SCOPE, "session_id", *STAMPS, "message", "contents"}  # the provider's history definition
 PAGE = 1000
 
 
@@ -60,8 +59,8 @@ class StoreVectorStore(BaseVectorStore):
         self.store, self.user_id = store, user_id
 
     def get_collection(
-        self, record_type: type[Any], *, definition: VectorStoreCollectionDefinition | None = None,
-        collection_name: str | None = None, embedding_generator: Any = None,
+        self, record_type: type[Any], *, definition: Any = None, collection_name: str | None = None,
+        embedding_generator: Any = None,
     ) -> StoreHistoryCollection:  # fmt: skip
         return StoreHistoryCollection(self, record_type, definition=definition, collection_name=collection_name,
                                       embedding_generator=embedding_generator)  # fmt: skip
@@ -73,7 +72,9 @@ class StoreVectorStore(BaseVectorStore):
         while True:
             page = await self.store.list_sessions(user_id=self.user_id, cursor=cursor, limit=200)
             for info in page.items:
-                names.update(str(r[RECORD]["collection"]) for r in await self._tagged(info.id))
+                for body in await bodies(self, info.id):
+                    if (tag := records.tag_of(body)) is not None:
+                        names.add(str(tag["collection"]))
             if (cursor := page.next_cursor) is None:
                 return sorted(names)
 
@@ -82,40 +83,41 @@ class StoreVectorStore(BaseVectorStore):
     ) -> None:
         raise NotImplementedError("agent_store deletes history by session: store.delete(session_id) or clear()")
 
-    async def _tagged(self, session_id: str) -> list[dict[str, Any]]:
-        """Every message of ``session_id`` that is a record of some collection: its body, in the stored order."""
-        out, after = [], -1
-        while True:
-            try:
-                rows = await self.store.messages(session_id, user_id=self.user_id, after_seq=after, limit=PAGE)
-            except SessionNotFoundError:  # no such session, or another user's: no records
-                return []
-            out += [r.body["additional_properties"] for r in rows if _tag(r.body) is not None]
-            if len(rows) < PAGE:
-                return out
-            after = rows[-1].seq
+
+async def bodies(vectors: StoreVectorStore, session_id: str) -> list[dict[str, Any]]:
+    """Every message of the user's session ``session_id`` (none for another user's, or no such session)."""
+    out, after = [], -1
+    while True:
+        try:
+            rows = await vectors.store.messages(session_id, user_id=vectors.user_id, after_seq=after, limit=PAGE)
+        except SessionNotFoundError:
+            return []
+        out += [r.body for r in rows]
+        if len(rows) < PAGE:
+            return out
+        after = rows[-1].seq
 
 
-def _tag(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    found = body.get("additional_properties", {}).get(RECORD)
-    return found if isinstance(found, Mapping) else None
-
-
-class StoreHistoryCollection(BaseVectorCollection[str, Any]):
+class StoreHistoryCollection(BaseVectorCollection[str, Any], BaseVectorSearch[str, Any]):
     """One collection of the framework's history records (see the module's text)."""
+
+    supported_search_types: ClassVar[set[Any]] = {"vector"}
 
     def __init__(self, vectors: StoreVectorStore, record_type: type[Any], **kwargs: Any) -> None:
         super().__init__(record_type, **kwargs)
-        names = set(self.definition.names)
-        if self.definition.vector_fields:
-            raise ConfigurationError(
-                "StoreVectorStore keeps no provider vectors: search history with store.search or "
-                "SearchHistoryProvider (hybrid, with the store's embedder), not a provider embedding_generator"
-            )
-        if names != FIELDS or self.definition.key_field.name != "id":
+        names, fields = set(self.definition.names), self.definition.vector_fields
+        if names - {records.VECTOR} != records.FIELDS or self.definition.key_field.name != "id" or (
+            fields and (fields[0].name != records.VECTOR or fields[0].distance_function != "cosine_similarity")
+        ):
             raise ConfigurationError(f"StoreVectorStore holds the framework's history records, not {sorted(names)}")
         codec.check_id(self.collection_name, "collection_name", required=True)
         self.vectors, self.store, self.user_id = vectors, vectors.store, vectors.user_id
+        self.embeddings: Embeddings | None = None
+        if fields:
+            if self.store.db.settings.message_cipher or self.store.db.settings.keys:
+                raise ConfigurationError("a store with keys or a message_cipher keeps no vectors: they give text away")
+            given = records.GivenVectors(self.collection_name, int(fields[0].dimensions or 0))
+            self.embeddings = Embeddings(self.store.db, given)
 
     async def ensure_collection_exists(self, *, operation_options: Mapping[str, Any] | None = None) -> None:
         return None  # its tables are the store's, made by its migrations
@@ -127,52 +129,32 @@ class StoreHistoryCollection(BaseVectorCollection[str, Any]):
         await self.vectors._inner_ensure_collection_deleted(self.collection_name)
 
     async def _inner_upsert(
-        self, records: Sequence[Any], *, operation_options: Mapping[str, Any] | None = None
+        self, given: Sequence[Any], *, operation_options: Mapping[str, Any] | None = None
     ) -> Sequence[str]:
+        messages = [records.message_of(r, self.collection_name, vectors=self.embeddings is not None) for r in given]
+        stored = {r["id"]: r for r in await self._by_keys([str(r["id"]) for r in given])}
         by_session: dict[str, list[Message]] = {}
-        for record in records:
-            message = self._message(record)
-            by_session.setdefault(record["session_id"], []).append(message)
-        stored = {r["id"]: r for r in await self._by_keys([str(r["id"]) for r in records])}
-        for session_id, messages in by_session.items():
-            new = [m for m in messages if not self._same_as_stored(m, stored)]
-            if new:
-                run = Run.unloaded(self.store.db, AgentSession(session_id=session_id), user_id=self.user_id,
-                                   read_at=datetime.now(UTC))  # fmt: skip
-                run.add_messages(new)
-                await run.commit()
-        return [str(r["id"]) for r in records]
-
-    def _message(self, record: Any) -> Message:
-        """The stored form of one record: its message, carrying its id, scope and stamps."""
-        if not isinstance(record, Mapping) or set(record) - {"embedding"} != FIELDS:
-            raise InvalidValueError(f"a history record has the fields {sorted(FIELDS)}")
-        codec.check_id(record["id"], "a record's id", required=True)
-        codec.check_id(record["session_id"], "session_id", required=True)
-        for name in SCOPE:
-            if not isinstance(record[name], str):
-                raise InvalidValueError(f"a record's {name} must be a string, not {type(record[name]).__name__}")
-        for name in STAMPS:
-            if not isinstance(record[name], int) or isinstance(record[name], bool):
-                raise InvalidValueError(f"a record's {name} must be whole nanoseconds")
-        if not isinstance(record["message"], str):
-            raise InvalidValueError("a record's message must be the JSON of a Message")
-        try:
-            message = Message.from_json(record["message"])
-        except (TypeError, ValueError) as exc:
-            raise InvalidValueError(f"record {record['id']!r} holds no Message: {exc}") from exc
-        message.additional_properties[message_rows.STORE_ID] = record["id"]
-        packed = not str(record["contents"]).startswith("[")  # the provider's msgpack contents are base64
-        message.additional_properties[RECORD] = {"collection": self.collection_name, "msgpack": packed,
-                                                 **{k: record[k] for k in (*SCOPE, *STAMPS)}}  # fmt: skip
-        return message
+        for record, message in zip(given, messages, strict=True):
+            if not self._same_as_stored(message, stored):
+                by_session.setdefault(record["session_id"], []).append(message)
+        for session_id, new in by_session.items():
+            run = Run.unloaded(self.store.db, AgentSession(session_id=session_id), user_id=self.user_id,
+                               read_at=datetime.now(UTC))  # fmt: skip
+            run.add_messages(new)
+            await run.commit()
+        if self.embeddings is not None:  # after the commit, as the store's backfill: a retry writes what is missing
+            rows = {r.message_id: r for r in await self._rows([str(r["id"]) for r in given])}
+            keep = [(rows[str(r["id"])], r[records.VECTOR]) for r in given if str(r["id"]) in rows]
+            with tenancy.acting_as(self.user_id):
+                await records.write_vectors(self.embeddings, [r for r, _ in keep], [v for _, v in keep])
+        return [str(r["id"]) for r in given]
 
     def _same_as_stored(self, message: Message, stored: Mapping[str, dict[str, Any]]) -> bool:
         """Whether the record is stored already (a retry); refused when its message differs (written once)."""
         key = message.additional_properties[message_rows.STORE_ID]
         if key not in stored:
             return False
-        if _plain(Message.from_json(stored[key]["message"])).to_dict() != _plain(message).to_dict():
+        if records.plain(Message.from_json(stored[key]["message"])).to_dict() != records.plain(message).to_dict():
             raise InvalidValueError(f"record {key!r} is stored with another message: agent_store writes history once")
         return True
 
@@ -181,100 +163,61 @@ class StoreHistoryCollection(BaseVectorCollection[str, Any]):
         order_by: Mapping[str, bool] | None = None, include_vectors: bool = False,
         operation_options: Mapping[str, Any] | None = None,
     ) -> Sequence[Any] | None:  # fmt: skip
+        if include_vectors:
+            raise NotImplementedError("StoreVectorStore keeps vectors at 4 bits: it does not give them back")
         if keys is not None:
             return await self._by_keys([str(k) for k in keys])
-        session_id = _session_of(filter)
-        _check(filter)
-        every = [self._record(b, session_id) for b in await self._bodies(session_id)]
-        found = [r for r in every if r is not None and _matches(filter, r)]
+        found = await self._listed(filter)
         for name, ascending in reversed(list((order_by or {"created_at": True, "id": True}).items())):
-            if name not in FIELDS:
+            if name not in records.FIELDS:
                 raise ValueError(f"order field {name!r} is not a history record's")
             found.sort(key=itemgetter(name), reverse=not ascending)
         return found[skip : skip + top]
 
-    async def _bodies(self, session_id: str) -> list[dict[str, Any]]:
-        out, after = [], -1
-        while True:
-            try:
-                rows = await self.store.messages(session_id, user_id=self.user_id, after_seq=after, limit=PAGE)
-            except SessionNotFoundError:  # no such session (yet), or another user's: no records
-                return []
-            out += [r.body for r in rows]
-            if len(rows) < PAGE:
-                return out
-            after = rows[-1].seq
+    async def _listed(self, expression: Any) -> list[dict[str, Any]]:
+        session_id = records.session_of(expression)
+        every = [records.record_of(b, session_id, self.collection_name) for b in await bodies(self.vectors, session_id)]
+        return [r for r in every if r is not None and records.matches(expression, r)]
 
-    def _record(self, body: dict[str, Any], session_id: str) -> dict[str, Any] | None:
-        """The record a stored message is, or None for a message that is not one of this collection's."""
-        tag = _tag(body)
-        if tag is None or tag.get("collection") != self.collection_name:
-            return None
-        message = Message.from_dict(body)
-        key = message.additional_properties[message_rows.STORE_ID]
-        plain = _plain(message)
-        contents = [c.to_dict() for c in plain.contents]
-        packed = base64.b64encode(msgspec.msgpack.encode(contents)).decode("ascii") if tag.get("msgpack") else None
-        return {"id": key, **{k: tag[k] for k in (*SCOPE, *STAMPS)}, "session_id": session_id,
-                "message": plain.to_json(), "contents": packed or json.dumps(contents)}  # fmt: skip
+    async def _inner_search(
+        self, *, search_type: Any, filter: Any = None, values: Any = None, vector: Any = None, top: int = 3,
+        skip: int = 0, include_vectors: bool = False, vector_property_name: str | None = None,
+        additional_property_name: str | None = None, score_threshold: float | None = None,
+        operation_options: Mapping[str, Any] | None = None,
+    ) -> SearchResults[Any]:  # fmt: skip
+        """The session's records by cosine similarity to ``vector`` (as stored: 4 bits a dimension), best first;
+        ``score_threshold`` keeps those at or above it."""
+        if self.embeddings is None or vector is None or search_type != "vector":
+            raise NotImplementedError("StoreVectorStore searches by vector a collection that has vectors")
+        if include_vectors:
+            raise NotImplementedError("StoreVectorStore keeps vectors at 4 bits: it does not give them back")
+        listed = {r["id"]: r for r in await self._listed(filter)}  # the user's own session, or nothing
+        by_seq = {r.seq: r.message_id for r in await self._rows(list(listed))}
+        scored = [(listed[by_seq[seq]], score) for seq, score in
+                  await records.ranked(self.store.db, self.embeddings, records.session_of(filter), vector)
+                  if seq in by_seq and (score_threshold is None or score >= score_threshold)]  # fmt: skip
+        return SearchResults([{"record": r, "score": s} for r, s in scored[skip : skip + top]])
 
-    async def _by_keys(self, keys: list[str]) -> list[dict[str, Any]]:
-        if not keys:
-            return []
+    def _get_record_from_result(self, result: Any) -> Any:
+        return result["record"]
+
+    def _get_score_from_result(self, result: Any) -> float | None:
+        return float(result["score"])
+
+    async def _rows(self, keys: list[str]) -> list[Any]:
         for key in keys:
             codec.check_id(key, "a record's id", required=True)
-        with tenancy.acting_as(self.user_id):
-            rows = await lifecycle.messages_by_ids(self.store.db, self.user_id, keys)
-        found = [self._record(r.body, r.session_id) for r in rows]
+        if not keys:
+            return []
+        return await lifecycle.messages_by_ids(self.store.db, self.user_id, keys)
+
+    async def _by_keys(self, keys: list[str]) -> list[dict[str, Any]]:
+        found = [records.record_of(r.body, r.session_id, self.collection_name) for r in await self._rows(keys)]
         return [r for r in found if r is not None]
 
     async def _inner_delete(self, keys: Sequence[str], *, operation_options: Mapping[str, Any] | None = None) -> None:
-        rows = await self._by_keys([str(k) for k in keys])
         by_session: dict[str, set[str]] = {}
-        for row in rows:
+        for row in await self._by_keys([str(k) for k in keys]):
             by_session.setdefault(row["session_id"], set()).add(row["id"])
         for session_id, wanted in by_session.items():
             await lifecycle.clear(self.store.db, session_id, self.user_id, only=frozenset(wanted))
-
-
-def _plain(message: Message) -> Message:
-    """``message`` without what the store added to it (its id and the record's tag)."""
-    plain = Message.from_dict(message.to_dict())
-    plain.additional_properties.pop(RECORD, None)
-    plain.additional_properties.pop(message_rows.STORE_ID, None)
-    return plain
-
-
-def _session_of(expression: Any) -> str:
-    """The session an ``and`` of the filter names by equality: a listing reads one session, never them all."""
-    grouped = isinstance(expression, FilterGroup) and expression.operator == "and"
-    leaves = expression.filters if grouped else [expression]
-    for leaf in leaves:
-        if isinstance(leaf, Filter) and leaf.field_name == "session_id" and leaf.operator == "eq":
-            if isinstance(leaf.value, str) and leaf.value:
-                return leaf.value
-    raise NotImplementedError("StoreVectorStore lists records of one session: filter on session_id 'eq'")
-
-
-def _check(expression: Any) -> None:
-    """Refuse an operator the listing does not evaluate, before anything is read."""
-    if isinstance(expression, FilterGroup):
-        for item in expression.filters:
-            _check(item)
-    elif expression.operator not in ("eq", "ne", "in", "not_in"):
-        raise NotImplementedError(f"StoreVectorStore filters by eq, ne, in and not_in, not {expression.operator!r}")
-
-
-def _matches(expression: Any, record: Mapping[str, Any]) -> bool:
-    if isinstance(expression, FilterGroup):
-        results = [_matches(f, record) for f in expression.filters]
-        if expression.operator == "not":
-            return not results[0] if results else True
-        return all(results) if expression.operator == "and" else any(results)
-    value, operand = record.get(expression.field_name), expression.value
-    if expression.operator == "eq":
-        return bool(value == operand)
-    if expression.operator == "ne":
-        return bool(value != operand)
-    return bool((value in list(operand)) == (expression.operator == "in"))
-
