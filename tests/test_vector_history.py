@@ -129,6 +129,8 @@ async def test_the_provider_s_own_vectors_and_search_tool_work_on_the_store(stor
         assert scored[0][0] == said[2].to_json() and [s for _, s in scored] == sorted([s for _, s in scored])[::-1]
         best = await history._collection.search("my pet is unwell", filter=scope, score_threshold=scored[0][1])
         assert [h["record"]["id"] async for h in best.results] == [scored_id(scored[0][0], history)]
+        hits = await provider(store, "bob", **options)._collection.search("my pet is unwell", filter=scope)
+        assert [h async for h in hits.results] == []  # alice's session, searched by bob: nothing
         # A rewritten text loses its vector (the store's trigger): a vector never outlives the text it was made of.
         async with store.engine.begin() as conn:
             await conn.execute(text("UPDATE agent_messages SET text = 'Buy oat milk' WHERE seq = 1"))

@@ -192,6 +192,8 @@ class StoreHistoryCollection(BaseVectorCollection[str, Any], BaseVectorSearch[st
         if include_vectors:
             raise NotImplementedError("StoreVectorStore keeps vectors at 4 bits: it does not give them back")
         listed = {r["id"]: r for r in await self._listed(filter)}  # the user's own session, or nothing
+        if not listed:
+            return SearchResults([])
         by_seq = {r.seq: r.message_id for r in await self._rows(list(listed))}
         scored = [(listed[by_seq[seq]], score) for seq, score in
                   await records.ranked(self.store.db, self.embeddings, records.session_of(filter), vector)
