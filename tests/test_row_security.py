@@ -464,3 +464,33 @@ async def test_a_failed_runs_tokens_are_charged_to_its_user_under_the_applicatio
                 await agent.run("what is my name?", session=session)
                 raise RuntimeError("the app failed after the model call")
         assert used > 0 and (await store.usage.budget(user_id="carol")).used > used  # type: ignore[union-attr]
+
+
+async def test_the_frameworks_vector_history_provider_under_the_application_role(bed: Bed) -> None:
+    """StoreVectorStore (issue 40) under row-level security: its reads, writes, vectors and search name the user."""
+    from agent_framework._vectors import VectorStoreHistoryProvider
+    from agent_framework_openai import OpenAIEmbeddingClient
+    from fake_openai import FakeOpenAI
+
+    from agent_store.agent_framework.vector_history import StoreVectorStore
+
+    server = FakeOpenAI().start()
+    try:
+        client = OpenAIEmbeddingClient(model="text-embedding-test", api_key="k", base_url=server.base_url)
+        async with Store.from_url(bed.app_url) as store:
+            def history(user: str) -> VectorStoreHistoryProvider:
+                return VectorStoreHistoryProvider(StoreVectorStore(store, user_id=user), application_id="app",
+                                                  collection_name="hist", embedding_generator=client,
+                                                  embedding_options={"dimensions": 256})  # fmt: skip
+            said = [Message("user", ["I booked a flight to Paris"]), Message("user", ["Buy milk"])]
+            await history("carol").save_messages("vh", said)
+            assert store.db.row_security is True
+            assert [m.text for m in await history("carol").get_messages("vh")] == [m.text for m in said]
+            scope = history("carol")._scope_filter("vh")
+            found = await history("carol")._collection.search("airplane ticket", filter=scope, top=1)
+            assert [h["record"]["message"] async for h in found.results] == [said[0].to_json()]
+            assert await history("dave").get_messages("vh") == []
+            theirs = await history("dave")._collection.search("airplane ticket", filter=scope)
+            assert [h async for h in theirs.results] == []
+    finally:
+        server.stop()

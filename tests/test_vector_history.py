@@ -84,7 +84,7 @@ async def test_a_changed_message_under_a_stored_id_is_refused_and_nothing_is_wri
     history = provider(store)
     first = Message("user", ["the original"], message_id="m-1")
     await history.save_messages("v5", [first])
-    with pytest.raises(InvalidValueError, match="another message"):
+    with pytest.raises(InvalidValueError, match="another record"):
         await history.save_messages("v5", [Message("user", ["a rewrite"], message_id="m-1"),
                                            Message("user", ["new, in the same batch"])])  # fmt: skip
     assert await stored(store, "v5") == [("user", "the original")]
@@ -175,3 +175,76 @@ async def test_what_it_cannot_do_is_refused_by_name(store: Store) -> None:
     with pytest.raises(InvalidValueError):
         StoreVectorStore(store, user_id="")
     assert await rows(store, "SELECT count(*) FROM agent_messages") == [(0,)]
+
+
+async def test_a_fork_s_copies_are_not_records_and_clearing_the_fork_leaves_the_original(store: Store) -> None:
+    """The outside review's A: a fork copies messages with their ids; clearing it deleted the original's."""
+    history = provider(store)
+    await history.save_messages("v9", [Message("user", ["one"]), Message("assistant", ["two"])])
+    await store.fork("v9", user_id="alice", new_id="v9-fork")
+    assert await history.get_messages("v9-fork") == []  # their keys name v9: not the fork's records
+    await history.clear("v9-fork")
+    assert [t for _, t in await stored(store, "v9")] == ["one", "two"]
+    assert [t for _, t in await stored(store, "v9-fork")] == ["one", "two"]
+    keys = [r["id"] for r in await history._collection.get(filter=history._scope_filter("v9"))]
+    assert len(await history._collection.get(keys)) == 2  # once each, not once a session
+
+
+async def test_a_key_taken_in_its_session_is_refused_not_skipped(store: Store) -> None:
+    """The outside review's B and D: a second collection's record, or a store message, under a key taken in its
+    session; one key twice in a batch as two records; another scope under a stored key."""
+    said = Message("user", ["shared"], message_id="m-2")
+    await provider(store).save_messages("v10", [said])
+    other = provider(store, collection_name="other_v1")
+    with pytest.raises(InvalidValueError, match="not a record of collection 'other_v1'"):
+        await other.save_messages("v10", [Message("user", ["shared"], message_id="m-2")])
+    collection, scope = provider(store)._collection, provider(store)._scope_filter("v10")
+    (first,) = await collection.get(filter=scope)
+    with pytest.raises(InvalidValueError, match="given twice"):
+        changed = Message("user", ["x"]).to_json()
+        await collection.upsert([{**first, "id": "k-3"}, {**first, "id": "k-3", "message": changed}])
+    with pytest.raises(InvalidValueError, match="stored as another record"):
+        await collection.upsert([{**first, "source_id": "elsewhere"}])
+    mine = Message("user", ["the store's own"], message_id="x-1")
+    await StoreHistoryProvider(store, user_id="alice").save_messages("v10", [mine])
+    (own,) = [r for _, r in await rows(store, "SELECT seq, message_id FROM agent_messages WHERE seq = 1")]
+    with pytest.raises(InvalidValueError, match="not a record"):
+        await collection.upsert([{**first, "id": own}])
+    assert [t for _, t in await stored(store, "v10")] == ["shared", "the store's own"]
+
+
+async def test_a_save_after_erasure_of_what_was_read_before_it_is_refused(store: Store) -> None:
+    """The outside review's C: the erasure fence dates a save from this process's first read of its session."""
+    import asyncio
+
+    history = provider(store)
+    await history.save_messages("v11", [Message("user", ["before"])])
+    assert [m.text for m in await history.get_messages("v11")] == ["before"]  # the run's read
+    await store.erase_user("alice")
+    await asyncio.sleep(1.2)  # a slow model call: past the fence's margin
+    with pytest.raises(IntegrationException):
+        await history.save_messages("v11", [Message("user", ["before"]), Message("assistant", ["after"])])
+    assert await rows(store, "SELECT count(*) FROM agent_messages") == [(0,)]
+
+
+async def test_hostile_records_are_typed_errors_and_round_trips_are_exact(store: Store) -> None:
+    """The outside review's E, F and G."""
+    history = provider(store)
+    collection = history._collection
+    good = Message("user", ["hello"], message_id="m-4", additional_properties={"agent_store_id": "mine"})
+    await history.save_messages("v12", [good])
+    (record,) = await collection.get(filter=history._scope_filter("v12"))
+    assert record["contents"] == history._serialize_contents(good)  # the provider's own encoding
+    assert Message.from_json(record["message"]).additional_properties == {"agent_store_id": "mine"}
+    role5 = Message("user", ["x"]).to_json().replace('"user"', "5")
+    for change in ({"message": "[1, 2]"}, {"message": "null"}, {"id": "~x"}, {"created_at": 2**70},
+                   {"message": role5}, {"contents": None}):  # fmt: skip
+        with pytest.raises((InvalidValueError, TypeError)):
+            await collection.upsert([{**record, "id": "k-5", **change}])
+    assert len(await stored(store, "v12")) == 1
+    with pytest.raises(TypeError, match="boolean"):
+        await collection.get(filter=history._scope_filter("v12"), order_by={"created_at": 1})
+    await StoreHistoryProvider(store, user_id="alice").save_messages(
+        "v12", [Message("user", ["spoof"], additional_properties={"agent_store_record": {"foo": 1}})])
+    assert await StoreVectorStore(store, user_id="alice").list_collection_names() == [history.collection_name]
+    assert len(await stored(store, "v12")) == 2

@@ -37,10 +37,11 @@ from agent_framework import AgentSession, Message
 from agent_framework._vectors import BaseVectorCollection, BaseVectorSearch, BaseVectorStore, SearchResults
 
 from agent_store.agent_framework import vector_records as records
-from agent_store.db import codec, message_rows, tenancy
+from agent_store.db import codec, tenancy
 from agent_store.errors import ConfigurationError, InvalidValueError, SessionNotFoundError
 from agent_store.operations import lifecycle
 from agent_store.run.commit import Run
+from agent_store.run.read_times import ReadTimes
 from agent_store.search.vectors import Embeddings
 
 if TYPE_CHECKING:
@@ -57,6 +58,7 @@ class StoreVectorStore(BaseVectorStore):
         codec.check_id(user_id, "user_id")
         super().__init__()
         self.store, self.user_id = store, user_id
+        self.reads = ReadTimes()  # each session's earliest read here: a save dates from it (the erasure fence)
 
     def get_collection(
         self, record_type: type[Any], *, definition: Any = None, collection_name: str | None = None,
@@ -131,32 +133,39 @@ class StoreHistoryCollection(BaseVectorCollection[str, Any], BaseVectorSearch[st
     async def _inner_upsert(
         self, given: Sequence[Any], *, operation_options: Mapping[str, Any] | None = None
     ) -> Sequence[str]:
-        messages = [records.message_of(r, self.collection_name, vectors=self.embeddings is not None) for r in given]
-        stored = {r["id"]: r for r in await self._by_keys([str(r["id"]) for r in given])}
+        """Checks the whole batch before writing any of it; then one commit a session, and the vectors."""
+        batch: dict[str, Message] = {}
+        for record in given:
+            message = records.message_of(record, self.collection_name, vectors=self.embeddings is not None)
+            first = batch.setdefault(record["id"], message)
+            if first is not message and not records.same_record(records.tagged(first), message):
+                raise InvalidValueError(f"record {record['id']!r} is given twice, as two records")
+        stored = await self._rows(list(batch))
         by_session: dict[str, list[Message]] = {}
-        for record, message in zip(given, messages, strict=True):
-            if not self._same_as_stored(message, stored):
-                by_session.setdefault(record["session_id"], []).append(message)
-        for session_id, new in by_session.items():
+        for key, message in batch.items():
+            session_id = message.additional_properties[records.RECORD]["session_id"]
+            here = [r for r in stored if r.message_id == key and r.session_id == session_id]
+            if not here:
+                by_session.setdefault(session_id, []).append(message)
+                continue
+            record = records.record_of(here[0].body, session_id, self.collection_name)
+            if record is None:
+                raise InvalidValueError(f"{key!r} is a message of session {session_id!r} but not a record of "
+                                        f"collection {self.collection_name!r}: keys are one a session")  # fmt: skip
+            if not records.same_record(record, message):
+                raise InvalidValueError(f"record {key!r} is stored as another record: agent_store writes history once")
+        for session_id, new in by_session.items():  # dated from this process's first read of it (the fence)
             run = Run.unloaded(self.store.db, AgentSession(session_id=session_id), user_id=self.user_id,
-                               read_at=datetime.now(UTC))  # fmt: skip
+                               read_at=self.vectors.reads.earliest(session_id))  # fmt: skip
             run.add_messages(new)
             await run.commit()
         if self.embeddings is not None:  # after the commit, as the store's backfill: a retry writes what is missing
-            rows = {r.message_id: r for r in await self._rows([str(r["id"]) for r in given])}
-            keep = [(rows[str(r["id"])], r[records.VECTOR]) for r in given if str(r["id"]) in rows]
+            rows = {(r.session_id, r.message_id): r for r in await self._rows(list(batch))}
+            keep = [(rows[(r["session_id"], r["id"])], r[records.VECTOR]) for r in given
+                    if (r["session_id"], r["id"]) in rows]  # fmt: skip
             with tenancy.acting_as(self.user_id):
                 await records.write_vectors(self.embeddings, [r for r, _ in keep], [v for _, v in keep])
         return [str(r["id"]) for r in given]
-
-    def _same_as_stored(self, message: Message, stored: Mapping[str, dict[str, Any]]) -> bool:
-        """Whether the record is stored already (a retry); refused when its message differs (written once)."""
-        key = message.additional_properties[message_rows.STORE_ID]
-        if key not in stored:
-            return False
-        if records.plain(Message.from_json(stored[key]["message"])).to_dict() != records.plain(message).to_dict():
-            raise InvalidValueError(f"record {key!r} is stored with another message: agent_store writes history once")
-        return True
 
     async def _inner_get(
         self, *, keys: Sequence[str] | None = None, filter: Any = None, top: int = 10, skip: int = 0,
@@ -171,11 +180,14 @@ class StoreHistoryCollection(BaseVectorCollection[str, Any], BaseVectorSearch[st
         for name, ascending in reversed(list((order_by or {"created_at": True, "id": True}).items())):
             if name not in records.FIELDS:
                 raise ValueError(f"order field {name!r} is not a history record's")
+            if not isinstance(ascending, bool):
+                raise TypeError(f"order direction for field {name!r} must be a boolean")
             found.sort(key=itemgetter(name), reverse=not ascending)
         return found[skip : skip + top]
 
     async def _listed(self, expression: Any) -> list[dict[str, Any]]:
         session_id = records.session_of(expression)
+        self.vectors.reads.read(session_id, datetime.now(UTC))  # what a later save carries was read from here on
         every = [records.record_of(b, session_id, self.collection_name) for b in await bodies(self.vectors, session_id)]
         return [r for r in every if r is not None and records.matches(expression, r)]
 
@@ -194,9 +206,11 @@ class StoreHistoryCollection(BaseVectorCollection[str, Any], BaseVectorSearch[st
         listed = {r["id"]: r for r in await self._listed(filter)}  # the user's own session, or nothing
         if not listed:
             return SearchResults([])
-        by_seq = {r.seq: r.message_id for r in await self._rows(list(listed))}
-        scored = [(listed[by_seq[seq]], score) for seq, score in
-                  await records.ranked(self.store.db, self.embeddings, records.session_of(filter), vector)
+        session_id = records.session_of(filter)
+        by_seq = {r.seq: r.message_id for r in await self._rows(list(listed)) if r.session_id == session_id}
+        with tenancy.acting_as(self.user_id):
+            ranking = await records.ranked(self.store.db, self.embeddings, session_id, vector)
+        scored = [(listed[by_seq[seq]], score) for seq, score in ranking
                   if seq in by_seq and (score_threshold is None or score >= score_threshold)]  # fmt: skip
         return SearchResults([{"record": r, "score": s} for r, s in scored[skip : skip + top]])
 

@@ -11,7 +11,6 @@ another embedder's, deleted with their message or when its text changes.
 from __future__ import annotations
 
 import base64
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -35,53 +34,83 @@ OPERATORS = ("eq", "ne", "in", "not_in")
 
 
 def message_of(record: Any, collection: str, *, vectors: bool) -> Message:
-    """The stored form of one record: its message, carrying its key, scope and stamps."""
+    """The stored form of one record: its message, carrying its key, session, scope and stamps."""
     if not isinstance(record, Mapping) or set(record) - {VECTOR} != FIELDS or (VECTOR in record) != vectors:
         raise InvalidValueError(f"a history record has the fields {sorted(FIELDS | ({VECTOR} if vectors else set()))}")
     codec.check_id(record["id"], "a record's id", required=True)
     codec.check_id(record["session_id"], "session_id", required=True)
+    if record["id"].startswith(message_rows.NO_ID_PREFIX):
+        raise InvalidValueError(f"a record's id may not start with {message_rows.NO_ID_PREFIX!r} (the store's mark)")
     for name in SCOPE:
         if not isinstance(record[name], str):
             raise InvalidValueError(f"a record's {name} must be a string, not {type(record[name]).__name__}")
     for name in STAMPS:
-        if not isinstance(record[name], int) or isinstance(record[name], bool):
-            raise InvalidValueError(f"a record's {name} must be whole nanoseconds")
+        if type(record[name]) is not int or not 0 <= record[name] < 2**63:
+            raise InvalidValueError(f"a record's {name} must be whole nanoseconds (0 to 2**63 - 1)")
     if not isinstance(record["message"], str) or not isinstance(record["contents"], str):
         raise InvalidValueError("a record's message is the JSON of a Message, and its contents a string")
     try:
         message = Message.from_json(record["message"])
-    except (TypeError, ValueError) as exc:
+    except (AttributeError, TypeError, ValueError) as exc:
         raise InvalidValueError(f"record {record['id']!r} holds no Message: {exc}"[:300]) from exc
+    if not isinstance(message.role, str) or not message.role:
+        raise InvalidValueError(f"record {record['id']!r} holds a message without a role")
+    tag = {"collection": collection, "msgpack": not record["contents"].startswith("["),  # base64: msgpack
+           "session_id": record["session_id"], **{k: record[k] for k in (*SCOPE, *STAMPS)}}  # fmt: skip
+    if (own := message.additional_properties.get(message_rows.STORE_ID)) is not None:
+        tag["own_store_id"] = own  # the message's own, put back when read
     message.additional_properties[message_rows.STORE_ID] = record["id"]
-    packed = not record["contents"].startswith("[")  # the provider's msgpack contents are base64
-    message.additional_properties[RECORD] = {"collection": collection, "msgpack": packed,
-                                             **{k: record[k] for k in (*SCOPE, *STAMPS)}}  # fmt: skip
+    message.additional_properties[RECORD] = tag
     return message
 
 
 def tag_of(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """A stored message's record tag, or None (no tag, or not one this module wrote: never a half record)."""
     found = body.get("additional_properties", {}).get(RECORD)
-    return found if isinstance(found, Mapping) else None
+    if not isinstance(found, Mapping) or not all(isinstance(found.get(k), str) for k in ("collection", *SCOPE)):
+        return None
+    if not isinstance(found.get("session_id"), str) or not all(type(found.get(k)) is int for k in STAMPS):
+        return None
+    return found
 
 
 def record_of(body: Mapping[str, Any], session_id: str, collection: str) -> dict[str, Any] | None:
-    """The record a stored message is, or None for a message that is not one of ``collection``'s."""
+    """The record a stored message is, or None for a message that is not one of ``collection``'s in this session
+    (a fork's copy of another session's record is not: its key names the other session)."""
     tag = tag_of(body)
-    if tag is None or tag.get("collection") != collection:
+    if tag is None or tag["collection"] != collection or tag["session_id"] != session_id:
         return None
     message = Message.from_dict(dict(body))
     key = message.additional_properties[message_rows.STORE_ID]
     contents = [c.to_dict() for c in plain(message).contents]
     packed = base64.b64encode(msgspec.msgpack.encode(contents)).decode("ascii") if tag.get("msgpack") else None
+    contents_text = packed or msgspec.json.encode(contents).decode()  # as the provider writes it
     return {"id": key, **{k: tag[k] for k in (*SCOPE, *STAMPS)}, "session_id": session_id,
-            "message": plain(message).to_json(), "contents": packed or json.dumps(contents)}  # fmt: skip
+            "message": plain(message).to_json(), "contents": contents_text}  # fmt: skip
+
+
+def same_record(stored: Mapping[str, Any], message: Message) -> bool:
+    """Whether ``message`` (message_of's) is the record stored: its message, session and scope (its stamps may
+    differ: a retry is stamped anew, and the first write's stay)."""
+    tag = message.additional_properties[RECORD]
+    if any(stored[k] != tag[k] for k in ("session_id", *SCOPE)):
+        return False
+    return bool(plain(Message.from_json(stored["message"])).to_dict() == plain(message).to_dict())
+
+
+def tagged(message: Message) -> dict[str, Any]:
+    """What ``same_record`` compares, of a message ``message_of`` made."""
+    tag = message.additional_properties[RECORD]
+    return {"session_id": tag["session_id"], **{k: tag[k] for k in SCOPE}, "message": plain(message).to_json()}
 
 
 def plain(message: Message) -> Message:
-    """``message`` without what the store added to it (its id and the record's tag)."""
+    """``message`` without what the store added to it (the record's key and tag; its own store id put back)."""
     bare = Message.from_dict(message.to_dict())
-    bare.additional_properties.pop(RECORD, None)
+    tag = bare.additional_properties.pop(RECORD, None)
     bare.additional_properties.pop(message_rows.STORE_ID, None)
+    if isinstance(tag, Mapping) and "own_store_id" in tag:
+        bare.additional_properties[message_rows.STORE_ID] = tag["own_store_id"]
     return bare
 
 
