@@ -11,7 +11,7 @@ from agent_framework.exceptions import IntegrationException
 from helpers import rows
 from sqlalchemy import text
 
-from agent_store import ConfigurationError, InvalidValueError, SessionNotFoundError, Store
+from agent_store import ConfigurationError, InvalidValueError, NotEmbeddedError, SessionNotFoundError, Store
 from agent_store.agent_framework import StoreHistoryProvider
 from agent_store.agent_framework.vector_history import StoreVectorStore
 from agent_store.offline import OfflineChatClient
@@ -136,6 +136,18 @@ async def test_the_provider_s_own_vectors_and_search_tool_work_on_the_store(stor
             await conn.execute(text("UPDATE agent_messages SET text = 'Buy oat milk' WHERE seq = 1"))
         await history.save_messages("v8", [Message("user", ["The vet said rest"])])
         assert await rows(store, "SELECT seq FROM agent_message_vectors ORDER BY seq") == [(0,), (2,), (3,)]
+        (first,) = await history._collection.get([scored_id(said[0].to_json(), history)])
+        for wrong in ([float("nan")] * 256, [0.1] * 255, "not a vector"):
+            with pytest.raises(ValueError, match=r"finite numbers|dimensions"):  # the framework checks lengths first
+                await history._collection.upsert([{**first, "id": "k-6", "embedding": wrong}], generate_vectors=False)
+        assert len(await stored(store, "v8")) == 4  # nothing of a refused batch
+        # The store's own embedder meets these vectors: never compared with them, nor taken for its own.
+        async with Store.from_url(url, embedder="wordllama") as semantic:
+            with pytest.raises(NotEmbeddedError):
+                await semantic.search("airplane ticket", user_id="alice", ranking="vector")
+            assert await semantic.embeddings.backfill() == 4
+            hits = (await semantic.search("airplane ticket", user_id="alice", ranking="vector")).items
+            assert hits[0].seq == 0 and len(hits) == 4
         with pytest.raises(ConfigurationError, match="keys or a message_cipher"):
             async with Store.from_url(url, message_cipher=Reversing()) as ciphered:
                 provider(ciphered, **options)

@@ -115,10 +115,11 @@ class StoreHistoryCollection(BaseVectorCollection[str, Any], BaseVectorSearch[st
         codec.check_id(self.collection_name, "collection_name", required=True)
         self.vectors, self.store, self.user_id = vectors, vectors.store, vectors.user_id
         self.embeddings: Embeddings | None = None
+        self.dimensions = int(fields[0].dimensions or 0) if fields else 0
         if fields:
             if self.store.db.settings.message_cipher or self.store.db.settings.keys:
                 raise ConfigurationError("a store with keys or a message_cipher keeps no vectors: they give text away")
-            given = records.GivenVectors(self.collection_name, int(fields[0].dimensions or 0))
+            given = records.GivenVectors(self.collection_name, self.dimensions)
             self.embeddings = Embeddings(self.store.db, given)
 
     async def ensure_collection_exists(self, *, operation_options: Mapping[str, Any] | None = None) -> None:
@@ -136,7 +137,8 @@ class StoreHistoryCollection(BaseVectorCollection[str, Any], BaseVectorSearch[st
         """Checks the whole batch before writing any of it; then one commit a session, and the vectors."""
         batch: dict[str, Message] = {}
         for record in given:
-            message = records.message_of(record, self.collection_name, vectors=self.embeddings is not None)
+            message = records.message_of(record, self.collection_name, vectors=self.embeddings is not None,
+                                         dimensions=self.dimensions)
             first = batch.setdefault(record["id"], message)
             if first is not message and not records.same_record(records.tagged(first), message):
                 raise InvalidValueError(f"record {record['id']!r} is given twice, as two records")

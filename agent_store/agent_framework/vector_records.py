@@ -33,7 +33,7 @@ VECTOR = "embedding"  # the provider's vector field, when it has an embedding cl
 OPERATORS = ("eq", "ne", "in", "not_in")
 
 
-def message_of(record: Any, collection: str, *, vectors: bool) -> Message:
+def message_of(record: Any, collection: str, *, vectors: bool, dimensions: int = 0) -> Message:
     """The stored form of one record: its message, carrying its key, session, scope and stamps."""
     if not isinstance(record, Mapping) or set(record) - {VECTOR} != FIELDS or (VECTOR in record) != vectors:
         raise InvalidValueError(f"a history record has the fields {sorted(FIELDS | ({VECTOR} if vectors else set()))}")
@@ -55,6 +55,8 @@ def message_of(record: Any, collection: str, *, vectors: bool) -> Message:
         raise InvalidValueError(f"record {record['id']!r} holds no Message: {exc}"[:300]) from exc
     if not isinstance(message.role, str) or not message.role:
         raise InvalidValueError(f"record {record['id']!r} holds a message without a role")
+    if vectors:
+        check_vector(record[VECTOR], dimensions)
     tag = {"collection": collection, "msgpack": not record["contents"].startswith("["),  # base64: msgpack
            "session_id": record["session_id"], **{k: record[k] for k in (*SCOPE, *STAMPS)}}  # fmt: skip
     if (own := message.additional_properties.get(message_rows.STORE_ID)) is not None:
@@ -62,6 +64,16 @@ def message_of(record: Any, collection: str, *, vectors: bool) -> Message:
     message.additional_properties[message_rows.STORE_ID] = record["id"]
     message.additional_properties[RECORD] = tag
     return message
+
+
+def check_vector(vector: Any, dimensions: int) -> None:
+    """A record's vector: ``dimensions`` finite numbers (refused before anything of its batch is written)."""
+    import math
+
+    if isinstance(vector, str | bytes) or not isinstance(vector, Sequence) or len(vector) != dimensions or not all(
+        isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) for x in vector
+    ):
+        raise InvalidValueError(f"a record's {VECTOR} must be {dimensions} finite numbers")
 
 
 def tag_of(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -158,7 +170,9 @@ class GivenVectors:
             from agent_store.search.embedders import EmbeddingProfile
         except ImportError as exc:  # numpy
             raise ConfigurationError("a provider's vectors need numpy: pip install 'agent-store[semantic]'") from exc
-        self.profile = EmbeddingProfile(f"agent-framework:{collection}", dimensions, "given")
+        from agent_store.search.vectors import GIVEN
+
+        self.profile = EmbeddingProfile(f"agent-framework:{collection}", dimensions, GIVEN)
 
     async def embed(self, texts: Sequence[str]) -> Any:
         raise ConfigurationError("a provider's vectors come with its records: nothing here embeds")

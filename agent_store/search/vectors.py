@@ -48,6 +48,7 @@ Progress = Callable[[int], None]
 CENTER_FROM = 100  # vectors in scope before ranking centers on their mean
 QUERIES_KEPT = 256
 STORED = (P.id, P.dimensions, P.model, P.version)  # a profile's row: its name must mean all of these
+GIVEN = "given"  # the version of a profile whose vectors a framework provider gave (its own embedding client's)
 # The scan's best plan is the user's sessions by index, then each one's vectors by key (2 ms for 2,000 vectors
 # among 10M). PostgreSQL's estimate of a session's rows is off (n_distinct of session_id is sampled: 23,000 of
 # 100,000), which makes that plan look dear and a parallel scan of agent_sessions cheaper: 11 ms (bench/
@@ -216,8 +217,10 @@ class Embeddings:
 
     async def _refuse_other_profiles(self) -> None:
         used = exists().where(V.profile_id == P.id)  # a profile with vectors: one a failed backfill made is not
+        # (nor a framework provider's own vectors, GIVEN: no store embedder's space, agent_framework/vector_records.py)
         async with self.db.transaction(write=False, doing="finding the embedding profiles") as conn:
-            names = list((await conn.execute(select(P.name).where(used).order_by(P.name))).scalars())
+            found = select(P.name).where(used, P.version != GIVEN).order_by(P.name)
+            names = list((await conn.execute(found)).scalars())
         if names:
             raise EmbeddingProfileError(
                 f"this store's embedder is {self._need().profile.name!r}, but the stored vectors are in {names}: "
