@@ -137,10 +137,13 @@ async def test_the_provider_s_own_vectors_and_search_tool_work_on_the_store(stor
         await history.save_messages("v8", [Message("user", ["The vet said rest"])])
         assert await rows(store, "SELECT seq FROM agent_message_vectors ORDER BY seq") == [(0,), (2,), (3,)]
         (first,) = await history._collection.get([scored_id(said[0].to_json(), history)])
-        for wrong in ([float("nan")] * 256, [0.1] * 255, "not a vector"):
+        for wrong in ([float("nan")] * 256, [1e39] * 256, [0.1] * 255, "not a vector"):
             with pytest.raises(ValueError, match=r"finite numbers|dimensions"):  # the framework checks lengths first
                 await history._collection.upsert([{**first, "id": "k-6", "embedding": wrong}], generate_vectors=False)
         assert len(await stored(store, "v8")) == 4  # nothing of a refused batch
+        for query in ([float("nan")] * 256, [0.0] * 256):
+            with pytest.raises(InvalidValueError, match=r"finite|zeros"):
+                await history._collection.search(vector=query, filter=scope)
         # The store's own embedder meets these vectors: never compared with them, nor taken for its own.
         async with Store.from_url(url, embedder="wordllama") as semantic:
             with pytest.raises(NotEmbeddedError):
@@ -248,6 +251,7 @@ async def test_hostile_records_are_typed_errors_and_round_trips_are_exact(store:
     (record,) = await collection.get(filter=history._scope_filter("v12"))
     assert record["contents"] == history._serialize_contents(good)  # the provider's own encoding
     assert Message.from_json(record["message"]).additional_properties == {"agent_store_id": "mine"}
+    await history.save_messages("v12", [good])  # a retry of a message carrying its own store id: nothing twice
     role5 = Message("user", ["x"]).to_json().replace('"user"', "5")
     for change in ({"message": "[1, 2]"}, {"message": "null"}, {"id": "~x"}, {"created_at": 2**70},
                    {"message": role5}, {"contents": None}):  # fmt: skip

@@ -205,6 +205,9 @@ class StoreHistoryCollection(BaseVectorCollection[str, Any], BaseVectorSearch[st
             raise NotImplementedError("StoreVectorStore searches by vector a collection that has vectors")
         if include_vectors:
             raise NotImplementedError("StoreVectorStore keeps vectors at 4 bits: it does not give them back")
+        records.check_vector(vector, self.dimensions, "query vector")
+        if not any(vector):
+            raise InvalidValueError("a query vector of zeros has no direction to rank by")
         listed = {r["id"]: r for r in await self._listed(filter)}  # the user's own session, or nothing
         if not listed:
             return SearchResults([])

@@ -31,6 +31,7 @@ STAMPS = ("created_at", "modified_at")
 FIELDS = {"id", *SCOPE, "session_id", *STAMPS, "message", "contents"}  # the provider's history definition
 VECTOR = "embedding"  # the provider's vector field, when it has an embedding client
 OPERATORS = ("eq", "ne", "in", "not_in")
+FLOAT32_MAX = 3.4028234663852886e38  # a vector is kept as float32 before its 4 bits: beyond this it is inf
 
 
 def message_of(record: Any, collection: str, *, vectors: bool, dimensions: int = 0) -> Message:
@@ -66,14 +67,15 @@ def message_of(record: Any, collection: str, *, vectors: bool, dimensions: int =
     return message
 
 
-def check_vector(vector: Any, dimensions: int) -> None:
+def check_vector(vector: Any, dimensions: int, what: str = f"record's {VECTOR}") -> None:
     """A record's vector: ``dimensions`` finite numbers (refused before anything of its batch is written)."""
     import math
 
     if isinstance(vector, str | bytes) or not isinstance(vector, Sequence) or len(vector) != dimensions or not all(
-        isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) for x in vector
+        isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) and abs(x) <= FLOAT32_MAX
+        for x in vector
     ):
-        raise InvalidValueError(f"a record's {VECTOR} must be {dimensions} finite numbers")
+        raise InvalidValueError(f"a {what} must be {dimensions} finite numbers (float32's range)")
 
 
 def tag_of(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -107,7 +109,7 @@ def same_record(stored: Mapping[str, Any], message: Message) -> bool:
     tag = message.additional_properties[RECORD]
     if any(stored[k] != tag[k] for k in ("session_id", *SCOPE)):
         return False
-    return bool(plain(Message.from_json(stored["message"])).to_dict() == plain(message).to_dict())
+    return bool(Message.from_json(stored["message"]).to_dict() == plain(message).to_dict())  # stored: plain already
 
 
 def tagged(message: Message) -> dict[str, Any]:
