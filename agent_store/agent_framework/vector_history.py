@@ -39,6 +39,7 @@ from agent_framework._vectors import BaseVectorCollection, BaseVectorSearch, Bas
 from agent_store.agent_framework import vector_records as records
 from agent_store.db import codec, tenancy
 from agent_store.errors import ConfigurationError, InvalidValueError, SessionNotFoundError
+from agent_store.models import MessageRecord
 from agent_store.operations import lifecycle
 from agent_store.run.commit import Run
 from agent_store.run.read_times import ReadTimes
@@ -74,8 +75,8 @@ class StoreVectorStore(BaseVectorStore):
         while True:
             page = await self.store.list_sessions(user_id=self.user_id, cursor=cursor, limit=200)
             for info in page.items:
-                for body in await bodies(self, info.id):
-                    if (tag := records.tag_of(body)) is not None:
+                for row in await stored_rows(self, info.id):
+                    if (tag := records.tag_of(row.body)) is not None:
                         names.add(str(tag["collection"]))
             if (cursor := page.next_cursor) is None:
                 return sorted(names)
@@ -86,7 +87,7 @@ class StoreVectorStore(BaseVectorStore):
         raise NotImplementedError("agent_store deletes history by session: store.delete(session_id) or clear()")
 
 
-async def bodies(vectors: StoreVectorStore, session_id: str) -> list[dict[str, Any]]:
+async def stored_rows(vectors: StoreVectorStore, session_id: str) -> list[MessageRecord]:
     """Every message of the user's session ``session_id`` (none for another user's, or no such session)."""
     out, after = [], -1
     while True:
@@ -94,7 +95,7 @@ async def bodies(vectors: StoreVectorStore, session_id: str) -> list[dict[str, A
             rows = await vectors.store.messages(session_id, user_id=vectors.user_id, after_seq=after, limit=PAGE)
         except SessionNotFoundError:
             return []
-        out += [r.body for r in rows]
+        out += rows
         if len(rows) < PAGE:
             return out
         after = rows[-1].seq
@@ -178,7 +179,7 @@ class StoreHistoryCollection(BaseVectorCollection[str, Any], BaseVectorSearch[st
             raise NotImplementedError("StoreVectorStore keeps vectors at 4 bits: it does not give them back")
         if keys is not None:
             return await self._by_keys([str(k) for k in keys])
-        found = await self._listed(filter)
+        found = [record for _, record in await self._listed(filter)]
         for name, ascending in reversed(list((order_by or {"created_at": True, "id": True}).items())):
             if name not in records.FIELDS:
                 raise ValueError(f"order field {name!r} is not a history record's")
@@ -187,11 +188,13 @@ class StoreHistoryCollection(BaseVectorCollection[str, Any], BaseVectorSearch[st
             found.sort(key=itemgetter(name), reverse=not ascending)
         return found[skip : skip + top]
 
-    async def _listed(self, expression: Any) -> list[dict[str, Any]]:
+    async def _listed(self, expression: Any) -> list[tuple[int, dict[str, Any]]]:
+        """(seq, record) of the records of the one session ``expression`` names that it admits, in stored order."""
         session_id = records.session_of(expression)
         self.vectors.reads.read(session_id, datetime.now(UTC))  # what a later save carries was read from here on
-        every = [records.record_of(b, session_id, self.collection_name) for b in await bodies(self.vectors, session_id)]
-        return [r for r in every if r is not None and records.matches(expression, r)]
+        rows = await stored_rows(self.vectors, session_id)
+        every = [(r.seq, records.record_of(r.body, session_id, self.collection_name)) for r in rows]
+        return [(seq, r) for seq, r in every if r is not None and records.matches(expression, r)]
 
     async def _inner_search(
         self, *, search_type: Any, filter: Any = None, values: Any = None, vector: Any = None, top: int = 3,
@@ -208,15 +211,13 @@ class StoreHistoryCollection(BaseVectorCollection[str, Any], BaseVectorSearch[st
         records.check_vector(vector, self.dimensions, "query vector")
         if not any(vector):
             raise InvalidValueError("a query vector of zeros has no direction to rank by")
-        listed = {r["id"]: r for r in await self._listed(filter)}  # the user's own session, or nothing
+        listed = dict(await self._listed(filter))  # seq -> record, of the user's own session (or nothing)
         if not listed:
             return SearchResults([])
-        session_id = records.session_of(filter)
-        by_seq = {r.seq: r.message_id for r in await self._rows(list(listed)) if r.session_id == session_id}
         with tenancy.acting_as(self.user_id):
-            ranking = await records.ranked(self.store.db, self.embeddings, session_id, vector)
-        scored = [(listed[by_seq[seq]], score) for seq, score in ranking
-                  if seq in by_seq and (score_threshold is None or score >= score_threshold)]  # fmt: skip
+            ranking = await records.ranked(self.store.db, self.embeddings, records.session_of(filter), vector)
+        scored = [(listed[seq], score) for seq, score in ranking
+                  if seq in listed and (score_threshold is None or score >= score_threshold)]  # fmt: skip
         return SearchResults([{"record": r, "score": s} for r, s in scored[skip : skip + top]])
 
     def _get_record_from_result(self, result: Any) -> Any:

@@ -181,19 +181,16 @@ class GivenVectors:
 
 
 async def write_vectors(embeddings: Any, rows: Sequence[MessageRecord], vectors: Sequence[Any]) -> None:
-    """The records' vectors beside their messages (each only while its message holds the text it was stored
-    with: the backfill's own write, search/vectors.py)."""
+    """The records' vectors (checked by ``message_of``) beside their messages, each only while its message holds
+    the text it was stored with (the backfill's own write, search/vectors.py)."""
     import numpy as np
 
     from agent_store.search.embedders import pack
 
     if not rows:
         return
-    given = np.asarray(vectors, np.float32)
-    if given.shape != (len(rows), embeddings.embedder.profile.dimensions) or not np.isfinite(given).all():
-        raise InvalidValueError(f"a record's {VECTOR} must be {embeddings.embedder.profile.dimensions} finite numbers")
     pid = await embeddings.profile_id(create=True)
-    await embeddings._write(pid, list(rows), pack(given))
+    await embeddings._write(pid, list(rows), pack(np.asarray(vectors, np.float32)))
 
 
 async def ranked(db: Database, embeddings: Any, session_id: str, vector: Sequence[float]) -> list[tuple[int, float]]:
