@@ -2,7 +2,10 @@
 on, on a private PostgreSQL server of its own, with Linux ``perf`` sampling the one server process that serves the
 runs. Prints a table of microseconds of server CPU per run, by function (inclusive of what it calls).
 
-    python bench/rls_profile.py [--reps 3]
+    python bench/rls_profile.py [--reps 3] [--sides off on] [--top 0]
+
+``--sides`` compares any two variants of bench/rls_variants.py (the naming alone, a policy design), and ``--top N``
+adds the N functions whose time differs most between them.
 
 bench/rls_statements.py times statements, and cannot see what a statement costs before it runs (the executor's
 start-up, where each policy's sub-plans are built) nor what the commit function spends between its statements.
@@ -21,18 +24,21 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import asyncpg
-from rls import database
+import rls_variants
 from scenarios import s1, store_run
 
 from agent_store import Store
+from agent_store.db import tenancy
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from throwaway_pg import ThrowawayCluster
 
 HZ = 4000
 RUNS = 500  # scenarios.s1's
+Seen = dict[str, list[float]]  # a function -> microseconds a run, one figure a repetition
 FUNCTIONS = {
     "PostgresMain": "all of the server process's work",
     "standard_ExecutorStart": "executor start-up (plans made ready to run)",
@@ -43,64 +49,89 @@ FUNCTIONS = {
 }
 
 
-async def one_side(admin_url: str, rls: bool, rep: int, workdir: Path) -> dict[str, float]:
-    name = f"agent_store_bench_rls_profile_{'on' if rls else 'off'}"
-    url = await database(admin_url, name, rls=rls)
-    async with Store.from_url(url, pool_size=1, max_overflow=0) as store:
-        await store.warm_up()
-        assert store.db.row_security is rls
-        run = lambda sid, n: store_run(store, sid, n)  # noqa: E731
-        await s1(run, f"warm-{rep}")  # plans made and cached on the one connection
-        watch = await asyncpg.connect(admin_url.replace("+asyncpg", ""))
-        try:
-            serving = "SELECT pid FROM pg_stat_activity WHERE datname = $1 AND backend_type = 'client backend'"
-            pids = [r["pid"] for r in await watch.fetch(serving, name)]
-        finally:
-            await watch.close()
-        assert len(pids) == 1, pids
-        data = workdir / f"{name}-{rep}.data"
-        perf = await asyncio.create_subprocess_exec("perf", "record", "-q", "-F", str(HZ), "-g", "-p", str(pids[0]),
-                                                    "-o", str(data))  # fmt: skip
-        await asyncio.sleep(0.5)  # perf attached
-        await s1(run, f"s1-{rep}")
-        perf.send_signal(signal.SIGINT)
-        await perf.wait()
+async def one_side(admin_url: str, side: str, rep: int, workdir: Path) -> dict[str, float]:
+    """``side``: a variant of bench/rls_variants.py (``off`` and ``on`` are the switch off and as shipped)."""
+    name = "agent_store_bench_rlsv_" + "".join(c if c.isalnum() else "_" for c in side)
+    url = await rls_variants.prepared(admin_url, side)
+    learn = tenancy.learn
+
+    async def learn_as(db: Any, conn: Any) -> None:  # "off, named...": the store names its user anyway
+        await learn(db, conn)
+        db.row_security = True
+
+    tenancy.learn = learn_as if side.startswith("off, named") else learn
+    try:
+        async with Store.from_url(url, pool_size=1, max_overflow=0) as store:
+            await store.warm_up()
+            assert store.db.row_security is (rls_variants.VARIANTS[side][0] or side.startswith("off, named"))
+            run = lambda sid, n: store_run(store, sid, n)  # noqa: E731
+            await s1(run, f"warm-{rep}")  # plans made and cached on the one connection
+            watch = await asyncpg.connect(admin_url.replace("+asyncpg", ""))
+            try:
+                serving = "SELECT pid FROM pg_stat_activity WHERE datname = $1 AND backend_type = 'client backend'"
+                pids = [r["pid"] for r in await watch.fetch(serving, name)]
+            finally:
+                await watch.close()
+            assert len(pids) == 1, pids
+            data = workdir / f"{rep}-{list(rls_variants.VARIANTS).index(side)}.data"
+            perf = await asyncio.create_subprocess_exec("perf", "record", "-q", "-F", str(HZ), "-g", "-p",
+                                                        str(pids[0]), "-o", str(data))  # fmt: skip
+            await asyncio.sleep(0.5)  # perf attached
+            await s1(run, f"s1-{rep}")
+            perf.send_signal(signal.SIGINT)
+            await perf.wait()
+    finally:
+        tenancy.learn = learn
     return inclusive(data)
 
 
 def inclusive(data: Path) -> dict[str, float]:
-    """Microseconds a run under each function of FUNCTIONS: samples whose stack holds it, once a sample."""
+    """Microseconds a run under each function: samples whose stack holds it, once a sample."""
     script = subprocess.run(["perf", "script", "-i", str(data), "-F", "ip,sym"], capture_output=True, text=True).stdout
-    counts = dict.fromkeys(FUNCTIONS, 0)
+    counts: dict[str, int] = {}
     for sample in script.split("\n\n"):
-        names = {line.split()[-1] for line in sample.splitlines() if line.strip()}  # "<address> <symbol>"
-        for function in FUNCTIONS:
-            counts[function] += function in names
+        for name in {line.split()[-1] for line in sample.splitlines() if line.strip()}:  # "<address> <symbol>"
+            counts[name] = counts.get(name, 0) + 1
     return {f: n / HZ / RUNS * 1e6 for f, n in counts.items()}
 
 
-async def everything(server: ThrowawayCluster, reps: int, workdir: Path) -> dict[str, dict[bool, list[float]]]:
-    seen: dict[str, dict[bool, list[float]]] = {f: {False: [], True: []} for f in FUNCTIONS}
+async def everything(server: ThrowawayCluster, sides: list[str], reps: int, workdir: Path) -> dict[str, Seen]:
+    seen: dict[str, Seen] = {side: {} for side in sides}
     for rep in range(reps):
-        for rls in (False, True) if rep % 2 == 0 else (True, False):
-            for function, micros in (await one_side(server.url(), rls, rep, workdir)).items():
-                seen[function][rls].append(micros)
+        for side in sides if rep % 2 == 0 else sides[::-1]:
+            for function, micros in (await one_side(server.url(), side, rep, workdir)).items():
+                seen[side].setdefault(function, []).append(micros)
     return seen
+
+
+def median(seen: Seen, function: str, reps: int) -> float:
+    found = seen.get(function, [])
+    return statistics.median(found + [0.0] * (reps - len(found)))  # no sample in a repetition: none there
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--sides", nargs=2, default=["off", "on"], choices=list(rls_variants.VARIANTS),
+                        metavar="VARIANT", help="two variants of bench/rls_variants.py (default: off on)")
+    parser.add_argument("--top", type=int, default=0, help="also the N functions whose time differs most")
     args = parser.parse_args()
+    a, b = args.sides
     with ThrowawayCluster() as server, tempfile.TemporaryDirectory() as workdir:
-        seen = asyncio.run(everything(server, args.reps, Path(workdir)))
+        seen = asyncio.run(everything(server, args.sides, args.reps, Path(workdir)))
     print(f"S1 ({RUNS} sequential runs) on a private PostgreSQL server, perf at {HZ} Hz on its one server process; "
           f"medians of {args.reps}; microseconds of server CPU a run, inclusive\n")  # fmt: skip
-    print("| function | what | RLS off | RLS on | on - off |")
-    print("|---|---|---|---|---|")
+    print(f"A: {a}; B: {b}\n\n| function | what | A | B | B - A |\n|---|---|---|---|---|")
     for function, what in FUNCTIONS.items():
-        off, on = statistics.median(seen[function][False]), statistics.median(seen[function][True])
-        print(f"| `{function}` | {what} | {off:.0f} | {on:.0f} | {on - off:+.0f} |")
+        x, y = median(seen[a], function, args.reps), median(seen[b], function, args.reps)
+        print(f"| `{function}` | {what} | {x:.0f} | {y:.0f} | {y - x:+.0f} |")
+    if args.top:
+        every = set(seen[a]) | set(seen[b])
+        moved = sorted(every, key=lambda f: -abs(median(seen[b], f, args.reps) - median(seen[a], f, args.reps)))
+        print(f"\nThe {args.top} functions whose time differs most\n\n| function | A | B | B - A |\n|---|---|---|---|")
+        for function in moved[: args.top]:
+            x, y = median(seen[a], function, args.reps), median(seen[b], function, args.reps)
+            print(f"| `{function}` | {x:.0f} | {y:.0f} | {y - x:+.0f} |")
 
 
 if __name__ == "__main__":

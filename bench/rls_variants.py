@@ -2,7 +2,7 @@
 a time on the same migrated schema: the policies' forms, which tables carry a real check, and the naming alone.
 Prints a table: S1's p50 per variant and its ratio to the switch off.
 
-    python bench/rls_variants.py [--reps 5] [--runs 500] [--pg-url postgresql+asyncpg://...]
+    python bench/rls_variants.py [--reps 5] [--runs 500] [--variant NAME ...] [--pg-url postgresql+asyncpg://...]
 
 Variants (each on a database of its own, migrated to head, as bench/rls.py's application role; the policies are
 changed with ALTER POLICY after the migration, never in the product):
@@ -17,6 +17,12 @@ changed with ALTER POLICY after the migration, never in the product):
   the best a ``user_id`` column compared directly on those rows could do.
 - ``on, user_id column: ...``: that column added (a default from the transaction's name), compared on read, and
   on write either checked against the session by ``EXISTS`` or compared too; settings read directly.
+- ``on, user_id column: every check compared``: the same column, and the ledger's write check without its
+  ``EXISTS`` too (a composite foreign key would keep a row's user its session's): no probe left anywhere; and the
+  same with each comparison written ``(...) IS TRUE``, which forms no equivalence with the statement's own
+  ``user_id = $n`` (no one-time filter, so no Result node, at each scan).
+- ``off, named, two plain expressions``: the naming alone, with the commit function naming its user in two
+  ``PERFORM set_config(...)`` (each a plain expression to PL/pgSQL, not a query).
 - ``on, every policy admits all``: the machinery and the naming, no check at all: the floor of any policy design.
 Every variant's store is open at once and S1's runs are interleaved (run n of each, in a rotating order): the
 machine's drift falls on all alike. Each figure is a median over repetitions of each variant's p50.
@@ -60,7 +66,29 @@ def direct(keyed: str) -> list[str]:
         "'UTF8')), 'hex'))"]  # fmt: skip
 
 
+def compared(same: str = "{0} = {1}") -> list[str]:
+    """Every policy a comparison of a column with its setting (the session-keyed rows' own ``user_id``), no probe;
+    ``same``: how a comparison is written."""
+    user, app = (lambda column: same.format(column, USER)), (lambda column: same.format(column, APP))
+    return [*COLUMN, *(f"ALTER POLICY agent_store_tenant ON {t} USING ({user('user_id')})" for t in [*KEYED, *BY_USER]),
+            f"ALTER POLICY agent_store_tenant ON agent_app_state USING ({app('app_id')})",
+            f"ALTER POLICY agent_store_tenant ON agent_usage USING ({user('user_id')} AND {app('app_id')}) WITH CHECK "
+            f"({user('user_id')} AND {app('app_id')})",
+            f"ALTER POLICY agent_store_tenant ON agent_usage_budgets USING ((scope = 'user' AND {user('subject')}) "
+            f"OR (scope = 'app' AND {app('subject')}))",
+            f"ALTER POLICY agent_store_tenant ON agent_ui_snapshots USING ({user('scope')})",
+            f"ALTER POLICY agent_store_tenant ON agent_erasures USING (user_key = encode(sha256(convert_to({USER}, "
+            "'UTF8')), 'hex'))"]  # fmt: skip
+
+
 COLUMN = [f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS user_id text DEFAULT {USER}" for t in KEYED]
+PLAIN_NAMES = ["""CREATE OR REPLACE FUNCTION agent_store_commit_usage_as(u text, a text, p jsonb) RETURNS bigint
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM set_config('agent_store.user_id', u, true);
+    PERFORM set_config('agent_store.app_id', a, true);
+    RETURN agent_store_commit_usage(p);
+END $$"""]
 ALL = [*KEYED, *BY_USER, "agent_app_state", "agent_usage", "agent_usage_budgets", "agent_ui_snapshots",
        "agent_erasures"]
 VARIANTS: dict[str, tuple[bool, list[str]]] = {  # name -> (switch on, the policies' changes)
@@ -76,6 +104,9 @@ VARIANTS: dict[str, tuple[bool, list[str]]] = {  # name -> (switch on, the polic
         "user_id = " + USER), *(f"ALTER POLICY agent_store_tenant ON {t} WITH CHECK (user_id = {USER} AND "
                                 f"{SESSION_IS_USERS.format(t=t)})" for t in KEYED)]),
     "on, user_id column: compared both ways": (True, [*COLUMN, *direct("user_id = " + USER)]),
+    "on, user_id column: every check compared": (True, compared()),
+    "on, the same, each comparison IS TRUE": (True, compared("({0} = {1}) IS TRUE")),
+    "off, named, two plain expressions": (False, PLAIN_NAMES),
     "on, every policy admits all": (True, [f"ALTER POLICY agent_store_tenant ON {t} USING (true) WITH CHECK (true)"
                                            for t in ALL]),
 }  # fmt: skip
@@ -104,9 +135,11 @@ async def everything(admin_url: str, reps: int, runs: int) -> dict[str, list[flo
         urls = {variant: await prepared(admin_url, variant) for variant in VARIANTS}
         stores = {variant: Store.from_url(url, pool_size=2, max_overflow=0) for variant, url in urls.items()}
 
-        async def learn_as(db: object, conn: object, named: object = stores["off, named"].db) -> None:
-            await learn(db, conn)  # and "off, named": the store names its user anyway
-            if db is named:
+        named = [store.db for variant, store in stores.items() if variant.startswith("off, named")]
+
+        async def learn_as(db: object, conn: object, named: list[object] = named) -> None:
+            await learn(db, conn)  # and "off, named...": the store names its user anyway
+            if any(db is one for one in named):
                 db.row_security = True  # type: ignore[attr-defined]
 
         tenancy.learn = learn_as
@@ -132,9 +165,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--runs", type=int, default=500)
+    parser.add_argument("--variant", action="append", choices=list(VARIANTS),
+                        help="run only these (repeat it; 'off' is always run, as the ratios' base)")
     parser.add_argument("--pg-url", default=os.environ.get("AGENT_STORE_BENCH_PG_URL",
                                                            "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres"))
     args = parser.parse_args()
+    if args.variant:
+        for variant in set(VARIANTS) - {"off", *args.variant}:
+            del VARIANTS[variant]
     seen = asyncio.run(everything(args.pg_url, args.reps, args.runs))
     off = statistics.median(seen["off"])
     print(f"S1 ({args.runs} sequential runs a variant, last 20 messages, the variants interleaved run by run), "
