@@ -21,6 +21,10 @@ changed with ALTER POLICY after the migration, never in the product):
   ``EXISTS`` too (a composite foreign key would keep a row's user its session's): no probe left anywhere; and the
   same with each comparison written ``(...) IS TRUE``, which forms no equivalence with the statement's own
   ``user_id = $n`` (no one-time filter, so no Result node, at each scan).
+- ``on, the column as built``: the same, with what building it takes: a composite foreign key from each row's
+  session and user to ``agent_sessions`` (unique on both), which keeps a row's user its session's and carries a
+  session's change of user to its rows, and a trigger filling the column from the session for a writer that
+  names no one (an operator); compared, or ``IS TRUE``.
 - ``off, named, two plain expressions``: the naming alone, with the commit function naming its user in two
   ``PERFORM set_config(...)`` (each a plain expression to PL/pgSQL, not a query).
 - ``on, every policy admits all``: the machinery and the naming, no check at all: the floor of any policy design.
@@ -66,11 +70,12 @@ def direct(keyed: str) -> list[str]:
         "'UTF8')), 'hex'))"]  # fmt: skip
 
 
-def compared(same: str = "{0} = {1}") -> list[str]:
+def compared(same: str = "{0} = {1}", column: list[str] | None = None) -> list[str]:
     """Every policy a comparison of a column with its setting (the session-keyed rows' own ``user_id``), no probe;
     ``same``: how a comparison is written."""
     user, app = (lambda column: same.format(column, USER)), (lambda column: same.format(column, APP))
-    return [*COLUMN, *(f"ALTER POLICY agent_store_tenant ON {t} USING ({user('user_id')})" for t in [*KEYED, *BY_USER]),
+    return [*(COLUMN if column is None else column),
+            *(f"ALTER POLICY agent_store_tenant ON {t} USING ({user('user_id')})" for t in [*KEYED, *BY_USER]),
             f"ALTER POLICY agent_store_tenant ON agent_app_state USING ({app('app_id')})",
             f"ALTER POLICY agent_store_tenant ON agent_usage USING ({user('user_id')} AND {app('app_id')}) WITH CHECK "
             f"({user('user_id')} AND {app('app_id')})",
@@ -82,6 +87,17 @@ def compared(same: str = "{0} = {1}") -> list[str]:
 
 
 COLUMN = [f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS user_id text DEFAULT {USER}" for t in KEYED]
+# The column as it would be built: a row's user kept its session's by a composite foreign key (which carries a
+# session's change of user to its rows), and filled from the session for a writer that names no one (an operator).
+OWN = [t for t in KEYED if t != "agent_responses"]  # a response row has its user already (migration 0018)
+BUILT = ["CREATE UNIQUE INDEX agent_sessions_id_user_id ON agent_sessions (id, user_id)",
+         "CREATE FUNCTION agent_store_row_user() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+         "SELECT s.user_id INTO NEW.user_id FROM agent_sessions s WHERE s.id = NEW.session_id; RETURN NEW; END $$",
+         *(f"ALTER TABLE {t} ADD COLUMN user_id varchar(255) DEFAULT {USER}" for t in OWN),
+         *(f"ALTER TABLE {t} ADD CONSTRAINT {t}_user FOREIGN KEY (session_id, user_id) REFERENCES agent_sessions "
+           "(id, user_id) ON UPDATE CASCADE ON DELETE CASCADE" for t in OWN),
+         *(f"CREATE TRIGGER {t}_user BEFORE INSERT ON {t} FOR EACH ROW WHEN (NEW.user_id IS NULL) "
+           "EXECUTE FUNCTION agent_store_row_user()" for t in OWN)]  # fmt: skip
 PLAIN_NAMES = ["""CREATE OR REPLACE FUNCTION agent_store_commit_usage_as(u text, a text, p jsonb) RETURNS bigint
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -106,6 +122,8 @@ VARIANTS: dict[str, tuple[bool, list[str]]] = {  # name -> (switch on, the polic
     "on, user_id column: compared both ways": (True, [*COLUMN, *direct("user_id = " + USER)]),
     "on, user_id column: every check compared": (True, compared()),
     "on, the same, each comparison IS TRUE": (True, compared("({0} = {1}) IS TRUE")),
+    "on, the column as built, compared": (True, compared(column=BUILT)),
+    "on, the column as built, IS TRUE": (True, compared("({0} = {1}) IS TRUE", BUILT)),
     "off, named, two plain expressions": (False, PLAIN_NAMES),
     "on, every policy admits all": (True, [f"ALTER POLICY agent_store_tenant ON {t} USING (true) WITH CHECK (true)"
                                            for t in ALL]),
