@@ -7,9 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import asyncpg
+import pytest
 from cli_support import cli, ok
-from helpers import doc_block, plain_dsn
+from helpers import doc_block, plain_dsn, rows
 from sqlalchemy.engine import make_url
+from test_hybrid_search import EMBEDDER
 from test_row_security import talk
 
 from agent_store import Store
@@ -42,14 +44,31 @@ async def test_the_documented_set_up_holds_the_application_to_the_policies(pg_ur
             assert "Ann" in (await talk(store, "s1", "alice", "my name is Ann", "what is my name?"))[-1]
             await talk(store, "s2", "bob", "my name is Bob")
             assert [s.id for s in (await store.list_sessions(user_id="alice")).items] == ["s1"]
+            await talk(store, "s3", "alice", "the lighthouse keeper's name is Ann")
+        async with Store.from_url(operator_url, operator=True, embedder=EMBEDDER) as everyone:
+            assert await everyone.embeddings.backfill() > 0  # every user's: the operator's work
+        async with Store.from_url(app_url, embedder=EMBEDDER) as store:
+            page = await store.search("lighthouse", user_id="alice", ranking="vector")
+            found = {hit.session_id for hit in page.items}
+            assert "s3" in found and found <= {"s1", "s3"}  # alice's own, by meaning, under the application's role
         plain = await asyncpg.connect(plain_dsn(app_url))
         try:
             assert await plain.fetchval("SELECT count(*) FROM agent_transcript") == 0  # no name, nothing
             assert await plain.fetchval("SHOW plan_cache_mode") == "force_generic_plan"  # the role's own setting
+            # The tables every user shares, which no policy covers: a cascade from a profile would take every
+            # user's vectors; prices are every user's costs; the schema's rows stop every store.
+            await plain.execute("INSERT INTO agent_embedding_profiles (id, name, model, dimensions, version, "
+                                "created_at) VALUES (7, 'new', 'm', 8, '1', now()) ON CONFLICT DO NOTHING")  # a new one
+            for shared in ("DELETE FROM agent_embedding_profiles", "UPDATE agent_embedding_profiles SET version = 'x'",
+                           "DELETE FROM agent_usage_prices", "INSERT INTO agent_usage_prices (model) VALUES ('m')",
+                           "DELETE FROM alembic_version", "DELETE FROM agent_schema_compat"):  # fmt: skip
+                with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                    await plain.execute(shared)
         finally:
             await plain.close()
         async with Store.from_url(operator_url, operator=True) as everyone:
-            assert {s.id for s in (await everyone.list_sessions(all_users=True)).items} == {"s1", "s2"}
+            assert {s.id for s in (await everyone.list_sessions(all_users=True)).items} == {"s1", "s2", "s3"}
+            assert (await rows(everyone, "SELECT count(*) FROM agent_message_vectors"))[0][0] > 0
         assert f"role {operator} bypasses it" in ok(cli("rls", "status", url=operator_url, cwd=tmp_path))
     finally:
         try:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import logging
 import os
 import socket
@@ -35,7 +34,7 @@ from agent_store.db import codec, sealing, tenancy
 from agent_store.db.database import Database
 from agent_store.db.journal_tables import NOTIFY_CHANNEL, streams_t
 from agent_store.errors import AgentStoreError, InvalidValueError, StreamBusyError, StreamNotFoundError
-from agent_store.journal.listen import Wakeups
+from agent_store.journal.listen import Wakeups, payload
 from agent_store.journal.statements import READ, event_row, row_now
 from agent_store.journal.writer import StreamWriter
 
@@ -187,8 +186,8 @@ class Journal:
                 done = await conn.execute(update(streams_t).where(*mine)
                                           .values(cancel_requested=True, updated_at=datetime.now(UTC)))  # fmt: skip
                 if done.rowcount and conn.dialect.name == "postgresql":  # its writer's worker hears it at once
-                    payload = json.dumps(["cancel", user_id or "", stream_id])  # any character in ids: JSON
-                    await conn.execute(select(func.pg_notify(NOTIFY_CHANNEL, payload)))
+                    asked = payload("cancel", user_id or "", stream_id)
+                    await conn.execute(select(func.pg_notify(NOTIFY_CHANNEL, asked)))
             if done.rowcount:
                 return True
             row = await row_now(self.db, user_id or "", stream_id)

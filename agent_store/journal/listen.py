@@ -7,12 +7,17 @@ directly (NOTIFY itself passes through PgBouncer: it is sent inside the batch's 
 a wake-up alone: it also reads again at least every ``poll`` (a missed NOTIFY costs latency, never an event).
 A cancel is a NOTIFY too: a writer of this worker hears it at once (else with its next batch or heartbeat).
 SQLite: readers poll.
+
+Anyone who can connect can LISTEN and NOTIFY on any channel (row-level security does not reach them), so a
+payload names its run only by :func:`channel_key`, a hash that says neither the user nor the run, and a cancel
+heard is only a reason to read the run's row (under its user's name): a forged one costs one read, never a run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import weakref
@@ -24,16 +29,41 @@ from sqlalchemy.engine import make_url
 from agent_store.db.database import Database
 from agent_store.db.journal_tables import NOTIFY_CHANNEL
 
-__all__ = ["Wakeups"]
+__all__ = ["Wakeups", "channel_key", "payload"]
 log = logging.getLogger("agent_store.journal")
+
+
+def channel_key(user: str, stream_id: str) -> str:
+    """How a NOTIFY names a run: a hash of its user and id (a JSON pair: ids may hold any character)."""
+    return hashlib.sha256(json.dumps([user, stream_id]).encode()).hexdigest()[:32]
+
+
+def payload(head: str, user: str, stream_id: str) -> str:
+    """A NOTIFY's payload: ``["batch" | "cancel", key]``."""
+    return json.dumps([head, channel_key(user, stream_id)])
+
+
+def _heard(text: str) -> tuple[str, str] | None:
+    """(head, key) of a payload; one of an earlier version (``[head, user, stream_id]``) too; None if not ours."""
+    try:
+        found = json.loads(text)
+    except ValueError:
+        return None
+    if isinstance(found, list) and all(isinstance(part, str) for part in found):
+        if len(found) == 2:
+            return found[0], found[1]
+        if len(found) == 3:
+            return found[0], channel_key(found[1], found[2])
+    return None
 
 
 class Wakeups:
     def __init__(self, db: Database, listen_url: str | None) -> None:
         self.db, self.listen_url = db, listen_url
-        self.waiting: dict[tuple[str, str], set[asyncio.Event]] = {}
+        self.waiting: dict[str, set[asyncio.Event]] = {}  # by channel_key
         # This worker's live writers, told at once of a cancel asked on any worker (a NOTIFY "cancel ...").
-        self.writers: weakref.WeakValueDictionary[tuple[str, str], Any] = weakref.WeakValueDictionary()
+        self.writers: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
+        self._checking: dict[str, asyncio.Task[None]] = {}  # a cancel heard: its row being read, once at a time
         self._conn: Any = None
         self._opening = asyncio.Lock()
 
@@ -49,17 +79,17 @@ class Wakeups:
 
     @contextlib.asynccontextmanager
     async def watch(self, user: str, stream_id: str) -> AsyncIterator[asyncio.Event]:
-        woken = asyncio.Event()
-        self.waiting.setdefault((user, stream_id), set()).add(woken)
+        woken, key = asyncio.Event(), channel_key(user, stream_id)
+        self.waiting.setdefault(key, set()).add(woken)
         try:
             if self._can_listen() and not self.live:
                 await self._open()
             yield woken
         finally:
-            waiters = self.waiting.get((user, stream_id), set())
+            waiters = self.waiting.get(key, set())
             waiters.discard(woken)
             if not waiters:
-                self.waiting.pop((user, stream_id), None)
+                self.waiting.pop(key, None)
 
     async def _open(self) -> None:
         async with self._opening:
@@ -81,24 +111,36 @@ class Wakeups:
 
     async def listen_for(self, user: str, stream_id: str, writer: Any) -> None:
         """Tell ``writer.cancel_seen()`` of a cancel asked anywhere, as it is asked (PostgreSQL, when listening)."""
-        self.writers[(user, stream_id)] = writer
+        self.writers[channel_key(user, stream_id)] = writer
         if self._can_listen() and not self.live:
             await self._open()
 
-    def _notified(self, connection: Any, pid: int, channel: str, payload: str) -> None:
-        try:
-            head, user, stream_id = json.loads(payload)
-        except (ValueError, TypeError):  # not one of ours (someone else's NOTIFY on the channel): no wake-up
-            log.warning("the run journal's channel carried a payload it does not know: %r", payload[:80])
+    def _notified(self, connection: Any, pid: int, channel: str, text: str) -> None:
+        if (heard := _heard(text)) is None:  # not one of ours (someone else's NOTIFY on the channel): no wake-up
+            log.warning("the run journal's channel carried a payload it does not know: %r", text[:80])
             return
+        head, key = heard
         if head == "cancel":
-            if (writer := self.writers.get((user, stream_id))) is not None:
-                writer.cancel_seen()
+            if (writer := self.writers.get(key)) is not None and key not in self._checking:
+                self._checking[key] = asyncio.get_running_loop().create_task(self._check_cancel(key, writer))
             return
-        for woken in self.waiting.get((user, stream_id), ()):
+        for woken in self.waiting.get(key, ()):
             woken.set()
 
+    async def _check_cancel(self, key: str, writer: Any) -> None:
+        """A cancel heard for ``writer``'s run: its row says whether one was asked (anyone can NOTIFY)."""
+        try:
+            if await writer.journal.cancel_asked(writer.stream_id, user_id=writer.user or None):
+                writer.cancel_seen()
+        except Exception as exc:  # said, not lost: its next batch or heartbeat brings the cancel anyway
+            log.warning("the run journal could not read a run's cancel (%s): its next batch brings it",
+                        type(exc).__name__)
+        finally:
+            self._checking.pop(key, None)
+
     async def close(self) -> None:
+        for checking in list(self._checking.values()):
+            checking.cancel()
         conn, self._conn = self._conn, None
         if conn is not None and not conn.is_closed():
             await conn.close(timeout=5)

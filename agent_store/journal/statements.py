@@ -10,7 +10,6 @@ all, after the one before it, and never after its run was ended elsewhere.
 from __future__ import annotations
 
 import functools
-import json
 from typing import Any
 
 import aiosqlite
@@ -23,6 +22,7 @@ from agent_store.db.database import Database
 from agent_store.db.driver_path import DriverPath
 from agent_store.db.journal_tables import NOTIFY_CHANNEL, stream_events_t, streams_t
 from agent_store.errors import StreamLostError
+from agent_store.journal.listen import payload
 
 __all__ = ["READ", "row_now", "send_batch"]
 T, E = streams_t.c, stream_events_t.c
@@ -106,9 +106,9 @@ async def send_batch(db: Database, params: dict[str, Any], batch: list[str]) -> 
         batch = [sealing.seal_json(cipher, event_row(sid, params["prev"] + n), text)  # per-user keys: each sealed
                  for n, text in enumerate(batch, start=1)]  # fmt: skip
     if db.dialect == "postgresql":
-        payload = json.dumps(["batch", user, sid])  # ids may hold any character: a JSON array, not a join
         rows = await db.one_statement(batch_statement(), {**params, "batch": "[" + ",".join(batch) + "]",
-                                                          "payload": payload}, doing="writing a run's journal")
+                                                          "payload": payload("batch", user, sid)},
+                                      doing="writing a run's journal")  # fmt: skip
         return bool(rows[0].cancel_requested) if rows else None
     numbered = [(user, sid, params["prev"] + n, text) for n, text in enumerate(batch, start=1)]
     if _SQLITE_HOP:  # one hop to the connection's thread: the transaction whole

@@ -1,0 +1,54 @@
+"""The run journal's NOTIFY channel (journal/listen.py), as an outside review of row-level security found it: any
+role that can connect can LISTEN and NOTIFY on any channel, past every policy. So a payload names its run by a
+hash that says neither its user nor its id, and a cancel heard is only a reason to read the run's row: a forged
+one (in the current form or an earlier version's) cancels nothing, while a real cancel is still heard at once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+
+import asyncpg
+from helpers import plain_dsn
+
+from agent_store import Store
+from agent_store.db.journal_tables import NOTIFY_CHANNEL
+
+
+async def soon(done: Callable[[], bool]) -> None:
+    """Wait up to two seconds for ``done()``."""
+    for _ in range(200):
+        if done():
+            return
+        await asyncio.sleep(0.01)
+
+
+async def test_a_notify_names_no_one_and_a_forged_cancel_cancels_nothing(pg_url: str) -> None:
+    async with Store.from_url(pg_url) as store:
+        await store.migrate()
+    async with Store.from_url(pg_url) as store:
+        journal = store.journal(batch_events=1, lease_s=60)
+        spy = await asyncpg.connect(plain_dsn(pg_url))
+        heard: list[str] = []
+        await spy.add_listener(NOTIFY_CHANNEL, lambda *args: heard.append(args[3]))
+        try:
+            writer = await journal.start("bobs-secret-run", user_id="bob")
+            await writer.append({"step": 1})
+            await soon(lambda: bool(heard))
+            assert heard, "a batch sends a NOTIFY"
+            assert not any("bob" in payload for payload in heard), heard  # neither the user nor the run's id
+            key = json.loads(heard[0])[1]
+            for forged in (["cancel", key], ["cancel", "bob", "bobs-secret-run"]):  # today's form, an earlier one
+                await spy.execute("SELECT pg_notify($1, $2)", NOTIFY_CHANNEL, json.dumps(forged))
+            await asyncio.sleep(0.5)
+            assert not writer.cancel_requested  # the row says no cancel was asked
+            await writer.append({"step": 2})  # the run goes on
+            assert await journal.cancel("bobs-secret-run", user_id="bob") is True
+            await soon(lambda: writer.cancel_requested)  # heard at once, by the NOTIFY
+            assert writer.cancel_requested
+            await writer.finish("cancelled")
+            assert (await journal.read("bobs-secret-run", user_id="bob"))[1]["status"] == "cancelled"
+        finally:
+            await spy.close()
+            await journal.close()
