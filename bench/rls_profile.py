@@ -24,7 +24,6 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import asyncpg
 import rls_variants
@@ -54,14 +53,9 @@ async def one_side(admin_url: str, side: str, rep: int, workdir: Path) -> dict[s
     name = "agent_store_bench_rlsv_" + "".join(c if c.isalnum() else "_" for c in side)
     url = await rls_variants.prepared(admin_url, side)
     learn = tenancy.learn
-
-    async def learn_as(db: Any, conn: Any) -> None:  # "off, named...": the store names its user anyway
-        await learn(db, conn)
-        db.row_security = True
-
-    tenancy.learn = learn_as if side.startswith("off, named") else learn
     try:
         async with Store.from_url(url, pool_size=1, max_overflow=0) as store:
+            tenancy.learn = rls_variants.naming_anyway(learn, [store.db] if side.startswith("off, named") else [])
             await store.warm_up()
             assert store.db.row_security is (rls_variants.VARIANTS[side][0] or side.startswith("off, named"))
             run = lambda sid, n: store_run(store, sid, n)  # noqa: E731

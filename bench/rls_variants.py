@@ -38,6 +38,7 @@ import argparse
 import asyncio
 import os
 import statistics
+from typing import Any
 
 import asyncpg
 from rls import database
@@ -56,34 +57,27 @@ APP = "NULLIF(current_setting('agent_store.app_id', true), '')"
 SESSION_IS_USERS = "EXISTS (SELECT 1 FROM agent_sessions s WHERE s.id = {t}.session_id AND s.user_id = " + USER + ")"  # noqa: S608
 
 
-def direct(keyed: str) -> list[str]:
-    """Every policy as shipped but reading its settings directly; ``keyed`` is the session-keyed tables' check."""
+def direct(keyed: str, same: str = "{0} = {1}", ledger_probe: bool = True) -> list[str]:
+    """Every policy as shipped but reading its settings directly; ``keyed`` is the session-keyed tables' check,
+    ``same`` how a comparison is written; ``ledger_probe``: the ledger's write check probes its session too."""
+    user, app = (lambda column: same.format(column, USER)), (lambda column: same.format(column, APP))
+    ledger = f"{user('user_id')} AND {app('app_id')}"
+    probe = f" AND {SESSION_IS_USERS.format(t='agent_usage')}" if ledger_probe else ""
     return [f"ALTER POLICY agent_store_tenant ON {t} USING ({keyed.format(t=t)})" for t in KEYED] + [
-        f"ALTER POLICY agent_store_tenant ON {t} USING (user_id = {USER})" for t in BY_USER] + [
-        f"ALTER POLICY agent_store_tenant ON agent_app_state USING (app_id = {APP})",
-        f"ALTER POLICY agent_store_tenant ON agent_usage USING (user_id = {USER} AND app_id = {APP}) WITH CHECK "
-        f"(user_id = {USER} AND app_id = {APP} AND {SESSION_IS_USERS.format(t='agent_usage')})",
-        f"ALTER POLICY agent_store_tenant ON agent_usage_budgets USING ((scope = 'user' AND subject = {USER}) "
-        f"OR (scope = 'app' AND subject = {APP}))",
-        f"ALTER POLICY agent_store_tenant ON agent_ui_snapshots USING (scope = {USER})",
+        f"ALTER POLICY agent_store_tenant ON {t} USING ({user('user_id')})" for t in BY_USER] + [
+        f"ALTER POLICY agent_store_tenant ON agent_app_state USING ({app('app_id')})",
+        f"ALTER POLICY agent_store_tenant ON agent_usage USING ({ledger}) WITH CHECK ({ledger}{probe})",
+        f"ALTER POLICY agent_store_tenant ON agent_usage_budgets USING ((scope = 'user' AND {user('subject')}) "
+        f"OR (scope = 'app' AND {app('subject')}))",
+        f"ALTER POLICY agent_store_tenant ON agent_ui_snapshots USING ({user('scope')})",
         f"ALTER POLICY agent_store_tenant ON agent_erasures USING (user_key = encode(sha256(convert_to({USER}, "
         "'UTF8')), 'hex'))"]  # fmt: skip
 
 
 def compared(same: str = "{0} = {1}", column: list[str] | None = None) -> list[str]:
-    """Every policy a comparison of a column with its setting (the session-keyed rows' own ``user_id``), no probe;
-    ``same``: how a comparison is written."""
-    user, app = (lambda column: same.format(column, USER)), (lambda column: same.format(column, APP))
-    return [*(COLUMN if column is None else column),
-            *(f"ALTER POLICY agent_store_tenant ON {t} USING ({user('user_id')})" for t in [*KEYED, *BY_USER]),
-            f"ALTER POLICY agent_store_tenant ON agent_app_state USING ({app('app_id')})",
-            f"ALTER POLICY agent_store_tenant ON agent_usage USING ({user('user_id')} AND {app('app_id')}) WITH CHECK "
-            f"({user('user_id')} AND {app('app_id')})",
-            f"ALTER POLICY agent_store_tenant ON agent_usage_budgets USING ((scope = 'user' AND {user('subject')}) "
-            f"OR (scope = 'app' AND {app('subject')}))",
-            f"ALTER POLICY agent_store_tenant ON agent_ui_snapshots USING ({user('scope')})",
-            f"ALTER POLICY agent_store_tenant ON agent_erasures USING (user_key = encode(sha256(convert_to({USER}, "
-            "'UTF8')), 'hex'))"]  # fmt: skip
+    """Every policy a comparison of a column with its setting (the session-keyed rows' own ``user_id``), no probe
+    (``column``: how that column is made)."""
+    return [*(COLUMN if column is None else column), *direct(same.format("user_id", USER), same, ledger_probe=False)]
 
 
 COLUMN = [f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS user_id text DEFAULT {USER}" for t in KEYED]
@@ -144,6 +138,17 @@ async def prepared(admin_url: str, variant: str) -> str:
     return url
 
 
+def naming_anyway(learn: Any, named: list[Any]) -> Any:
+    """``tenancy.learn`` for the "off, named..." variants: the stores of ``named`` name their user anyway."""
+
+    async def learn_as(db: Any, conn: Any) -> None:
+        await learn(db, conn)
+        if any(db is one for one in named):
+            db.row_security = True
+
+    return learn_as
+
+
 async def everything(admin_url: str, reps: int, runs: int) -> dict[str, list[float]]:
     """Each repetition: every variant's store open at once, S1's runs interleaved (run n of every variant, in a
     rotating order, then run n + 1), so the machine's drift falls on all of them alike; each variant's p50."""
@@ -153,14 +158,7 @@ async def everything(admin_url: str, reps: int, runs: int) -> dict[str, list[flo
         urls = {variant: await prepared(admin_url, variant) for variant in VARIANTS}
         stores = {variant: Store.from_url(url, pool_size=2, max_overflow=0) for variant, url in urls.items()}
 
-        named = [store.db for variant, store in stores.items() if variant.startswith("off, named")]
-
-        async def learn_as(db: object, conn: object, named: list[object] = named) -> None:
-            await learn(db, conn)  # and "off, named...": the store names its user anyway
-            if any(db is one for one in named):
-                db.row_security = True  # type: ignore[attr-defined]
-
-        tenancy.learn = learn_as
+        tenancy.learn = naming_anyway(learn, [s.db for v, s in stores.items() if v.startswith("off, named")])
         try:
             latencies: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
             order = list(VARIANTS)

@@ -29,6 +29,7 @@ async def test_a_notify_names_no_one_and_a_forged_cancel_cancels_nothing(pg_url:
         await store.migrate()
     async with Store.from_url(pg_url) as store:
         journal = store.journal(batch_events=1, lease_s=60)
+        journal.heartbeat_s = 3600  # no heartbeat brings a cancel here: only the NOTIFY and the row it sends to
         spy = await asyncpg.connect(plain_dsn(pg_url))
         heard: list[str] = []
         await spy.add_listener(NOTIFY_CHANNEL, lambda *args: heard.append(args[3]))
@@ -45,7 +46,7 @@ async def test_a_notify_names_no_one_and_a_forged_cancel_cancels_nothing(pg_url:
             assert not writer.cancel_requested  # the row says no cancel was asked
             await writer.append({"step": 2})  # the run goes on
             assert await journal.cancel("bobs-secret-run", user_id="bob") is True
-            await soon(lambda: writer.cancel_requested)  # heard at once, by the NOTIFY
+            await soon(lambda: writer.cancel_requested)  # heard at once, by the NOTIFY and a read of the row
             assert writer.cancel_requested
             await writer.finish("cancelled")
             assert (await journal.read("bobs-secret-run", user_id="bob"))[1]["status"] == "cancelled"
