@@ -3,6 +3,7 @@
     AgentStoreError               .retryable: whether the same call may succeed if simply tried again
     ├── ConfigurationError        bad URL or option, missing database or role, no permission (also a ValueError)
     │   ├── EmbeddingProfileError a query in another embedding space than the stored vectors'
+    │   ├── MissingExtraError     an optional part used without its extra installed: names the pip command
     │   └── NotEmbeddedError      ranking by meaning before any vector exists: run `agent-store embed`
     ├── InvalidValueError         a value that cannot be stored; names the key or field (also a ValueError)
     ├── CheckpointRefusedError    a stored workflow checkpoint that may not be read back (also the framework's
@@ -55,6 +56,28 @@ class AgentStoreError(Exception):
 
 class ConfigurationError(AgentStoreError, ValueError):
     """The store was configured wrongly (bad URL, sync driver, bad option)."""
+
+
+class MissingExtraError(ConfigurationError):
+    """An optional part (search by meaning, the browser, AG-UI, ...) used without its extra installed.
+
+    ``extra`` is the extra's name; the message says how to install it, from an index and from a checkout.
+    """
+
+    def __init__(self, what: str, extra: str, missing: str | None) -> None:
+        self.extra = extra
+        module = f" ({missing} is not installed)" if missing else ""
+        super().__init__(f'{what} needs the "{extra}" extra{module}: pip install "agent-store[{extra}]", '
+                         f'or in a checkout of agent_store: pip install ".[{extra}]"')  # fmt: skip
+
+
+@contextmanager
+def needs_extra(extra: str, what: str) -> Iterator[None]:
+    """Imports inside the block come from the optional ``extra``: a missing one is a ``MissingExtraError``."""
+    try:
+        yield
+    except ImportError as exc:
+        raise MissingExtraError(what, extra, getattr(exc, "name", None)) from exc
 
 
 class InvalidValueError(AgentStoreError, ValueError):

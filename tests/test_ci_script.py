@@ -52,10 +52,24 @@ def test_tests_and_benches_name_no_address_off_this_machine() -> None:
     """Only loopback is dialled (an "unreachable host" is tests/helpers.py's black_hole, never a routable one)."""
     address = re.compile(r"(?<![\d.])(\d{1,3})\.(\d{1,3})\.(\d{1,3})\.(\d{1,3})(?![\d.])")
     found = []
-    for path in sorted([*(ROOT / "tests").glob("*.py"), *(ROOT / "bench").glob("*.py")]):
+    for path in sorted([*(ROOT / "tests").glob("*.py"), *(ROOT / "bench").rglob("*.py")]):
         for number, line in enumerate(path.read_text().splitlines(), 1):
             for match in address.finditer(line):
                 octets = [int(part) for part in match.groups()]
                 if octets[0] != 127 and octets != [0, 0, 0, 0] and max(octets) <= 255:
                     found.append(f"{path.name}:{number}: {match.group(0)}")
     assert found == []
+
+
+def test_ci_checks_every_extra_alone_and_leaves_a_contributors_venv() -> None:
+    import tomllib
+
+    script = (ROOT / ".ci" / "run").read_text()
+    extras = (ROOT / ".ci" / "extras").read_text()
+    declared = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+    checked = set(re.findall(r"^\s+\[([\w-]+)\]=", extras, re.M))
+    assert declared - {"test"} == checked  # (the test extra is the main pass's own install)
+    default = re.search(r"EXTRAS=\(([^)]*)\)", extras)
+    assert default is not None and set(default.group(1).split()) == checked
+    assert script.index("bash .ci/extras") < script.index("pytest")
+    assert "rm -rf .venv" not in script and not re.search(r"(^|\s)\.venv/bin/", script)

@@ -29,7 +29,7 @@ from agent_store.db import codec, erasures, sealing, tenancy
 from agent_store.db.erasures import erased_since
 from agent_store.db.statements import lock_user
 from agent_store.db.tables import ui_snapshots_t
-from agent_store.errors import ConfigurationError, InvalidValueError, SessionNotFoundError
+from agent_store.errors import InvalidValueError, SessionNotFoundError, needs_extra
 from agent_store.journal.detached import journal_point
 from agent_store.run.commit import ERASURE_MARGIN
 from agent_store.run.read_times import UNKNOWN, ReadTimes
@@ -67,12 +67,8 @@ class StoreThreadSnapshotStore:
     """The AG-UI package's ``AGUIThreadSnapshotStore`` protocol (save / get / delete / clear), on both backends."""
 
     def __init__(self, store: Store) -> None:
-        try:
+        with needs_extra("ag-ui", "StoreThreadSnapshotStore"):
             from agent_framework_ag_ui import AGUIThreadSnapshot
-        except ImportError as exc:
-            raise ConfigurationError(
-                'StoreThreadSnapshotStore needs the AG-UI package: pip install "agent-store[ag-ui]"'
-            ) from exc
         self._db, self._snapshot_type = store.db, AGUIThreadSnapshot
         self._reads = ReadTimes()  # per (scope, thread): when it was read (read_times.py)
 

@@ -168,10 +168,7 @@ class GivenVectors:
     """The profile of a provider's vectors: they come with its records (its own embedding client made them)."""
 
     def __init__(self, collection: str, dimensions: int) -> None:
-        try:
-            from agent_store.search.embedders import EmbeddingProfile
-        except ImportError as exc:  # numpy
-            raise ConfigurationError("a provider's vectors need numpy: pip install 'agent-store[semantic]'") from exc
+        from agent_store.search.embedders import EmbeddingProfile  # numpy: a MissingExtraError without it
         from agent_store.search.vectors import GIVEN
 
         self.profile = EmbeddingProfile(f"agent-framework:{collection}", dimensions, GIVEN)
@@ -185,7 +182,7 @@ async def write_vectors(embeddings: Any, rows: Sequence[MessageRecord], vectors:
     the text it was stored with (the backfill's own write, search/vectors.py)."""
     import numpy as np
 
-    from agent_store.search.embedders import pack
+    from agent_store.search.embedders import pack  # first: names a missing extra
 
     if not rows:
         return
@@ -197,7 +194,7 @@ async def ranked(db: Database, embeddings: Any, session_id: str, vector: Sequenc
     """(seq, cosine similarity) of the session's messages with a vector in the profile, best first."""
     import numpy as np
 
-    from agent_store.search.embedders import unit, unpack
+    from agent_store.search.embedders import unit, unpack  # first: names a missing extra
 
     pid = await embeddings.profile_id(create=False)
     if pid is None:

@@ -10,7 +10,7 @@ import socket
 import click
 
 from agent_store.cli.support import json_option, open_store, print_json, print_table, runs_async, url_option
-from agent_store.errors import ConfigurationError
+from agent_store.errors import ConfigurationError, needs_extra
 
 
 def marked(snippet: str, marks: list[tuple[int, int]]) -> str:
@@ -106,13 +106,11 @@ def loopback(host: str) -> bool:
 @json_option
 def ui(url: str | None, host: str, port: int, token: str | None, allow_hosts: tuple[str, ...], trace_url: str | None,
        embedder: str | None, as_json: bool) -> None:  # fmt: skip
-    """A read-only web browser of sessions, transcripts, state and search (pip install "agent-store[ui]")."""
-    try:
+    """A read-only web browser of sessions, transcripts, state and search (the "ui" extra: pip install ".[ui]")."""
+    with needs_extra("ui", "the browser"):
         import uvicorn
 
         from agent_store.browser.app import LOOPBACK_HOSTS, create_app
-    except ImportError as exc:
-        raise ConfigurationError(f'the browser needs its extra: pip install "agent-store[ui]" ({exc.name})') from None
     if not loopback(host) and not token:
         raise click.UsageError(f"refusing to serve {host} without --token (or AGENT_STORE_UI_TOKEN): "
                                "anyone who can reach it could read every conversation")  # fmt: skip

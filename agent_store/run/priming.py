@@ -1,7 +1,7 @@
 """A new connection's first commits, made by ``Store.warm_up`` before a run needs them (PostgreSQL).
 
 PostgreSQL compiles a PL/pgSQL function, and plans each statement in it, on a connection's first call: a new
-connection's first commit took 19-21 ms against 4-5 ms for the next ones (``bench/first_commit.py``). A burst of
+connection's first commit took 19-21 ms against 4-5 ms for the next ones (``bench/studies/first_commit.py``). A burst of
 runs on a pool of new connections paid it all at once (S2's first second in bench/README.md).
 
 So each connection makes the two commits a run makes most: a new session's, then a second run on it. They carry two

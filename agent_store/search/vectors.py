@@ -176,7 +176,7 @@ class Embeddings:
         in other profiles (a query is never compared across spaces)."""
         import numpy as np
 
-        from agent_store.search.embedders import embed_checked, unit, unpack
+        from agent_store.search.embedders import embed_checked, unit, unpack  # first: names a missing extra
 
         embedder = self._need()
         pid = await self.profile_id(create=False)
