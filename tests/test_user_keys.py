@@ -310,3 +310,34 @@ async def test_checkpoints_snapshots_journal_and_hosted_responses_are_sealed_too
             await journal.read("run-1", user_id="alice")
     finally:
         await journal.close()
+
+
+@pytest.mark.parametrize("with_keys", [pytest.param(False, id="no-keys"), pytest.param(True, id="keys")])
+async def test_a_restore_re_applies_an_erasure_of_a_keyed_user_with_or_without_the_keys(
+    keyed: Store, url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, with_keys: bool
+) -> None:
+    """docs/operations.md's restore, as written: the erased user's keys went with the erasure, so the re-erasure
+    needs none; the restored store keeps nothing of theirs and holds the erasure record (the fence)."""
+    key_file = tmp_path / "keys.db"
+    await talk(keyed, "a1", "alice", "my name is Ann")
+    await talk(keyed, "b1", "bob", "my name is Bob")
+    backup, log = tmp_path / "before.backup", tmp_path / "erasures.jsonl"
+    ok(cli("backup", "-o", str(backup), url=url, cwd=tmp_path))
+    assert (await keyed.erase_user("alice")).keys_destroyed == 1
+    ok(cli("erasures", "-o", str(log), url=url, cwd=tmp_path))
+    if with_keys:
+        monkeypatch.setenv("AGENT_STORE_KEYS", str(key_file))
+
+    async with fresh_database(keyed.db.dialect, tmp_path / "r") as target:
+        (tmp_path / "r").mkdir(exist_ok=True)
+        said = ok(cli("restore", str(backup), "--erasures-from", str(log), url=target, cwd=tmp_path))
+        assert said.strip().endswith("1 users erased since the backup were erased again"), said
+        async with Store.from_url(target, keys=KeyFile(key_file)) as restored:
+            for table in ("agent_sessions", "agent_user_state", "agent_usage"):
+                assert await rows(restored, f"SELECT count(*) FROM {table} WHERE user_id = 'alice'") == [(0,)]
+            assert await rows(restored, "SELECT count(*) FROM agent_messages WHERE session_id = 'a1'") == [(0,)]
+            owner = hashlib.sha256(b"alice").hexdigest()
+            assert await rows(restored, f"SELECT count(*) FROM agent_erasures WHERE user_key = '{owner}'") == [(1,)]
+            with pytest.raises(SessionNotFoundError):
+                await restored.messages("a1", user_id="alice")
+            assert "Bob" in (await talk(restored, "b1", "bob", "what is my name?"))[-1]  # bob's is whole

@@ -142,8 +142,8 @@ async def reapply_erasures(db: Database, log: Iterable[dict[str, Any]] | dict[st
                 newest.setdefault(owner, None)  # rows with no time: nothing shows they are newer
     again = sorted(owner for owner, at in newest.items() if user_key(owner) in erased
                    and (at is None or at < erased[user_key(owner)]))  # fmt: skip
-    for owner in again:
-        await erase_user(db, owner, 10_000, None)
+    # The log first: from here the fence refuses every run loaded before each erasure, even if a re-erasure
+    # below is interrupted (run it again to finish).
     async with db.transaction(write=True, doing="recording the erasure log") as conn:
         for key, at in erased.items():
             mine = (await conn.execute(select(erasures_t.c.erased_at).where(erasures_t.c.user_key == key))).first()
@@ -151,6 +151,8 @@ async def reapply_erasures(db: Database, log: Iterable[dict[str, Any]] | dict[st
                 await conn.execute(erasures_t.insert().values(user_key=key, erased_at=at))
             elif mine[0] < at:
                 await conn.execute(erasures_t.update().where(erasures_t.c.user_key == key).values(erased_at=at))
+    for owner in again:  # their keys went with the first erasure: no keys needed to delete the rows again
+        await erase_user(db, owner, 10_000, None, again=True)
     return again
 
 

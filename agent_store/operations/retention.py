@@ -130,7 +130,8 @@ async def count_expired(db: Database) -> int:
 
 
 async def erase_user(
-    db: Database, user_id: str, batch_messages: int, progress: Callable[[int], None] | None
+    db: Database, user_id: str, batch_messages: int, progress: Callable[[int], None] | None, *,
+    again: bool = False,
 ) -> ErasureReport:
     """Delete every session, message, state row, user-scoped key, workflow checkpoint and AG-UI snapshot (scope
     = the user id) of ``user_id``.
@@ -144,11 +145,14 @@ async def erase_user(
     runs are erased by a later batch; after the last one, the fence refuses runs that loaded before it. An
     interrupted erasure leaves whole sessions (and at most one closed session missing its oldest messages): run
     it again to finish.
+
+    ``again``: an erasure made before, re-applied to a restored copy (operations/backup.py). Its keys were
+    destroyed then, so a store opened without keys may re-apply it (with keys, any left are destroyed again).
     """
     codec.check_id(user_id, "user_id", required=True)
     codec.check_int(batch_messages, "batch_messages", low=1, high=10_000_001)
     n = dict.fromkeys(("sessions", "messages", "state_rows", "usage_calls", "batches"), 0)
-    if db.settings.keys is None and await _has_sealed(db, user_id):
+    if not again and db.settings.keys is None and await _has_sealed(db, user_id):
         raise ConfigurationError(
             f"user {user_id!r} has content sealed with per-user keys: erase with the store's keys (Store(keys=...), "
             "the CLI's $AGENT_STORE_KEYS) so that they are destroyed too (or a backup stays readable): nothing erased"
