@@ -69,6 +69,7 @@ async def test_the_documented_set_up_holds_the_application_to_the_policies(pg_ur
         async with Store.from_url(operator_url, operator=True) as everyone:
             assert {s.id for s in (await everyone.list_sessions(all_users=True)).items} == {"s1", "s2", "s3"}
         assert f"role {operator} bypasses it" in ok(cli("rls", "status", url=operator_url, cwd=tmp_path))
+        await erasure_log_is_the_operators(app_url, operator_url, pg_url, tmp_path)
     finally:
         try:
             await admin.execute(f'ALTER DATABASE "{database}" OWNER TO CURRENT_USER')
@@ -80,5 +81,55 @@ async def test_the_documented_set_up_holds_the_application_to_the_policies(pg_ur
             finally:
                 await in_database.close()
             await admin.execute(f"DROP ROLE IF EXISTS {operator}; DROP ROLE IF EXISTS {app}")
+        finally:
+            await admin.close()
+
+
+async def erasure_log_is_the_operators(app_url: str, operator_url: str, pg_url: str, tmp_path: Path) -> None:
+    """The application erases a user, and its role can then neither delete, back-date nor rewrite that erasure in
+    plain SQL (acting for the user, whose line the policy admits); a restore of a backup taken before the erasure
+    still erases the user again."""
+    backup = tmp_path / "before.backup"
+    ok(cli("backup", "-o", str(backup), url=operator_url, cwd=tmp_path))
+    async with Store.from_url(app_url) as store:
+        assert (await store.erase_user("bob")).sessions == 1  # the fence through agent_store_erasure_fence()
+    plain = await asyncpg.connect(plain_dsn(app_url))
+    try:
+        async with plain.transaction():
+            await plain.execute("SELECT set_config('agent_store.user_id', 'bob', true)")
+            assert await plain.fetchval("SELECT count(*) FROM agent_erasures") == 1  # bob's own line, readable
+            for rewrite in ("DELETE FROM agent_erasures",
+                            "UPDATE agent_erasures SET erased_at = erased_at - interval '1 year'",
+                            "INSERT INTO agent_erasures (user_key, erased_at) VALUES "
+                            "(encode(sha256(convert_to('bob', 'UTF8')), 'hex'), now() - interval '1 year') "
+                            "ON CONFLICT (user_key) DO UPDATE SET erased_at = EXCLUDED.erased_at"):  # fmt: skip
+                with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                    async with plain.transaction():  # (a savepoint: the next rewrite is tried too)
+                        await plain.execute(rewrite)
+            before = await plain.fetchval("SELECT erased_at FROM agent_erasures")
+            again = await plain.fetchval("SELECT agent_store_erasure_fence(encode(sha256(convert_to('bob', 'UTF8')), "
+                                         "'hex'))")  # fmt: skip
+            assert again >= before  # the one write it has only moves the fence forward
+    finally:
+        await plain.close()
+    log = tmp_path / "erasures.jsonl"
+    ok(cli("erasures", "-o", str(log), url=operator_url, cwd=tmp_path))
+    database = make_url(operator_url).database
+    target = make_url(operator_url).set(database=f"{database}_r")
+    admin = await asyncpg.connect(plain_dsn(pg_url))
+    try:
+        await admin.execute(f'CREATE DATABASE "{target.database}" OWNER "{make_url(operator_url).username}"')
+    finally:
+        await admin.close()
+    restored_url = target.render_as_string(hide_password=False)
+    try:
+        said = ok(cli("restore", str(backup), "--erasures-from", str(log), url=restored_url, cwd=tmp_path))
+        assert said.strip().endswith("1 users erased since the backup were erased again"), said
+        async with Store.from_url(restored_url, operator=True) as restored:
+            assert {s.id for s in (await restored.list_sessions(all_users=True)).items} == {"s1", "s3"}
+    finally:
+        admin = await asyncpg.connect(plain_dsn(pg_url))
+        try:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{target.database}" WITH (FORCE)')
         finally:
             await admin.close()

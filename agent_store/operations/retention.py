@@ -10,12 +10,12 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, Row, Table, delete, exists, func, select, tuple_, update
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import ColumnElement, Row, Table, delete, exists, func, select, text, tuple_, update
+from sqlalchemy.dialects import sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 import agent_store.telemetry as telemetry
-from agent_store.db import codec, sealing
+from agent_store.db import codec, sealing, tenancy
 from agent_store.db.database import Database
 from agent_store.db.erasures import ERASURE_LOG_KEPT, user_key
 from agent_store.db.hosted_tables import checkpoints_of
@@ -106,7 +106,7 @@ async def purge_expired(
                     # (the condition again, in this statement's snapshot: a branch made since the pick is seen)
                     no_branch = ~exists().where(_BRANCH.c.base_id == S.id)
                     await conn.execute(delete(sessions_t).where(S.id.in_(ids), no_branch))
-                if first:  # erasures older than any backup a restore would re-apply them to (backup.py)
+                if first and await _may_trim_erasures(conn):  # older than any backup a restore re-applies to
                     old = datetime.now(UTC) - ERASURE_LOG_KEPT
                     await conn.execute(delete(erasures_t).where(erasures_t.c.erased_at < old))
                 # Run journals past their TTL (0019; their events cascade), a batch at a time, an ended run's or not
@@ -124,11 +124,21 @@ async def purge_expired(
     return total
 
 
+async def _may_trim_erasures(conn: AsyncConnection) -> bool:
+    """Whether this role may trim the erasure log: the application's role under docs/row-security.md's grants may
+    not (only an operator's purge trims it; the app's leaves it for them)."""
+    if conn.dialect.name != "postgresql":
+        return True
+    may = text("SELECT has_table_privilege(current_user, 'agent_erasures', 'DELETE')")
+    return bool((await conn.execute(may)).scalar())
+
+
 async def count_expired(db: Database) -> int:
     async with db.transaction(write=False, replica=True, doing="counting expired sessions") as conn:
         return int((await conn.execute(select(func.count()).where(S.expires_at <= datetime.now(UTC)))).scalar_one())
 
 
+@tenancy.for_user  # under row-level security the application's role erases only what it names: the user
 async def erase_user(
     db: Database, user_id: str, batch_messages: int, progress: Callable[[int], None] | None, *,
     again: bool = False,
@@ -243,9 +253,12 @@ async def _erase_user_rows(conn: AsyncConnection, user_id: str) -> tuple[int, in
     await conn.execute(delete(streams_t).where(streams_t.c.user_id == user_id))  # run journals (0019; events cascade)
     await conn.execute(delete(budgets_t).where(budgets_t.c.scope == "user", budgets_t.c.subject == user_id))
     # A fence for runs still in flight: they loaded before now and may not write for this user after it.
-    fence = {"user_key": user_key(user_id), "erased_at": datetime.now(UTC)}
-    upsert = (postgresql if conn.dialect.name == "postgresql" else sqlite).insert(erasures_t)
-    await conn.execute(upsert.on_conflict_do_update(index_elements=["user_key"], set_=fence), fence)
+    if conn.dialect.name == "postgresql":  # only forward, by a function the application's role may call (0026)
+        await conn.execute(select(func.agent_store_erasure_fence(user_key(user_id))))
+    else:
+        fence = {"user_key": user_key(user_id), "erased_at": datetime.now(UTC)}
+        upsert = sqlite.insert(erasures_t).on_conflict_do_update(index_elements=["user_key"], set_=fence)
+        await conn.execute(upsert, fence)
     return user_rows, checkpoints, hosted
 
 
