@@ -196,7 +196,7 @@ class Store:
             if isinstance(exc, Exception | asyncio.CancelledError):  # its model calls were spent all the same
                 await run.log_unwritten("failed")  # (a client that went away must not spend a budget unseen)
             raise
-        say_if_unrecorded(run.calls, run.history, run.loaded_ids)  # usage never silently off
+        say_if_unrecorded(run.calls, run.history, run.loaded_ids, budgeted=run.budgeted)  # never silently off
         await run.commit()
 
     # ---- lifecycle: see operations/ ---------------------------

@@ -29,8 +29,9 @@ class Bare(BaseChatClient):  # a client built on BaseChatClient alone: chat midd
 said = []
 class Catch(logging.Handler):
     def emit(self, record):
-        said.append(record.getMessage())
+        said.append([record.levelname, record.getMessage()])
 logging.getLogger("agent_store.usage").addHandler(Catch())
+logging.getLogger("agent_store.usage").setLevel(logging.INFO)
 
 async def main(url, case):
     if case == "two-agents":  # one records, the other does not: its answers go unrecorded
@@ -39,9 +40,12 @@ async def main(url, case):
     agent = {"bare-recorder": lambda: Agent(client=Bare(), name="A", middleware=[UsageRecorder()]),
              "plain": lambda: Agent(client=OfflineChatClient(), name="A"),
              "recorder": lambda: Agent(client=OfflineChatClient(), name="A", middleware=[UsageRecorder()]),
-             "no-answer": lambda: None, "two-agents": lambda: "both"}[case]()
+             "no-answer": lambda: None, "two-agents": lambda: "both",
+             "plain-budgeted": lambda: Agent(client=OfflineChatClient(), name="A")}[case]()
     async with Store.from_url(url) as store:
         await store.migrate()
+        if case == "plain-budgeted":
+            await store.usage.set_budget(1_000_000, user_id="u")
         for sid in ("s1", "s2"):
             async with store.session(sid, user_id="u") as session:
                 if agent is None:
@@ -61,14 +65,19 @@ asyncio.run(main(sys.argv[1], sys.argv[2]))
 """
 
 
-@pytest.mark.parametrize(("case", "warned", "rows"), [("bare-recorder", 1, 0), ("plain", 1, 0), ("recorder", 0, 2),
-                                                      ("no-answer", 0, 0), ("two-agents", 1, 2)])  # fmt: skip
-def test_unrecorded_usage_is_said_once(url: str, tmp_path: Path, case: str, warned: int, rows: int) -> None:
+# A budget that would not count the calls is a warning; without one (a newcomer's first agent), a note at INFO.
+@pytest.mark.parametrize(("case", "level", "rows"), [("bare-recorder", "INFO", 0), ("plain", "INFO", 0),
+                                                     ("plain-budgeted", "WARNING", 0), ("recorder", None, 2),
+                                                     ("no-answer", None, 0), ("two-agents", "INFO", 2)])  # fmt: skip
+def test_unrecorded_usage_is_said_once(url: str, tmp_path: Path, case: str, level: str | None, rows: int) -> None:
     script = tmp_path / "probe.py"
     script.write_text(PROBE, encoding="utf-8")
     done = subprocess.run([sys.executable, str(script), url, case], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout)
-    assert len(seen["warnings"]) == warned and seen["usage_rows"] == rows
-    if warned:
-        assert "UsageRecorder" in seen["warnings"][0] and "ChatMiddlewareLayer" in seen["warnings"][0]
+    assert [said[0] for said in seen["warnings"]] == ([level] if level else []) and seen["usage_rows"] == rows
+    if level:
+        told = seen["warnings"][0][1]
+        assert "UsageRecorder" in told and "ChatMiddlewareLayer" in told
+        assert "from agent_store.agent_framework import UsageRecorder" in told
+        assert ("budgets do not count them" in told) == (level == "WARNING")

@@ -128,6 +128,11 @@ class Run:
         return self._snapshot.exists
 
     @property
+    def budgeted(self) -> bool:
+        """Whether a token budget (the user's or the app's) applied when the run loaded."""
+        return self._snapshot.budgeted
+
+    @property
     def loaded_ids(self) -> set[str]:
         """The store ids of the messages it loaded (the rest of its history is new)."""
         return self._snapshot.message_ids

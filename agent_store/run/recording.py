@@ -47,7 +47,8 @@ def stop_recording(token: Token[list[ModelCall] | None]) -> None:
         _ACTIVE.set(None)
 
 
-def say_if_unrecorded(calls: list[ModelCall], history: Sequence[Message], loaded_ids: set[str]) -> None:
+def say_if_unrecorded(calls: list[ModelCall], history: Sequence[Message], loaded_ids: set[str], *,
+                      budgeted: bool) -> None:
     """A ``store.session`` run that adds more model answers than it recorded model calls (a plain agent, or two
     agents of which one records): say so, once per process.
 
@@ -65,8 +66,12 @@ def say_if_unrecorded(calls: list[ModelCall], history: Sequence[Message], loaded
     if answers <= len(calls):  # each new assistant message came from a model call: fewer calls, some unseen
         return
     _TOLD = True
-    log.warning(
-        "agent_store: a run's model calls were not recorded in the usage ledger, so its budgets do not count "
-        "them: add middleware=[UsageRecorder()] to the agent (its chat client must run chat middleware: the "
-        "framework's ChatMiddlewareLayer), or use StoreHistoryProvider. Said once per process."
+    # A warning where a budget applies (it would silently not count these calls); else a note, once: a newcomer's
+    # first agent, which sets no budget, runs without a warning, and the ledger's emptiness is still said.
+    log.log(
+        logging.WARNING if budgeted else logging.INFO,
+        "agent_store: a run's model calls were not recorded in the usage ledger%s: add "
+        "middleware=[UsageRecorder()] to the agent (from agent_store.agent_framework import UsageRecorder; its chat "
+        "client must run chat middleware: the framework's ChatMiddlewareLayer), or use StoreHistoryProvider. Said "
+        "once per process.", ", so its budgets do not count them" if budgeted else "",
     )

@@ -32,8 +32,9 @@ def checked_session(
             raise SessionExpiredError(f"session {session_id!r} expired at {row.t2.isoformat()}")  # half-purged one
         if row.t1 is not None:
             raise SessionClosedError(f"session {session_id!r} was closed at {row.t1.isoformat()}")
-    ledger.refuse_if_spent([r for r in rows if r.kind == BUDGET], datetime.now(UTC))
-    snap = Snapshot()
+    budgets = [r for r in rows if r.kind == BUDGET]
+    ledger.refuse_if_spent(budgets, datetime.now(UTC))
+    snap = Snapshot(budgeted=bool(budgets))
     session = StoredSession(session_id=session_id)
     for state in (r for r in rows if r.kind == STATE):
         full_key = state.other + state.key

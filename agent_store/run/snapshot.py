@@ -30,6 +30,7 @@ class Snapshot:
     included_only: bool = False  # only the included messages: excluded ones may lie between loaded ones
     end: int = 0
     places_known: bool = True  # False once a commit of this run joined others': a compaction must reload first
+    budgeted: bool = False  # a budget applies to the run (its user's or app's): unrecorded calls then matter
 
     @property
     def gapped(self) -> bool:
