@@ -7,11 +7,12 @@ from logging.config import fileConfig
 from typing import Any
 
 from alembic import context
-from sqlalchemy import text
+from sqlalchemy import inspect, text
 
-from agent_store.db.engine import make_engine, migration_connection
+from agent_store.db.engine import foreign_revision, make_engine, migration_connection
 from agent_store.db.tables import Base
 from agent_store.db.urls import resolve_url
+from agent_store.errors import SchemaError
 
 config = context.config
 if config.config_file_name is not None and config.attributes.get("connection") is None:
@@ -22,7 +23,19 @@ target_metadata = Base.metadata
 _PG_MIGRATION_LOCK = 0x6167656E7473746F
 
 
+def _refuse_foreign_versions(connection: Any) -> None:
+    """An alembic_version that another Alembic project wrote: say so, before Alembic's "Can't locate revision"."""
+    if not inspect(connection).has_table("alembic_version"):
+        return
+    ours = {script.revision for script in context.script.walk_revisions()}
+    for (found,) in connection.execute(text("SELECT version_num FROM alembic_version")):
+        if found not in ours and not (found.isdigit() and len(found) == 4):  # (a newer agent_store's: Alembic says)
+            url = connection.engine.url.render_as_string(hide_password=True)
+            raise SchemaError(foreign_revision(url, found))
+
+
 def _run(connection: Any) -> None:
+    _refuse_foreign_versions(connection)
     context.configure(
         connection=connection,
         target_metadata=target_metadata,

@@ -24,6 +24,7 @@ from agent_store.db.engine import (
     NO_TRANSACTION,
     check_schema,
     configure_engine,
+    foreign_revision,
     migration_connection,
     migrations_dir,
     no_sqlite_file,
@@ -31,6 +32,7 @@ from agent_store.db.engine import (
 from agent_store.errors import (
     ConfigurationError,
     InvalidValueError,
+    SchemaError,
     SchemaTooNewError,
     redact,
     translated,
@@ -284,6 +286,8 @@ class Database:
             async with migration_connection(self.engine) as conn:
                 current = await conn.run_sync(_current_revision)
                 if current is not None and current not in {r.revision for r in script.walk_revisions()}:
+                    if not (current.isdigit() and len(current) == 4):  # another Alembic project's, not ours
+                        raise SchemaError(foreign_revision(redact(self.url), current))
                     raise SchemaTooNewError(
                         f"{redact(self.url)} is at schema revision {current}, which this agent_store does not "
                         "know; upgrade the agent-store package"

@@ -27,7 +27,7 @@ from agent_store.db.compat import oldest_code
 from agent_store.db.log_redaction import keep_values_out_of_logs
 from agent_store.db.tables import SCHEMA_REVISION
 from agent_store.db.urls import DEFAULT_URL, postgres_connect_args, resolve_url
-from agent_store.errors import ConfigurationError, SchemaOutOfDateError, SchemaTooNewError, redact
+from agent_store.errors import ConfigurationError, SchemaError, SchemaOutOfDateError, SchemaTooNewError, redact
 
 BUSY_TIMEOUT_S = 30  # how long a SQLite writer waits for the lock, unless connect_args says otherwise
 SQLITE3_DEFAULT_BUSY_MS = 5000  # what sqlite3.connect() sets when not told: Store(engine) raises it to ours
@@ -248,6 +248,13 @@ def known_revisions() -> set[str]:
     return {rev.revision for rev in script.walk_revisions()}
 
 
+def foreign_revision(where: str, revision: str) -> str:
+    """The error for an ``alembic_version`` another Alembic project wrote (agent_store's revisions are 0001, ...)."""
+    return (f"{where}'s alembic_version holds revision {revision[:40]!r}, which is not agent_store's: another "
+            "Alembic project keeps its version in this database's alembic_version table. Give that project a "
+            "version table of its own (docs/operations.md, 'Beside your own Alembic migrations'); nothing changed")
+
+
 async def check_schema(conn: AsyncConnection, url: URL) -> None:
     """Raise a :class:`SchemaError` unless the database is at this code's head revision, or at a newer one that
     keeps this code working (compat.py)."""
@@ -279,7 +286,9 @@ async def check_schema(conn: AsyncConnection, url: URL) -> None:
             f"{where} is at schema revision {current}, behind this agent_store ({SCHEMA_REVISION}); "
             f"run `{upgrade}` (or `await store.migrate()`)"
         )
-    newer = current.isdigit() and len(current) == len(SCHEMA_REVISION) and current > SCHEMA_REVISION  # 0021, ...
+    if not (current.isdigit() and len(current) == len(SCHEMA_REVISION)):  # not one of ours, past or future
+        raise SchemaError(foreign_revision(where, current))
+    newer = current > SCHEMA_REVISION  # 0027, ...: zero-padded, text order
     oldest = await oldest_code(conn) if newer else None
     needs = "upgrade the agent-store package"
     if oldest is not None:
