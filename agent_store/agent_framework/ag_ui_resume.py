@@ -15,8 +15,9 @@ come from the app's authentication, never from the body. It is also the thread s
 the AG-UI package's own, as its endpoint sends them (camelCase JSON).
 
 No rollback on a reload (microsoft/agent-framework#7215), with a ``StoreThreadSnapshotStore`` on the runner:
-- a run keeps the user's new messages in the thread's row as it starts (nothing they said is lost if the worker
-  dies next; the snapshot itself is left for the package), and the package saves the snapshot at each step
+- a run keeps the user's new messages in the thread's row as it starts, before the POST is answered (nothing they
+  said is lost if the worker dies next, and a reload at once shows them; the snapshot itself is left for the
+  package), and the package saves the snapshot at each step
   boundary (a tool result, an approval request) and at the end; each save records how far the run's journal had
   come (ag_ui.py);
 - a reload is the package's hydration request (a POST with no messages): answered here, not run, with the stored
@@ -26,6 +27,7 @@ No rollback on a reload (microsoft/agent-framework#7215), with a ``StoreThreadSn
   event since, once.
 """
 
+import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -161,20 +163,29 @@ def add_resumable_agui_routes(
         ):
             return hydrated(user, input_data)
         run_id = input_data.setdefault("run_id", uuid.uuid4().hex)
+        saved = asyncio.Event()
 
         async def events() -> AsyncIterator[Any]:
-            if marked is not None and user and body.thread_id:
-                await _start_saved(marked, user, body.thread_id, input_data.get("messages"))
+            try:
+                if marked is not None and user and body.thread_id:
+                    await _start_saved(marked, user, body.thread_id, input_data.get("messages"))
+            finally:
+                saved.set()
             async for event in runner.run(input_data):
                 yield event
 
         try:
-            await start_detached(journal, run_id, user_id=user, kind="agui", conversation_id=body.thread_id,
-                                 events=events, on_error=_run_error)  # fmt: skip
+            task = await start_detached(journal, run_id, user_id=user, kind="agui", conversation_id=body.thread_id,
+                                        events=events, on_error=_run_error)  # fmt: skip
         except StreamBusyError as exc:  # its id is used, or its thread has a run in progress (which to follow)
             raise HTTPException(status_code=409, detail={"message": str(exc), "runId": exc.live_stream_id}) from None
         except InvalidValueError as exc:
             raise HTTPException(status_code=400, detail=str(exc)) from None
+        # Answered once the user's new messages are stored (inside the run, so their mark names it): a reload the
+        # moment this returns shows them (#7215). A run that fails first says so in its stream.
+        stored = asyncio.ensure_future(saved.wait())
+        await asyncio.wait({stored, task}, return_when=asyncio.FIRST_COMPLETED)
+        stored.cancel()
         return sse(user, run_id, 0)
 
     @app.get(f"{base}/runs/{{run_id}}")

@@ -9,12 +9,13 @@ reads); the run's own commit stays inside it (``store.session(...)``: one transa
 kept as JSON: a dict as it is, ``to_dict()`` (the framework's updates), ``model_dump(mode="json", by_alias=True,
 exclude_none=True)`` (pydantic models: AG-UI events).
 
-A cancel is one outcome or the other, never both: the stream is stopped at its next event (nothing after it is
-committed: the stream is closed there), or, if it sends none for ``grace_s``, the task is cancelled where it
-waits, unless it is inside ``uncancellable()`` (a commit): a cancel then waits, and once the block has committed
-the run ends ``completed`` whatever cancel comes (a block that raised lets the waiting cancel go ahead). A stream
-that has ended ends ``completed`` too. ``Journal.close()`` stops its runs ``incomplete``, but gives one that has
-committed ``grace_s`` to send its last events (then ``completed``; else ``incomplete``, its turn stored).
+A cancel is one outcome or the other, never both: the stream is stopped at its next event, which is not kept
+(nothing after it is committed: the stream is closed there), or, if it sends none for ``grace_s``, the task is
+cancelled where it waits, unless it is inside ``uncancellable()`` (a commit): a cancel then waits, and once the
+block has committed the run ends ``completed`` whatever cancel comes (a block that raised lets the waiting cancel
+go ahead). A stream that has ended ends ``completed`` too. ``Journal.close()`` stops its runs ``incomplete``, but
+gives one that has committed ``grace_s`` to send its last events (then ``completed``; else ``incomplete``, its
+turn stored).
 """
 
 from __future__ import annotations
@@ -159,14 +160,16 @@ async def _drive(run: _Run, events: Callable[[], AsyncIterator[Any]], on_error: 
     writer, stream = run.writer, events()
     try:
         async for event in stream:
-            await writer.append(as_json(event))
-            if writer.cancel_requested and not run.committed:  # stopped here: what it had not done is never done
+            # Looked at before the event is kept, never after: a cancel heard by now stops the run without it
+            # (readers never see a RUN_FINISHED of a run that ends cancelled); one heard later, at the next event.
+            if writer.cancel_requested and not run.committed:  # what it had not done is never done
                 aclose = getattr(stream, "aclose", None)
                 if aclose is not None:
                     await aclose()
                 run.done = True  # no hard cancel may cut the end short
                 await asyncio.shield(writer.finish("cancelled"))
                 return "cancelled"
+            await writer.append(as_json(event))
         run.done = True  # its commit is done: it ends completed, whatever cancel comes now
     except asyncio.CancelledError:
         run.done = True
