@@ -234,6 +234,13 @@ _PG_RETRYABLE = {"40001", "40P01", "55P03", "55006"}  # serialization, deadlock,
 _PG_REFUSED = _PG_RETRYABLE | {"57014"}  # ... and a cancelled statement (statement_timeout): rolled back, nothing kept
 _PG_CONFIGURATION = {"3D000", "28000", "28P01", "42501", "3F000"}  # no database / role / password / permission
 _PG_READ_ONLY = {"25006"}
+_NEXT_STEP = {  # what to do about a refused connection or statement, said beside PostgreSQL's own words
+    "3D000": " (create it on the server, e.g. `createdb -h HOST -p PORT NAME`, then run `agent-store upgrade`)",
+    "28000": " (the URL's user is not a role on the server, or pg_hba.conf refuses it: create the role or "
+             "name another)",
+    "28P01": " (check the password in the URL, or $PGPASSWORD / ~/.pgpass)",
+    "42501": " (the role lacks a privilege: docs/row-security.md lists the application's grants)",
+}
 # PgBouncer refuses an unknown database or user as a protocol violation (08P01), not with the server's codes.
 _POOLER_REFUSAL = re.compile(r"database \".*\" does not exist|authentication failed|no such user", re.IGNORECASE)
 _SQLITE_CONFIGURATION = {"SQLITE_CANTOPEN", "SQLITE_AUTH", "SQLITE_PERM", "SQLITE_NOTADB"}
@@ -259,6 +266,9 @@ def classify(exc: BaseException, where: str) -> AgentStoreError | None:
         if isinstance(exc, (sa_exc.OperationalError, sa_exc.InterfaceError)) or exc.connection_invalidated:
             return StorageUnavailableError(line)
         return DatabaseError(line)
+    if isinstance(exc, ConnectionRefusedError):  # nothing listens there: the next step, not only the errno
+        return StorageUnavailableError(f"{line} (is the database server running, at that host and port? For "
+                                       "PostgreSQL, `pg_isready -h HOST -p PORT` tells)")  # fmt: skip
     if isinstance(exc, (sa_exc.DisconnectionError, OSError, TimeoutError, ConnectionError)):
         return StorageUnavailableError(line)
     if isinstance(exc, sqlite3.Error):  # outside SQLAlchemy's wrapping: the hot path (driver_path.py)
@@ -278,7 +288,7 @@ def _by_sqlstate(state: str, line: str, orig: object) -> AgentStoreError:
     if state == "AS000":  # raised by agent_store_commit() (migration 0005)
         return CheckedPathNeeded(line)
     if state in _PG_CONFIGURATION or (state == "08P01" and _POOLER_REFUSAL.search(str(orig))):
-        return ConfigurationError(line)
+        return ConfigurationError(line + _NEXT_STEP.get(state, ""))
     if state in _PG_READ_ONLY:
         read_only = StorageUnavailableError(line + " (the server is read-only: a standby?)", retryable=False)
         read_only.refused = True

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, computed_field
+from pydantic import BaseModel, ConfigDict, computed_field, field_validator
 
 
 class _Model(BaseModel):
@@ -155,6 +155,12 @@ class UsageLine(_Model):
     cache_read_input_tokens: int | None
     reasoning_output_tokens: int | None
     cost: float | None  # from agent_usage_prices; None unless every call of the line has a price
+
+    @field_validator("cost")
+    @classmethod
+    def _no_float_noise(cls, cost: float | None) -> float | None:
+        """To a billionth of the price's unit: a sum of per-token products prints 0.00069, not 0.0006900000000000001."""
+        return None if cost is None else round(cost, 9)
 
 
 class BudgetInfo(_Model):

@@ -6,7 +6,7 @@ given, which is what makes it a test of persistence: it can name the user only i
 
 - "我叫李明" / "my name is Ann"       -> a greeting that repeats the name
 - "我叫什么名字？" / "what is my name?" -> the name found in earlier user messages, or "I don't know"
-- instructions mentioning 翻译/translat -> "[译] <text>";  摘要/summar -> "摘要：<start of text>"
+- instructions mentioning 翻译/translat -> "[译] <text>";  摘要/summar -> "摘要：<its first words>…"
 - a user message "call <tool>" with that tool offered -> a function call, then a reply with its result
 - "search <words>" / "搜索 <words>" with a ``search_history`` tool offered -> search_history(query=<words>)
 - a name told while a ``remember`` tool is offered -> remember(key="name", value=<name>), then the greeting
@@ -57,8 +57,16 @@ def answer(messages: Sequence[Message], instructions: str = "") -> str:
     if "翻译" in instructions or "translat" in instructions.lower():
         return f"[译] {latest}"
     if "摘要" in instructions or "summar" in instructions.lower():
-        return f"摘要：{latest[:20]}"
+        return f"摘要：{_abridged(latest, 20)}"
     return f"收到：{last}（第 {len(users)} 条用户消息）"
+
+
+def _abridged(text: str, limit: int) -> str:
+    """The text's start, within ``limit`` characters and cut between words, with "…" where it was cut."""
+    if len(text) <= limit:
+        return text
+    cut = text[:limit]
+    return (cut[: cut.rfind(" ")] if " " in cut else cut).rstrip() + "…"
 
 
 class OfflineChatClient(

@@ -81,7 +81,7 @@ def _without_tokens(lines: list[str]) -> list[dict[str, object]]:
 
 async def test_fork_purge_erase_and_stats(filled: Store, url: str, tmp_path: Path) -> None:
     branch = ok(cli("fork", "chat-1", "--user", "li", "--at-seq", "1", "--new-id", "branch", url=url, cwd=tmp_path))
-    assert branch.strip() == "branch"
+    assert branch.strip() == "forked chat-1 into branch (a copy of its messages up to seq 1)"
     assert [m.seq for m in await filled.messages("branch", user_id="li")] == [0, 1]
     assert ok(cli("purge", url=url, cwd=tmp_path)).strip() == "purged 0 expired sessions"
     refused = cli("erase-user", "li", url=url, cwd=tmp_path, stdin="")

@@ -17,6 +17,7 @@ from agent_store.errors import ConflictError, InvalidValueError, SessionNotFound
 from agent_store.run.checked_commit import HeadMoved, ResponseToRecord
 from agent_store.run.commit import Run, run_of
 from agent_store.run.read_times import ReadTimes
+from agent_store.run.recording import active_calls, say_if_unrecorded, start_recording
 
 if TYPE_CHECKING:
     from agent_store.store import Store
@@ -70,6 +71,14 @@ class StoreSessionStore(_SessionStoreBase):
 
     @tenancy.for_its("user_id")
     async def get(self, session_id: str) -> AgentSession | None:
+        run = await self._found(session_id)
+        # The request's model calls, made between this get() and its set() (the hosting routes: one task, get,
+        # run, set), are recorded by the agent's UsageRecorder into its run: the ledger is not off outside
+        # store.session(). A session that is new records into a list set() hands to the run it makes.
+        start_recording(run.calls if run is not None else [])
+        return None if run is None else run.session
+
+    async def _found(self, session_id: str) -> Run | None:
         SessionStore.validate_session_id(session_id)
         read_at = datetime.now(UTC)
         point = await points.resolve(self.store.db, session_id, self.user_id)
@@ -79,13 +88,13 @@ class StoreSessionStore(_SessionStoreBase):
         if point is not None:
             run = await self._at(point)
             if run is not None:
-                return run.session
+                return run
         try:
             run = await self.store.load(session_id, user_id=self.user_id, history_limit=self.history_limit)
         except SessionNotFoundError:  # another user's id: the same answer as an unused one
             run = None
         if run is not None and run.exists:
-            return run.session
+            return run
         self._absent.read(session_id, read_at)
         return None
 
@@ -119,6 +128,11 @@ class StoreSessionStore(_SessionStoreBase):
             # Set again (under another key: ResponsesHostServer sets a request's session under its response id,
             # then its conversation id), it goes on from what this set() committed, not from nothing.
             setattr(session, _SET_BEFORE, _SetBefore(run))
+        recorded = active_calls()
+        if recorded is not None and recorded is not run.calls:  # a new session's calls (get), now its run's
+            run.calls.extend(recorded)
+            recorded.clear()
+        say_if_unrecorded(run.calls, run.history, run.loaded_ids, budgeted=run.budgeted)  # never silently off
         if session_id == run.storage_id and run.point is None:  # its own id: the head moves
             named = None if run.exists else await points.resolve(self.store.db, session_id, self.user_id)
             if named is not None and named.session_id != session_id:  # (its own id, frozen where it began: fine)

@@ -129,7 +129,12 @@ async def fork(url: str | None, user_id: str | None, session_id: str, at_seq: in
     """Copy a session (up to a message) into a new session: a new branch of the conversation."""
     async with open_store(url) as store:
         forked = await store.fork(session_id, user_id=user_id, at_seq=at_seq, new_id=new_id, share=share)
-    print_json({"id": forked, "from": session_id}) if as_json else click.echo(forked)
+    if as_json:
+        print_json({"id": forked, "from": session_id})
+        return
+    how = "a branch reading its history" if share else "a copy of its messages"
+    upto = "" if at_seq is None else f" up to seq {at_seq}"
+    click.echo(f"forked {session_id} into {forked} ({how}{upto})")
 
 
 @session_command()
@@ -140,16 +145,16 @@ async def tree(url: str | None, user_id: str | None, session_id: str, as_json: b
     if as_json:
         print_json([n.model_dump() for n in nodes])
         return
-    click.echo("SESSION / RESPONSE  BASE_SEQ  SEQ_END  PARENT")
+    rows: list[list[Any]] = []
     shown: set[str] = set()
-    for n in nodes:
+    for n in nodes:  # a session's row, then its response ids, indented under it
         pad = "  " * n.depth
         if n.session_id not in shown:
             shown.add(n.session_id)
-            base = "-" if n.base_seq is None else str(n.base_seq)
-            click.echo(f"{pad}{n.session_id}  {base}")
+            rows.append([pad + n.session_id, n.base_seq, None, None])
         if n.response_id is not None:
-            click.echo(f"{pad}  {n.response_id}  -  {n.seq_end}  {n.parent_id or '-'}")
+            rows.append([f"{pad}  {n.response_id}", None, n.seq_end, n.parent_id])
+    print_table(["SESSION / RESPONSE", "BASE_SEQ", "SEQ_END", "PARENT"], rows)
 
 
 @session_command(

@@ -148,7 +148,12 @@ async def purge(url: str | None, batch_size: int, checkpoint_days: int | None, y
 @json_option
 @runs_async
 async def erase_user(url: str | None, user_id: str, yes: bool, as_json: bool) -> None:
-    """Delete every session, message and state row of USER_ID."""
+    """Erase USER_ID (a GDPR erasure): every session with its messages, state, runs and tool calls; the user's
+    `user:` keys, workflow checkpoints, AG-UI snapshots, run journals, hosted responses, budget and usage rows.
+
+    In short transactions (run it again if interrupted). Runs that loaded before it can no longer write for the
+    user (the erasure fence), and the erasure is logged (a SHA-256 of the id) for `restore --erasures-from`.
+    With per-user keys ($AGENT_STORE_KEYS), the user's keys are destroyed too: every backup's copy goes dark."""
     confirm(yes, f"Erase everything stored for user {user_id!r}?")
     async with open_store(url) as store:
         report = await store.erase_user(user_id)

@@ -35,13 +35,17 @@ def session_fence(db: Any, session_id: str, user_id: str | None, since: datetime
     return erasures.fence(db, user_id, since, lambda: not_found(session_id, user_id))
 
 
-def not_found(session_id: str, user_id: str | None) -> SessionNotFoundError:
-    """The one refusal for an id that is unknown, deleted, or another user's / agent's: ids do not leak."""
+def not_found(session_id: str, user_id: str | None, *, starting: bool = False) -> SessionNotFoundError:
+    """The one refusal for an id that is unknown, deleted, or another user's / agent's: ids do not leak.
+    ``starting``: a run's load, which would have created the session (its hint is about picking ids)."""
+    whose = "without a user" if user_id is None else f"for user {user_id!r}"
     if user_id is None:
-        hint = " (a user's session is found only with its user id: user_id=, --user)"
-    else:  # one namespace for every user's ids: starting "chat-1" fails for a second user who picks it too
-        hint = " (session ids are shared by all users: to start a session, give it an id of its own, e.g. a UUID)"
-    return SessionNotFoundError(f"no session {session_id!r} for user {user_id!r}{hint}")
+        hint = "a user's session is found only with its user id: user_id=, --user"
+    elif starting:  # one namespace for every user's ids: starting "chat-1" fails for a second user who picks it too
+        hint = "session ids are shared by all users: to start a session, give it an id of its own, e.g. a UUID"
+    else:
+        hint = "list_sessions(user_id=...), or `agent-store sessions --user ID`, lists a user's sessions"
+    return SessionNotFoundError(f"no session {session_id!r} {whose} ({hint})")
 
 
 # ---- load -----------------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Readiness and the figures an operator alerts on (``store.ready()``, ``agent-store check``).
 
-Ready means what a run needs: the database answers, and its schema runs this code (at its revision, or a newer
-one that keeps it working, compat.py). ``figures=True`` adds what the alerts in docs/operations.md read:
+Ready means what a run needs: the database answers, takes writes, and its schema runs this code (at its revision,
+or a newer one that keeps it working, compat.py). ``figures=True`` adds what the alerts in docs/operations.md read:
 
 - ``purge_lag_s``: how long the oldest expired session has waited for the purge (0: none waits), and how many
   wait (``expired_waiting``): a purge schedule that stopped shows here first. Index-served (``expires_at``).
@@ -17,7 +17,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select, text
+from sqlalchemy import false, func, select, text, update
 
 from agent_store.db.database import Database
 from agent_store.db.journal_tables import streams_t
@@ -27,9 +27,14 @@ __all__ = ["ready"]
 
 
 async def ready(db: Database, *, figures: bool = False) -> dict[str, Any]:
-    """``{"ok": True, "revision", "latency_ms"}`` (and the figures), or the error a run would meet."""
+    """``{"ok": True, "revision", "latency_ms"}`` (and the figures), or the error a run would meet: a database
+    that cannot take a run's commit (a read-only file or URL, a standby) is not ready either."""
     started = time.perf_counter()
     await db.check_schema()
+    async with db.transaction(write=True, doing="checking that the database takes writes") as conn:
+        # A write that changes nothing, refused as any commit would be (SQLite: "readonly database"; PostgreSQL:
+        # a read-only transaction); a row of agent_sessions, which the application's role may update.
+        await conn.execute(update(sessions_t).where(false()).values(version=sessions_t.c.version))
     async with db.transaction(write=False, doing="checking readiness") as conn:
         revision = (await conn.execute(text("SELECT version_num FROM alembic_version"))).scalar()
         found: dict[str, Any] = {"ok": True, "revision": revision}

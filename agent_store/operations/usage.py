@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import String, case, delete, func, literal, literal_column, select
+from sqlalchemy import String, case, delete, func, literal_column, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -78,6 +78,17 @@ def report_statement(by: str, dialect: str, *, since: datetime, until: datetime 
     return query
 
 
+def _spent(scope: str, subject: str, start: datetime) -> Any:
+    """The tokens a budget would have been charged for the calls in the ledger from ``start`` (as a commit
+    charges them: the total, else input plus output); a user's through their sessions (the user index)."""
+    tokens = func.coalesce(U.total_tokens, func.coalesce(U.input_tokens, 0) + func.coalesce(U.output_tokens, 0))
+    query = select(func.coalesce(func.sum(tokens), 0)).where(U.called_at >= start)
+    if scope == "user":
+        return query.where(U.session_id.in_(select(sessions_t.c.id).where(sessions_t.c.user_id == subject)),
+                           U.user_id == subject)  # fmt: skip
+    return query.where(U.app_id == subject)
+
+
 class UsageLedger:
     """``store.usage``: what the ledger says, and the budgets and prices an operator sets."""
 
@@ -103,21 +114,25 @@ class UsageLedger:
         """Limit the tokens of ``user_id`` (None: the whole app) per ``period`` ("day", "month" in UTC, "total").
 
         A run that would start with the period's use at or over the limit is refused at load
-        (:class:`BudgetExceededError`). Changing the limit keeps what the current period used; changing the
-        period starts it from zero.
+        (:class:`BudgetExceededError`). A new budget, or a new period, starts from what the ledger holds of the
+        current period (a budget set at noon counts the morning's calls); changing only the limit keeps the use.
         """
         codec.check_int(tokens, "tokens", low=0, high=codec.INT64)
         if period not in PERIODS:
             raise InvalidValueError(f"period must be one of {', '.join(PERIODS)}, not {period!r}")
         scope, subject = self._owner(user_id)
-        values = {"scope": scope, "subject": subject, "period": period, "token_limit": tokens, "used": 0}
+        start = ledger.period_starts(datetime.now(UTC))[period if period in ("day", "month") else "ever"]
         async with self.db.transaction(write=True, doing="setting a budget") as conn:
+            spent = min(int((await conn.execute(_spent(scope, subject, start))).scalar_one()), ledger.CHARGE_MAX)
+            values = {"scope": scope, "subject": subject, "period": period, "token_limit": tokens, "used": spent,
+                      "period_start": start}  # fmt: skip
             insert = (postgresql if conn.dialect.name == "postgresql" else sqlite).insert(budgets_t).values(values)
             same = B.period == insert.excluded.period
             await conn.execute(insert.on_conflict_do_update(
                 index_elements=[B.subject, B.scope],
                 set_={"token_limit": insert.excluded.token_limit, "period": insert.excluded.period,
-                      "used": case((same, B.used), else_=literal(0)), "period_start": case((same, B.period_start)),
+                      "used": case((same, B.used), else_=insert.excluded.used),
+                      "period_start": case((same, B.period_start), else_=insert.excluded.period_start),
                       "crossed_by_run": None, "crossed_at": None},
             ))  # fmt: skip
             return await self._read(conn, scope, subject)  # type: ignore[return-value]

@@ -27,7 +27,7 @@ def checked_session(
     row = rows[0] if rows and rows[0].kind == SESSION else None
     if row is not None:
         if row.key != user_id or row.other not in (None, agent_id):
-            raise sql.not_found(session_id, user_id)  # the same answer as for an unused id
+            raise sql.not_found(session_id, user_id, starting=True)  # the same answer as for an unused id
         if row.t2 is not None and row.t2 <= datetime.now(UTC):  # first: if_expired="restart" also replaces a
             raise SessionExpiredError(f"session {session_id!r} expired at {row.t2.isoformat()}")  # half-purged one
         if row.t1 is not None:
