@@ -136,7 +136,7 @@ def documented_sql() -> list[str]:
     import re
     from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     pages = [root / "README.md", *sorted(p for p in (root / "docs").glob("*.md") if p.name != "SCALING.md")]
     return [sql for page in pages for sql in re.findall(r"```sql\n(.*?)```", page.read_text("utf-8"), flags=re.S)]
 

@@ -1,6 +1,6 @@
 """Chaos during a soak (issue 28): processes killed at random while workers run turns; nothing lost or doubled.
 
-    python bench/chaos_soak.py --seconds 180 --seed 1
+    python bench/studies/chaos_soak.py --seconds 180 --seed 1
 
 Its own pg_auto_failover formation and PgBouncer (tests/auto_failover.py), 16 workers through PgBouncer as in
 failover_soak.py. Every 8-15 s (the seed decides) one of:
@@ -36,7 +36,7 @@ from sqlalchemy import text
 from agent_store import StorageUnavailableError, Store
 from agent_store.offline import OfflineChatClient
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from auto_failover import Bouncer, Formation, _env, pg_bin
 
 WORKERS = 16

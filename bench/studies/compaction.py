@@ -1,7 +1,7 @@
 """A compacted session against a short one (issue 24), on SQLite and PostgreSQL. Prints a table.
 
-    python bench/compaction.py                      # both backends (PostgreSQL at $AGENT_STORE_BENCH_PG_URL)
-    python bench/compaction.py --reps 5 --backends postgresql
+    python bench/studies/compaction.py                      # both backends (PostgreSQL at $AGENT_STORE_BENCH_PG_URL)
+    python bench/studies/compaction.py --reps 5 --backends postgresql
 
 - C1: a 5,000-message session that the framework's SummarizationStrategy compacted to one summary plus its last
   20 messages, loaded with ``skip_excluded=True`` (only what the model sees), against a 21-message session that

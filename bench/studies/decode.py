@@ -12,7 +12,7 @@ garbage is not another's pause) of:
   by copying attribute dicts (the cheapest copy there is). A cache of the previous turn's messages would have to
   hand out copies: the framework changes loaded messages in place (its compaction annotates and excludes them).
 
-    python bench/decode.py --reps 21
+    python bench/studies/decode.py --reps 21
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 agent_store against the framework's in-memory session, over random strategies, turns, reused call ids, races,
 forks and truncations. Prints a table of outcomes by strategy; exits 1 on any mismatch.
 
-    .venv/bin/python bench/differential.py --seeds 1000 [--first 150] [--url postgresql+asyncpg://...]
+    .venv/bin/python bench/studies/differential.py --seeds 1000 [--first 150] [--url postgresql+asyncpg://...]
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from differential import Scenario, in_memory, stored
 
 from agent_store import Store

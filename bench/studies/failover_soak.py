@@ -1,6 +1,6 @@
 """A soak that looks like production: workers through PgBouncer, an automatic failover in the middle (issue 28).
 
-    python bench/failover_soak.py --minutes 10 --workers 32
+    python bench/studies/failover_soak.py --minutes 10 --workers 32
 
 It starts its own pg_auto_failover formation (tests/auto_failover.py: monitor, primary, secondary on free ports,
 never the machine's server) and its own PgBouncer (transaction pooling) in front of the primary. Workers run turns
@@ -31,7 +31,7 @@ from sqlalchemy import text
 from agent_store import StorageUnavailableError, Store
 from agent_store.offline import OfflineChatClient
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from auto_failover import Bouncer, Formation
 
 SESSIONS_PER_WORKER = 4

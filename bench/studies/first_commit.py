@@ -1,6 +1,6 @@
 """A connection's first commits against its later ones, after `store.warm_up()` (issue 26's tail). Outside CI.
 
-    python bench/first_commit.py                       # PostgreSQL and SQLite, 21 fresh connections each
+    python bench/studies/first_commit.py                       # PostgreSQL and SQLite, 21 fresh connections each
 
 Each repetition opens a store with a pool of one connection, warms it up, then makes three turns of a new
 session (its create, then a second run on it), each with two messages, a model call, and a state key of the session

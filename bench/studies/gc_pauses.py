@@ -11,7 +11,7 @@ prints p50/p99/max per run with the collector's own pause totals (``gc.callbacks
 - ``freeze``: ``gc.freeze()`` once after start-up (modules, the store, its pool: never scanned again);
 - ``freeze+threshold``: that, and ``gc.set_threshold(50_000, 20, 20)``: fewer, larger young collections.
 
-    python bench/gc_pauses.py            # SQLite and PostgreSQL ($AGENT_STORE_BENCH_PG_URL or the local server)
+    python bench/studies/gc_pauses.py            # SQLite and PostgreSQL ($AGENT_STORE_BENCH_PG_URL or the local server)
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: the suite's scenarios.py, floor.py, peers.py
 
 import asyncpg
 from scenarios import pct, store_run

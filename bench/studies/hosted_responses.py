@@ -8,7 +8,7 @@ PostgreSQL, the file after a checkpoint on SQLite; FileResponseStore: its direct
 (the floor: each item once). Time: median ms of a turn's three calls, beside the raw driver doing a turn's reads
 and writes on the same tables (asyncpg, or aiosqlite's connection): the floor.
 
-    .venv/bin/python bench/hosted_responses.py [--turns 200] [--url postgresql+asyncpg://postgres@127.0.0.1:5432/b]
+    .venv/bin/python bench/studies/hosted_responses.py [--turns 200] [--url postgresql+asyncpg://postgres@127.0.0.1:5432/b]
 """
 
 from __future__ import annotations

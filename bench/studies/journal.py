@@ -1,8 +1,8 @@
 """A run's journal (issue 39): what a batch of events costs, beside the raw driver writing the same batch, and what
 journaling adds to a whole streamed run of the offline agent, beside the same run without it. Medians.
 
-    python bench/journal.py                                   # SQLite (a temp file)
-    python bench/journal.py --url postgresql+asyncpg://...    # PostgreSQL
+    python bench/studies/journal.py                                   # SQLite (a temp file)
+    python bench/studies/journal.py --url postgresql+asyncpg://...    # PostgreSQL
 
 The floor writes the same events with the raw driver in one request per batch (PostgreSQL: one statement, the
 run row's update, ``INSERT ... SELECT FROM jsonb_array_elements($1)`` and a NOTIFY in one CTE; SQLite: one

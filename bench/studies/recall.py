@@ -3,8 +3,8 @@
 among its speaker's 462 messages), for each offline embedder, on SQLite and PostgreSQL; beside it, what the
 backfill does a second and what a vector adds a message on disk.
 
-    python bench/recall.py                                   # SQLite, and PostgreSQL at the URL below
-    python bench/recall.py --url postgresql+asyncpg://postgres@127.0.0.1:5432/test --embedders wordllama e5
+    python bench/studies/recall.py                                   # SQLite, and PostgreSQL at the URL below
+    python bench/studies/recall.py --url postgresql+asyncpg://postgres@127.0.0.1:5432/test --embedders wordllama e5
 
 Each side gets a fresh database (peers.fresh_url). Recall is a count, not a timing: one run says it.
 """
@@ -19,7 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: the suite's scenarios.py, floor.py, peers.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 from paraphrases import LANGUAGES, history
 from peers import fresh_url

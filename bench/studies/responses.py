@@ -10,7 +10,7 @@ Loads: a 200-turn chain, then 0, 10 and 100 branches from its middle; reading a 
 trunk at its head, in the trunk mid-way (a point the head moved past) and in a branch: median ms and, on
 PostgreSQL, round trips (requests a proxy counted); beside the raw driver reading the same rows (the floor).
 
-    .venv/bin/python bench/responses.py [--turns 200] [--url postgresql+asyncpg://postgres@127.0.0.1:5432/bench]
+    .venv/bin/python bench/studies/responses.py [--turns 200] [--url postgresql+asyncpg://postgres@127.0.0.1:5432/bench]
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 import asyncpg
 from agent_framework import Agent, FileSessionStore
 from agent_framework_hosting import AgentState

@@ -1,7 +1,7 @@
 """Retention at 10,000,000 rows: batched deletes against dropping daily partitions (issue 28). PostgreSQL; outside CI.
 
-    python bench/retention.py                        # 100,000 checkpoints, then 10,000,000 (about 40 minutes here)
-    python bench/retention.py --scales 100000 1000000
+    python bench/studies/retention.py                # 100,000 checkpoints, then 10,000,000 (about 40 minutes here)
+    python bench/studies/retention.py --scales 100000 1000000
 
 Checkpoints are the one table agent_store purges by age (`purge_checkpoints`); the run log and the usage ledger
 go with their session (`purge_expired`, measured by ten_million.py). For each scale, a fresh database at head holds
@@ -28,10 +28,14 @@ import asyncio
 import itertools
 import random
 import statistics
+import sys
 import time
 from collections.abc import Awaitable
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: the suite's scenarios.py, floor.py, peers.py
 
 import asyncpg
 from scenarios import pct

@@ -1,7 +1,7 @@
 """Row-level security's cost (issue 41): S1 and S2 with the switch on and off, side by side in one run, on
 PostgreSQL, against the raw-driver floor of the same run. Prints a table.
 
-    python bench/rls.py --reps 3
+    python bench/studies/rls.py --reps 3
 
 Both sides are agent_store opened as the same application role (no superuser, no BYPASSRLS), each on a
 database of its own migrated by its owner; the only difference is ``agent-store rls on``. With it on, every
@@ -15,6 +15,10 @@ import argparse
 import asyncio
 import os
 import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: the suite's scenarios.py, floor.py, peers.py
 
 import asyncpg
 from floor import Floor

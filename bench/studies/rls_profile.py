@@ -2,16 +2,16 @@
 on, on a private PostgreSQL server of its own, with Linux ``perf`` sampling the one server process that serves the
 runs. Prints a table of microseconds of server CPU per run, by function (inclusive of what it calls).
 
-    python bench/rls_profile.py [--reps 3] [--sides off on] [--top 0]
+    python bench/studies/rls_profile.py [--reps 3] [--sides off on] [--top 0]
 
-``--sides`` compares any two variants of bench/rls_variants.py (the naming alone, a policy design), and ``--top N``
-adds the N functions whose time differs most between them.
+``--sides`` compares any two variants of bench/studies/rls_variants.py (the naming alone, a policy design), and
+``--top N`` adds the N functions whose time differs most between them.
 
-bench/rls_statements.py times statements, and cannot see what a statement costs before it runs (the executor's
+bench/studies/rls_statements.py times statements, and cannot see what a statement costs before it runs (the executor's
 start-up, where each policy's sub-plans are built) nor what the commit function spends between its statements.
-This can. Needs ``perf`` (Debian's ``linux-perf``) and a kernel that lets root sample. Each side is bench/rls.py's
-set-up (the same application role, generic plans) with a pool of one connection, so one server process does all
-the work; sides alternate in each repetition; every figure is a median.
+This can. Needs ``perf`` (Debian's ``linux-perf``) and a kernel that lets root sample. Each side is
+bench/studies/rls.py's set-up (the same application role, generic plans) with a pool of one connection, so one
+server process does all the work; sides alternate in each repetition; every figure is a median.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: the suite's scenarios.py, floor.py, peers.py
+
 import asyncpg
 import rls_variants
 from scenarios import s1, store_run
@@ -32,7 +34,7 @@ from scenarios import s1, store_run
 from agent_store import Store
 from agent_store.db import tenancy
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from throwaway_pg import ThrowawayCluster
 
 HZ = 4000
@@ -49,7 +51,7 @@ FUNCTIONS = {
 
 
 async def one_side(admin_url: str, side: str, rep: int, workdir: Path) -> dict[str, float]:
-    """``side``: a variant of bench/rls_variants.py (``off`` and ``on`` are the switch off and as shipped)."""
+    """``side``: a variant of bench/studies/rls_variants.py (``off`` and ``on`` are the switch off and as shipped)."""
     name = "agent_store_bench_rlsv_" + "".join(c if c.isalnum() else "_" for c in side)
     url = await rls_variants.prepared(admin_url, side)
     learn = tenancy.learn
@@ -107,7 +109,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--sides", nargs=2, default=["off", "on"], choices=list(rls_variants.VARIANTS),
-                        metavar="VARIANT", help="two variants of bench/rls_variants.py (default: off on)")
+                        metavar="VARIANT", help="two variants of bench/studies/rls_variants.py (default: off on)")
     parser.add_argument("--top", type=int, default=0, help="also the N functions whose time differs most")
     args = parser.parse_args()
     a, b = args.sides

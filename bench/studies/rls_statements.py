@@ -2,12 +2,12 @@
 private PostgreSQL server of its own (initdb in a temp dir, with ``pg_stat_statements`` loaded and
 ``track = all``, so the statements inside the commit function are timed too). Prints a table.
 
-    python bench/rls_statements.py [--reps 3]
+    python bench/studies/rls_statements.py [--reps 3]
 
-Each side is agent_store as the same application role (bench/rls.py's set-up: no superuser, no BYPASSRLS,
+Each side is agent_store as the same application role (bench/studies/rls.py's set-up: no superuser, no BYPASSRLS,
 generic plans), on a database of its own; sides alternate in each repetition; every figure is a median of the
 repetitions' means, in microseconds of server execution per call. A statement the policies make dearer shows it
-here; what the table cannot show is the client's side (bench/rls.py measures whole runs).
+here; what the table cannot show is the client's side (bench/studies/rls.py measures whole runs).
 """
 
 from __future__ import annotations
@@ -19,13 +19,15 @@ import statistics
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: the suite's scenarios.py, floor.py, peers.py
+
 import asyncpg
 from rls import database
 from scenarios import s1, store_run
 
 from agent_store import Store
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from throwaway_pg import ThrowawayCluster
 
 OPTIONS = "-c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=all"

@@ -2,9 +2,9 @@
 a time on the same migrated schema: the policies' forms, which tables carry a real check, and the naming alone.
 Prints a table: S1's p50 per variant and its ratio to the switch off.
 
-    python bench/rls_variants.py [--reps 5] [--runs 500] [--variant NAME ...] [--pg-url postgresql+asyncpg://...]
+    python bench/studies/rls_variants.py [--reps 5] [--runs 500] [--variant NAME ...] [--pg-url postgresql+asyncpg://...]
 
-Variants (each on a database of its own, migrated to head, as bench/rls.py's application role; the policies are
+Variants (each on a database of its own, migrated to head, as bench/studies/rls.py's application role; the policies are
 changed with ALTER POLICY after the migration, never in the product):
 - ``off``: the switch off.
 - ``off, named``: the switch off, but the store names its user as it does when on (the load's lateral
@@ -38,7 +38,11 @@ import argparse
 import asyncio
 import os
 import statistics
+import sys
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: the suite's scenarios.py, floor.py, peers.py
 
 import asyncpg
 from rls import database

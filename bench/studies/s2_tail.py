@@ -1,7 +1,7 @@
 """Where S2's tail goes (issue 43): each run of S2 (200 sessions x 10 turns, 32 workers, a 32-connection pool
 opened before timing) split into the parts it waits on, for all runs and for the slowest 1%.
 
-    python bench/s2_tail.py            # a private PostgreSQL server (initdb in a temp dir) with pg_stat_statements
+    python bench/studies/s2_tail.py     # a private PostgreSQL server (initdb in a temp dir) with pg_stat_statements
 
 Each run's time on the client, in parts that add up to it:
 - pool: in agent_store's ``checkout`` (SQLAlchemy's pool handing over a connection);
@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: the suite's scenarios.py, floor.py, peers.py
+
 import asyncpg
 from scenarios import USAGE, messages, pct
 
@@ -37,7 +39,7 @@ import agent_store.db.database as database
 from agent_store import Store
 from agent_store.db.driver_path import DriverPath
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from throwaway_pg import ThrowawayCluster
 
 PARTS = ("pool", "load trip", "load rest", "commit trip", "commit rest", "other")

@@ -1,7 +1,7 @@
 """Hybrid search at scale (issue 40, point 4), PostgreSQL; outside CI.
 
-    python bench/semantic_scale.py                                  # 10,000,000 messages, then a 1,000,000 backfill
-    python bench/semantic_scale.py --messages 1000000 --backfill 100000     # a quick look
+    python bench/studies/semantic_scale.py                          # 10,000,000 messages, then a 1,000,000 backfill
+    python bench/studies/semantic_scale.py --messages 1000000 --backfill 100000     # a quick look
 
 1. **Search at 10M.** ten_million.py's layout (20 sessions a user, 100 messages a session on average: a typical
    user has about 2,000), filled at 0006 and upgraded (the search indexes built over the rows), then a vector

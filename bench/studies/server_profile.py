@@ -1,6 +1,6 @@
 """S2's profile on the server: where each side's PostgreSQL time per run goes. Prints two tables.
 
-    python bench/server_profile.py [--reps 3]
+    python bench/studies/server_profile.py [--reps 3]
 
 S2's work (200 sessions x 10 runs, 32 workers) for agent_store, the floor and the community store, on a private
 PostgreSQL server of its own (initdb in a temp dir; ``pg_stat_statements`` must be loaded at start, which the
@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: the suite's scenarios.py, floor.py, peers.py
+
 import asyncpg
 from floor import Floor
 from peers import CommunityPostgresStore, available
@@ -28,7 +30,7 @@ from scenarios import floor_run, s2, store_run, texts
 
 from agent_store import Store
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from throwaway_pg import ThrowawayCluster
 
 OPTIONS = (

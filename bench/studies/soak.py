@@ -1,6 +1,6 @@
 """Soak: many runs over a few sessions with many workers; zero errors, no leaked connections, flat memory.
 
-    python bench/soak.py --url postgresql+asyncpg://postgres@127.0.0.1:5432/soak \
+    python bench/studies/soak.py --url postgresql+asyncpg://postgres@127.0.0.1:5432/soak \
         --runs 10000 --sessions 100 --workers 32
 
 Each run loads a session, runs the real Agent with the offline client (2 messages), increments a per-session

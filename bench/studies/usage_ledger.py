@@ -1,6 +1,6 @@
 """The usage ledger at size: do the reports stay index-served, how long do they take, what does a call cost a turn?
 
-    python bench/usage_ledger.py [--calls 1000000] [--backends sqlite postgresql] [--turns 300]
+    python bench/studies/usage_ledger.py [--calls 1000000] [--backends sqlite postgresql] [--turns 300]
 
 Fills a fresh database (in the database itself: sessions, runs, 4 calls a run, over 100 days and 1,000 users),
 ANALYZEs it, then per report prints whether its plan reads ``agent_usage`` whole and its median time. Then the
