@@ -49,7 +49,7 @@ def run_cli(*args: str, cwd: Path, url: str | None = None) -> subprocess.Complet
 def test_the_readme_and_the_docs_have_the_blocks_these_tests_run() -> None:
     pages = {"README.md", "docs/SCALING.md"} | {f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")}
     assert set(DOC_PAGES) | {"docs/SCALING.md"} == pages  # a new page's blocks run too
-    assert len(doc_blocks("python")) == len(EXAMPLES) == 20
+    assert len(doc_blocks("python")) == len(EXAMPLES) == 21
     assert {(b.page, b.name) for b in doc_blocks("sql")} == SQL_BLOCKS and len(doc_blocks("sql")) == 12
 
 
