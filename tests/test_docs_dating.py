@@ -54,3 +54,8 @@ def test_every_bench_script_named_exists_and_every_study_is_indexed() -> None:
     index = (ROOT / "bench" / "studies" / "README.md").read_text(encoding="utf-8")
     listed = set(re.findall(r"^- `(\w+\.py)`: ", index, flags=re.M))
     assert listed == {p.name for p in (ROOT / "bench" / "studies").glob("*.py")}
+
+
+def test_the_readme_is_a_front_door_not_the_whole_house() -> None:
+    """At most 400 lines: the depth lives in docs/ (issue 57 item 10)."""
+    assert len((ROOT / "README.md").read_text(encoding="utf-8").splitlines()) <= 400
