@@ -233,7 +233,8 @@ async def branch(db: Database, session_id: str, user_id: str | None, at_seq: int
                                     "that session instead")  # fmt: skip
         row = {"id": new_id, "user_id": source.user_id, "agent_id": source.agent_id, "incarnation": new_stamp(),
                "version": 0, "next_seq": cut + 1, "created_at": now, "updated_at": now, "base_id": session_id,
-               "base_seq": cut + 1, "base_version": source.version, "keeps_history": False, "title": source.title,
+               "base_seq": cut + 1, "base_version": await _version_at(conn, session_id, cut, source.version),
+               "keeps_history": False, "title": source.title,
                "ttl_seconds": source.ttl_seconds, "expires_at": source.expires_at}  # fmt: skip
         insert = (postgresql if conn.dialect.name == "postgresql" else sqlite).insert(sessions_t)
         if not (await conn.execute(insert.on_conflict_do_nothing(), row)).rowcount:
@@ -242,6 +243,17 @@ async def branch(db: Database, session_id: str, user_id: str | None, at_seq: int
         # kept from now on (its first keys are not changes: no history row of version 0)
         await conn.execute(update(sessions_t).where(S.id == new_id).values(keeps_history=True))
     return new_id
+
+
+async def _version_at(conn: AsyncConnection, session_id: str, cut: int, now: int) -> int:
+    """The session's version as at ``cut``, for a branch's view of its marks: just before its first rewrite by a
+    commit after the cut (0016 keeps each rewrite's earlier values, with the rewriting commit's version and first
+    seq), else ``now`` (nothing rewritten since). Not ``now`` in general: a branch made at an earlier message
+    would see every later compaction of its base, which a copy of the same cut never does."""
+    K = message_marks_t.c
+    first = (await conn.execute(select(func.min(K.version)).where(K.session_id == session_id, K.horizon > cut)))
+    found = first.scalar()
+    return now if found is None else int(found) - 1
 
 
 @tenancy.for_user
