@@ -10,7 +10,7 @@ from agent_framework import AgentSession, SessionStore
 from agent_framework._feature_stage import ExperimentalWarning
 
 import agent_store.run.points as points
-from agent_store.db import ids, tenancy
+from agent_store.db import codec, ids, tenancy
 from agent_store.db.cut_points import GONE
 from agent_store.db.load_statement import POSITION_STEP
 from agent_store.errors import ConflictError, InvalidValueError, SessionNotFoundError
@@ -80,6 +80,7 @@ class StoreSessionStore(_SessionStoreBase):
 
     async def _found(self, session_id: str) -> Run | None:
         SessionStore.validate_session_id(session_id)
+        codec.check_id(session_id, "session_id (a response or conversation id)", required=True)
         read_at = datetime.now(UTC)
         point = await points.resolve(self.store.db, session_id, self.user_id)
         if point is not None and point.seq_end == GONE:  # a frozen own id whose history was cut: no longer there
@@ -117,6 +118,7 @@ class StoreSessionStore(_SessionStoreBase):
     @tenancy.for_its("user_id")
     async def set(self, session_id: str, session: AgentSession) -> None:
         SessionStore.validate_session_id(session_id)
+        codec.check_id(session_id, "session_id (a response or conversation id)", required=True)
         earlier = getattr(session, _SET_BEFORE, None)
         run = run_of(session) or (earlier.run if isinstance(earlier, _SetBefore) else None)
         if run is None or run.db is not self.store.db:
@@ -180,6 +182,7 @@ class StoreSessionStore(_SessionStoreBase):
     @tenancy.for_its("user_id")
     async def delete(self, session_id: str) -> None:
         SessionStore.validate_session_id(session_id)
+        codec.check_id(session_id, "session_id (a response or conversation id)", required=True)
         point = await points.resolve(self.store.db, session_id, self.user_id)
         if point is not None and point.recorded:  # a response (its session's own id too, once frozen as one):
             await points.forget(self.store.db, point)  # its point goes, the history stays

@@ -18,8 +18,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agent_store.db.tables import responses_t, sessions_t
 
-__all__ = ["GONE", "RESPONSE_LOCK", "cut_points", "forget_point"]
+__all__ = ["CHAIN_MAX", "GONE", "RESPONSE_LOCK", "cut_points", "forget_point"]
 RESPONSE_LOCK = 4  # advisory lock class of a response key (SESSION_LOCK, USER_LOCK, APP_LOCK are 1-3)
+CHAIN_MAX = 10_000  # bases a branch's history may be read through (every walk stops there; a read past it is refused)
 GONE = -1  # seq_end and version of a frozen own id whose history was cut or which was deleted
 _R = responses_t.c
 

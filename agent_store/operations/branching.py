@@ -21,7 +21,7 @@ from sqlalchemy.dialects.postgresql import UUID
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agent_store.db import codec, message_rows, rewrites, tenancy
-from agent_store.db.cut_points import GONE, cut_points
+from agent_store.db.cut_points import CHAIN_MAX, GONE, cut_points
 from agent_store.db.database import Database
 from agent_store.db.statements import lock_user, new_stamp, not_found
 from agent_store.db.tables import (
@@ -263,7 +263,7 @@ async def tree(db: Database, session_id: str, user_id: str | None) -> list[TreeN
     down: Any = top.cte("tree", recursive=True)
     child = sessions_t.alias("child")
     down = down.union_all(select(child.c.id, child.c.base_id, child.c.base_seq, down.c.depth + 1)
-                          .where(child.c.base_id == down.c.id, down.c.depth < 10_000))  # fmt: skip
+                          .where(child.c.base_id == down.c.id, down.c.depth < CHAIN_MAX))  # fmt: skip
     r, up = responses_t.c, responses_t.alias("up")  # up: the point a response continued from (0021)
     parent_key = func.coalesce(up.c.response_id, r.parent_id).label("parent_id")
     query = select(down, r.response_id, parent_key, r.seq_end).select_from(down).outerjoin(

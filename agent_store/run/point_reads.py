@@ -26,6 +26,7 @@ from typing import Any
 from sqlalchemy import BigInteger, Boolean, Integer, String, and_, bindparam, case, literal, select, union_all
 
 from agent_store.db import codec
+from agent_store.db.cut_points import CHAIN_MAX
 from agent_store.db.database import Database
 from agent_store.db.load_statement import _branch, body, budget_part, session_parts
 from agent_store.db.tables import (
@@ -36,6 +37,7 @@ from agent_store.db.tables import (
     state_history_t,
     state_t,
 )
+from agent_store.errors import InvalidValueError
 
 __all__ = ["MARK_COLUMNS", "View", "mark_columns", "read_view", "segments"]
 MARK_COLUMNS = ("marks", "excluded", "exclude_reason", "summarized_by", "pos")
@@ -55,7 +57,7 @@ def _view() -> Any:
     base = sessions_t.alias("base")
     return view.union_all(select(base.c.id, base.c.base_id, base.c.base_seq, base.c.base_version, view.c.depth + 1,
                                  view.c.base_seq, view.c.base_version)
-                          .where(base.c.id == view.c.base_id, view.c.depth < 10_000))  # fmt: skip
+                          .where(base.c.id == view.c.base_id, view.c.depth < CHAIN_MAX))  # fmt: skip
 
 
 def _row(kind: int, **given: Any) -> list[Any]:
@@ -131,6 +133,10 @@ async def read_view(db: Database, point: Any, user_id: str | None) -> View:
         else:
             view.loaded.append(row)
     view.chain.sort(key=lambda row: int(row.n3))
+    if view.chain and view.chain[-1].author is not None:  # the walk stopped with a base left: never a short history
+        raise InvalidValueError(f"session {point.session_id!r} reads its history through more than {CHAIN_MAX} "
+                                "bases, or through a base that is gone: it cannot be read (continue from a response "
+                                "nearer its start)")  # fmt: skip
     values: dict[str, Any] = {key: value for key, (value, _) in current.items()}
     seen: set[str] = set()
     for row in later:  # by key, then the change's version: the first is the value at the point's version

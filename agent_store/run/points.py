@@ -23,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 import agent_store.run.point_reads as reads
 from agent_store.db import codec, erasures, message_decode, message_rows, sealing, tenancy
 from agent_store.db import statements as sql
-from agent_store.db.cut_points import GONE, forget_point
+from agent_store.db.cut_points import CHAIN_MAX, GONE, forget_point
 from agent_store.db.database import Database
 from agent_store.db.history_tables import key_hash, key_is
 from agent_store.db.load_statement import POSITION_STEP
@@ -61,6 +61,7 @@ async def resolve(db: Database, key: str, user_id: str | None) -> Point | None:
     """The point ``key`` names for ``user_id``: a response of theirs, or a branch of theirs by its own id (its
     head: read through its bases, with no second lookup), else None (keys are per user: another user's is not
     seen)."""
+    codec.check_id(key, "response id", required=True)  # every key's lookup comes here: checked as ids are
     query = _RESOLVE_NONE if user_id is None else _RESOLVE
     rows = await db.one_statement(query, {"key": key, "key_hash": key_hash(key), "user": user_id},
                                   doing="resolving a response id")  # one trip
@@ -103,7 +104,7 @@ async def chain_of(conn: AsyncConnection, session_id: str) -> list[Any]:
     up: Any = first.where(_S.id == session_id).cte("chain", recursive=True)
     base = sessions_t.alias("base")
     up = up.union_all(select(base.c.id, base.c.base_id, base.c.base_seq, base.c.base_version, up.c.depth + 1)
-                      .where(base.c.id == up.c.base_id, up.c.depth < 10_000))  # fmt: skip
+                      .where(base.c.id == up.c.base_id, up.c.depth < CHAIN_MAX))  # fmt: skip
     return list((await conn.execute(select(up).order_by(up.c.depth))).all())
 
 
