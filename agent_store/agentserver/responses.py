@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from azure.ai.agentserver.responses.store import ResponseAlreadyExistsError
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -118,8 +118,8 @@ class StoreResponseProvider:
             source, skip = await chains.compress(conn, user, history, [previous, latest])
             row = {"user_id": user, "response_id": rid, "conversation_id": conversation, "previous_id": previous,
                    "status": _status(response), "envelope": envelope, "history_from": source, "history_skip": skip,
-                   "history_len": len(history), "created_seq": time.time_ns(), "created_at": now, "updated_at": now,
-                   "deleted_at": None}  # fmt: skip
+                   "history_len": len(history), "created_seq": await self._next_seq(conn, user, conversation),
+                   "created_at": now, "updated_at": now, "deleted_at": None}  # fmt: skip
             insert = (postgresql if conn.dialect.name == "postgresql" else sqlite).insert(hosted_responses_t)
             if not (await conn.execute(insert.on_conflict_do_nothing(), row)).rowcount:  # there: alive or deleted
                 there = (await conn.execute(select(R.deleted_at).where(R.user_id == user, R.response_id == rid)
@@ -298,6 +298,16 @@ class StoreResponseProvider:
             rows = await conn.execute(select(T.item_id, T.body).where(T.user_id == user, T.item_id.in_(chunk)))
             found.update((r.item_id, r.body) for r in rows)
         return found
+
+    async def _next_seq(self, conn: AsyncConnection, user: str, conversation: str | None) -> int:
+        """A conversation's order, set by what the database holds, never by this host's clock alone: past every
+        response the conversation has (a host whose clock is behind still puts its turn last)."""
+        now = time.time_ns()
+        if conversation is None:
+            return now
+        last = (await conn.execute(select(func.max(R.created_seq))
+                                   .where(R.user_id == user, R.conversation_id == conversation))).scalar()  # fmt: skip
+        return now if last is None else max(now, int(last) + 1)
 
     async def _latest(self, conn: AsyncConnection, user: str, conversation: str) -> str | None:
         return (await conn.execute(
