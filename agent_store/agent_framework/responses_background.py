@@ -19,6 +19,7 @@ The journal's sequence numbers are the package's ``sequence_number`` plus one (i
 import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from agent_framework_hosting import AgentState
@@ -91,6 +92,12 @@ def add_background_responses_routes(
 
     async def as_it_stands(user: str | None, response_id: str) -> dict[str, Any]:
         first, info = await journal.read(response_id, user_id=user, after=0, limit=1)  # response.created
+        lease = info["lease_until"]
+        if info["status"] == "in_progress" and lease is not None and lease < datetime.now(UTC):
+            # Its worker died: once its lease has passed it reads incomplete, on GET as on the stream (which ends
+            # it so too), never in_progress until the journal's TTL.
+            await journal.recover(stream_id=response_id, user_id=user)
+            first, info = await journal.read(response_id, user_id=user, after=0, limit=1)
         tail, _ = await journal.read(response_id, user_id=user, after=max(info["last_seq"] - 3, 1), limit=3)
         found: dict[str, Any] = {"id": response_id, "object": "response", "status": "queued", "output": []}
         for item in (*first, *tail):  # the latest response object it sent (its terminal event is its last)
