@@ -107,11 +107,32 @@ async def erasure_log_is_the_operators(app_url: str, operator_url: str, pg_url: 
                     async with plain.transaction():  # (a savepoint: the next rewrite is tried too)
                         await plain.execute(rewrite)
             before = await plain.fetchval("SELECT erased_at FROM agent_erasures")
-            again = await plain.fetchval("SELECT agent_store_erasure_fence(encode(sha256(convert_to('bob', 'UTF8')), "
-                                         "'hex'))")  # fmt: skip
+            again = await plain.fetchval("SELECT agent_store_erasure_fence('bob')")
             assert again >= before  # the one write it has only moves the fence forward
+            with pytest.raises(asyncpg.InsufficientPrivilegeError, match="fences only the user it names"):
+                async with plain.transaction():  # bob named: carol is not bob's to fence
+                    await plain.execute("SELECT agent_store_erasure_fence('carol')")
+            # A caller's temporary table named like the log is not where the definer's function writes.
+            async with plain.transaction():
+                await plain.execute("CREATE TEMP TABLE agent_erasures (user_key text PRIMARY KEY, erased_at "
+                                    "timestamptz)")  # fmt: skip
+                await plain.execute("SELECT agent_store_erasure_fence('bob')")
+                assert await plain.fetchval("SELECT count(*) FROM pg_temp.agent_erasures") == 0
+                await plain.execute("DROP TABLE pg_temp.agent_erasures")
     finally:
         await plain.close()
+    stranger = await asyncpg.connect(plain_dsn(operator_url.replace(f"{make_url(operator_url).username}@",
+                                                                    "postgres@")))  # the superuser, in its database
+    role = f"nogrant_{make_url(operator_url).database}"[:63]  # cluster-wide: the test's own name
+    try:  # a role with no grant may not call it at all
+        await stranger.execute(f'DROP ROLE IF EXISTS "{role}"; CREATE ROLE "{role}"')
+        async with stranger.transaction():
+            await stranger.execute(f'SET LOCAL ROLE "{role}"')
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await stranger.execute("SELECT agent_store_erasure_fence('bob')")
+    finally:
+        await stranger.execute(f'DROP ROLE IF EXISTS "{role}"')
+        await stranger.close()
     log = tmp_path / "erasures.jsonl"
     ok(cli("erasures", "-o", str(log), url=operator_url, cwd=tmp_path))
     database = make_url(operator_url).database

@@ -254,7 +254,7 @@ async def _erase_user_rows(conn: AsyncConnection, user_id: str) -> tuple[int, in
     await conn.execute(delete(budgets_t).where(budgets_t.c.scope == "user", budgets_t.c.subject == user_id))
     # A fence for runs still in flight: they loaded before now and may not write for this user after it.
     if conn.dialect.name == "postgresql":  # only forward, by a function the application's role may call (0026)
-        await conn.execute(select(func.agent_store_erasure_fence(user_key(user_id))))
+        await conn.execute(select(func.agent_store_erasure_fence(user_id)))
     else:
         fence = {"user_key": user_key(user_id), "erased_at": datetime.now(UTC)}
         upsert = sqlite.insert(erasures_t).on_conflict_do_update(index_elements=["user_key"], set_=fence)

