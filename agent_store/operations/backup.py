@@ -28,11 +28,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, literal, select, union_all
+from sqlalchemy import func, literal, select, text, union_all
 from sqlalchemy.engine import URL
 
 from agent_store.db.column_types import UTCDateTime
 from agent_store.db.database import Database
+from agent_store.db.engine import make_engine
 from agent_store.db.erasures import ERASURE_LOG_KEPT, user_key
 from agent_store.db.hosted_tables import checkpoint_user, hosted_items_t, hosted_responses_t
 from agent_store.db.journal_tables import streams_t
@@ -45,7 +46,7 @@ from agent_store.db.tables import (
     ui_snapshots_t,
     user_state_t,
 )
-from agent_store.errors import ConfigurationError, InvalidValueError
+from agent_store.errors import ConfigurationError, InvalidValueError, redact, translated
 from agent_store.operations.retention import erase_user
 
 __all__ = ["ERASURE_LOG_KEPT", "backup", "checked_log", "direct_only", "erasure_log", "reapply_erasures", "restore"]
@@ -83,6 +84,7 @@ async def restore(path: Path, url: URL) -> None:
     if not await asyncio.to_thread(path.is_file):
         raise InvalidValueError(f"no backup file at {path}")
     if url.get_backend_name() != "sqlite":
+        await _refuse_tables(url)
         await _run("pg_restore", ["--no-owner", "--exit-on-error", "--single-transaction", str(path)], url)
         return
     target = _sqlite_path(url)
@@ -93,6 +95,21 @@ async def restore(path: Path, url: URL) -> None:
         await asyncio.to_thread(partial.unlink, missing_ok=True)
         raise
     await asyncio.to_thread(_renamed, partial, target)
+
+
+async def _refuse_tables(url: URL) -> None:
+    """A database with tables is refused in one sentence before pg_restore would fail on them in its own words."""
+    engine = make_engine(url)
+    try:
+        with translated(url, "checking the restore's database is empty"):
+            async with engine.connect() as conn:
+                found = await conn.execute(text("SELECT count(*) FROM pg_tables WHERE schemaname = current_schema()"))
+                tables = int(found.scalar_one())
+    finally:
+        await engine.dispose()
+    if tables:
+        raise InvalidValueError(f"{redact(url)} holds {tables} tables already: restore into an empty database "
+                                "(createdb NAME), never over a store")  # fmt: skip
 
 
 def _partial_for(path: Path, why: str) -> Path:
