@@ -54,7 +54,8 @@ from agent_store.db.tables import (
 from agent_store.errors import InvalidValueError
 from agent_store.operations import import_trees, transfer_hosted
 
-__all__ = ["TABLES", "check_usage", "row_values"]
+__all__ = ["BASE_HISTORY", "TABLES", "check_usage", "row_values"]
+BASE_HISTORY = "base_history"  # a branch's line: the digest of what it reads of its bases (import_trees.inherited)
 
 TABLES: dict[str, Table] = {
     "session": sessions_t, "state": state_t, "run": runs_t, "message": messages_t, "tool_call": tool_calls_t,
@@ -96,6 +97,10 @@ def row_values(kind: str, row: dict[str, Any], settings: Settings) -> dict[str, 
                 codec.check_int(values[name], f"{kind}.{name}", low=0, high=codec.INT64)
         if kind == "session":
             _check_session(values, row)
+            if (digest := row.get(BASE_HISTORY)) is not None:  # a branch's (export of this code on)
+                if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
+                    raise InvalidValueError("session.base_history must be a SHA-256 in hex")
+                values[BASE_HISTORY] = digest
         elif kind in ("state", "user_state"):
             if kind == "state" and values["key"].startswith((USER_PREFIX, APP_PREFIX, TEMP_PREFIX)):
                 raise InvalidValueError(f"state key {values['key']!r}: a commit never stores such a key in a session")

@@ -11,6 +11,7 @@ read back after the import gives what it gave before the export.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
@@ -19,14 +20,14 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agent_store.db import message_rows
 from agent_store.db.column_types import UTCDateTime
-from agent_store.db.cut_points import GONE
+from agent_store.db.cut_points import CHAIN_MAX, GONE
 from agent_store.db.history_tables import insert_row, key_hash, key_is
 from agent_store.db.schema_base import ID_MAX
 from agent_store.db.scopes import APP_PREFIX, TEMP_PREFIX, USER_PREFIX
 from agent_store.db.tables import messages_t, responses_t, sessions_t
 from agent_store.errors import InvalidValueError
 
-__all__ = ["KINDS", "RESPONSE_LINE", "check_row", "check_tree", "finish", "insert_rows", "rows_of"]
+__all__ = ["KINDS", "RESPONSE_LINE", "check_row", "check_tree", "finish", "inherited", "insert_rows", "rows_of"]
 KINDS = ("mark_history", "state_history", "response", "branch_mark")
 # A response as a line of an export: its parent by key (rows name it by row id since 0021, which is the store's own
 # numbering; the key is what another store can resolve). The same shape as before 0021.
@@ -74,7 +75,34 @@ def check_row(kind: str, values: dict[str, Any], max_bytes: int) -> None:
         raise InvalidValueError("state_history: a key that did not exist has no value")
 
 
-async def check_tree(conn: AsyncConnection, session: dict[str, Any], rest: list[tuple[str, dict[str, Any]]]) -> None:
+async def inherited(conn: AsyncConnection, base_id: str, base_seq: int) -> str:
+    """A digest of the history a branch reads from ``base_id`` before ``base_seq``, through every base of the
+    chain (each message's store id, in order): an export carries it, an import compares it ("" for a chain that
+    is not whole here). Ids, not texts: a base truncated and written again has other messages, the same count."""
+    S, M = sessions_t.c, messages_t.c
+    parts: list[list[str]] = []
+    sid: str | None = base_id
+    end = base_seq
+    for _ in range(CHAIN_MAX + 1):
+        if sid is None:
+            break
+        row = (await conn.execute(select(S.base_id, S.base_seq).where(S.id == sid))).first()
+        if row is None:
+            return ""
+        low = row.base_seq or 0
+        found = await conn.execute(select(M.message_id).where(M.session_id == sid, M.seq >= low, M.seq < end)
+                                   .order_by(M.seq))  # fmt: skip
+        parts.append(list(found.scalars()))
+        sid, end = row.base_id, low
+    digest = hashlib.sha256()
+    for ids in reversed(parts):  # oldest part first
+        for message_id in ids:
+            digest.update(message_id.encode() + b"\n")
+    return digest.hexdigest()
+
+
+async def check_tree(conn: AsyncConnection, session: dict[str, Any], rest: list[tuple[str, dict[str, Any]]],
+                     base_history: str | None = None) -> None:  # fmt: skip
     """The session's base (if a branch) and its point rows, against the session and what the database holds."""
     sid, end, version = session["id"], session.get("next_seq") or 0, session.get("version") or 0
     where = f"import: session {sid!r}"
@@ -87,6 +115,9 @@ async def check_tree(conn: AsyncConnection, session: dict[str, Any], rest: list[
                 or base_seq > base.next_seq:  # fmt: skip
             raise InvalidValueError(f"{where}: a branch whose base is not here (import its base first), another "
                                     "user's, or shorter than the branch reads")  # fmt: skip
+        if base_history is not None and await inherited(conn, session["base_id"], base_seq) != base_history:
+            raise InvalidValueError(f"{where}: its base's history here is not the one it was exported with (the "
+                                    "base changed since): import the base as it was, or start the branch anew")
     elif base_seq is not None:
         raise InvalidValueError(f"{where}: base_seq without a base_id")
     M, R = messages_t.c, responses_t.c

@@ -134,7 +134,10 @@ async def _export_session(db: Database, sid: str) -> AsyncIterator[str]:
         row = (await conn.execute(select(sessions_t).where(S.id == sid))).first()
         if row is None:  # deleted since the listing: not part of this export
             return
-        lines = [_line("session", _to_json(sessions_t, row))]
+        session = _to_json(sessions_t, row)
+        if row.base_id is not None:  # what it reads of its bases, for the import to compare (import_trees.py)
+            session["base_history"] = await import_trees.inherited(conn, row.base_id, row.base_seq)
+        lines = [_line("session", session)]
         for kind in ("state", "run", "usage", *import_trees.KINDS):
             table = _SESSION_TABLES[kind]
             for r in await conn.execute(import_trees.rows_of(kind, table, sid)):
@@ -296,6 +299,7 @@ def _insert_ignoring_existing(conn: AsyncConnection, table: Table) -> Any:
 async def _insert_session(conn: AsyncConnection, records: list[tuple[str, dict[str, Any]]]) -> bool:
     """Insert one session and its rows (each already checked by import_rows.row_values)."""
     (_, session_row), rest = records[0], records[1:]
+    base_history = session_row.pop(import_rows.BASE_HISTORY, None)  # not a column: compared, never stored
     session = {**session_row, "incarnation": new_stamp(), "keeps_history": False}  # until its rows are in
     if session.get("user_id") is not None:
         await lock_user(conn, session["user_id"], exclusive=False)  # creates one of the user's sessions
@@ -305,7 +309,7 @@ async def _insert_session(conn: AsyncConnection, records: list[tuple[str, dict[s
     if seqs != list(range(session.get("base_seq") or 0, session.get("next_seq", -1))):
         raise InvalidValueError(f"import: session {session['id']!r}: its messages are not seq 0..next_seq-1 (a "
                                 "branch's: base_seq..next_seq-1)")  # fmt: skip
-    await import_trees.check_tree(conn, session, rest)
+    await import_trees.check_tree(conn, session, rest, base_history)
     import_rows.check_compaction(session, [row for k, row in rest if k == "message"])
     if not {row.get("seq") for k, row in rest if k == "tool_call"} <= set(seqs):
         raise InvalidValueError(f"import: session {session['id']!r}: a tool_call row names a message it lacks")
