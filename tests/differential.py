@@ -6,7 +6,7 @@ OpenAI-compatible servers send), a race of two runs on one session, and at the e
 random earlier turn. The framework's own ``AgentSession`` kept in memory is the reference, copied after each turn;
 the store runs each turn as a new process would (a new Store, a new agent). What must match: every request the
 model got, and after the fork or truncation the next request, which must be the one the in-memory copy of that
-turn makes. Used by tests/test_differential.py (a few hundred seeds in CI) and bench/differential.py (more).
+turn makes. Used by tests/test_differential.py (a few hundred seeds in CI) and bench/studies/differential.py (more).
 """
 
 from __future__ import annotations

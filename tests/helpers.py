@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import re
 import socket
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from sqlalchemy import make_url, text
+import asyncpg
+from sqlalchemy import event, make_url, text
+from sqlalchemy.engine import Engine
 
 from agent_store import StorageUnavailableError, Store
 
@@ -156,3 +160,65 @@ def without_tokens(text: str) -> str:
     """``text`` with every seal's token cut out: a short word ("Ann") turns up in random base64 now and then, and
     what a test looks for in clear is never inside a token."""
     return SEAL_TOKEN.sub("k1.", text)
+
+
+# -- waiting for another actor ---------------------------------------------------------------------------------------
+# A test orders two actors (tasks, processes, transactions) by what it can see of the other, never by a sleep long
+# enough "by now": a loaded machine makes any such sleep too short. Every wait is bounded, generously.
+WAIT_S = 60.0
+
+
+async def until(check: Callable[[], Any], what: str, *, within: float = WAIT_S, every: float = 0.02) -> Any:
+    """Poll ``check()`` (a plain or an async function) until it returns something true, and return that; after
+    ``within`` seconds an AssertionError says what was waited for."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while True:
+        found = check()
+        if inspect.isawaitable(found):
+            found = await found
+        if found:
+            return found
+        if loop.time() >= deadline:
+            raise AssertionError(f"timed out after {within:g} s waiting for {what}")
+        await asyncio.sleep(every)
+
+
+async def lock_waiters(conn: asyncpg.Connection) -> int:
+    """How many other backends of ``conn``'s database wait for a lock now (a row's, a table's, an advisory one)."""
+    return int(await conn.fetchval(
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
+        " AND pid <> pg_backend_pid()"
+    ))  # fmt: skip
+
+
+@asynccontextmanager
+async def lock_waits(where: str | Store) -> AsyncIterator[Callable[[], Awaitable[int]]]:
+    """``waiting()``: how many transactions wait now for a lock another one holds, in the database of ``where`` (a
+    URL or a store).
+
+    PostgreSQL: the backends of that database waiting for a lock (pg_stat_activity). SQLite has no such view: the
+    write transactions (``BEGIN IMMEDIATE``, as ``Database.transaction(write=True)`` opens one) begun by any store
+    of this process since the block opened; while another connection writes, each of them waits for it."""
+    url = where if isinstance(where, str) else where.engine.url.render_as_string(hide_password=False)
+    if url.startswith("sqlite"):
+        begun = [0]
+
+        def begin(conn: Any) -> None:  # before agent_store's own listener sends the BEGIN that waits
+            if conn.get_execution_options().get("agent_store_begin") == "immediate":
+                begun[0] += 1
+
+        async def write_transactions_begun() -> int:
+            return begun[0]
+
+        event.listen(Engine, "begin", begin, insert=True)
+        try:
+            yield write_transactions_begun
+        finally:
+            event.remove(Engine, "begin", begin)
+        return
+    conn = await asyncpg.connect(plain_dsn(url))
+    try:
+        yield lambda: lock_waiters(conn)
+    finally:
+        await conn.close()

@@ -18,13 +18,17 @@ import httpx
 from agent_framework import Agent, Message, tool
 from agent_framework_ag_ui import AgentFrameworkAgent
 from fastapi import FastAPI
+from helpers import until
 
 from agent_store import Store
 from agent_store.agent_framework.ag_ui import StoreThreadSnapshotStore
 from agent_store.agent_framework.ag_ui_resume import LIVE_EVENT, add_resumable_agui_routes
+from agent_store.journal import Journal
+from agent_store.journal.listen import channel_key
 from agent_store.offline import OfflineChatClient
 
 GATES: dict[str, asyncio.Event] = {}
+JOURNALS: dict[int, Journal] = {}  # each app's journal, by id(store)
 APPROVAL = "计划可以，开始执行吧：call execute_plan"
 
 
@@ -57,7 +61,8 @@ def app_on(store: Store) -> FastAPI:
     agent = Agent(client=HeldModel(), name="Planner", tools=[execute_plan])
     runner = AgentFrameworkAgent(agent=agent, snapshot_store=StoreThreadSnapshotStore(store))
     app = FastAPI()
-    add_resumable_agui_routes(app, runner, store, path="/agent", user_of=lambda r: r.headers.get("x-user"))
+    JOURNALS[id(store)] = add_resumable_agui_routes(app, runner, store, path="/agent",
+                                                    user_of=lambda r: r.headers.get("x-user"))  # fmt: skip
     return app
 
 
@@ -83,14 +88,6 @@ async def reload(web: httpx.AsyncClient, user: str = "ann") -> tuple[list[dict[s
     notes = [e["value"] for e in events if e["type"] == "CUSTOM" and e["name"] == LIVE_EVENT]
     assert len(notes) <= 1 and (not notes or events[-2]["type"] == "CUSTOM")  # just before RUN_FINISHED
     return shown, notes[0] if notes else None
-
-
-async def until(check: Any, what: str) -> None:
-    for _ in range(500):
-        if await check():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 async def test_a_reload_mid_run_shows_the_approval_and_resumes_the_rest_once(store: Store, url: str) -> None:
@@ -129,7 +126,8 @@ async def test_a_reload_mid_run_shows_the_approval_and_resumes_the_rest_once(sto
             assert (await reload(web, user="mallory")) == ([], None)  # another user: no thread, no run
             rest = asyncio.create_task(web.get("/agent/runs/execute", params={"after": note["after"]},
                                                headers={"x-user": "ann"}))  # fmt: skip
-            await asyncio.sleep(0.2)
+            following = JOURNALS[id(other)].wakeups.waiting
+            await until(lambda: rest.done() or following.get(channel_key("ann", "execute")), "the rest's reader")
             GATES["answer"].set()
             resumed = sse((await asyncio.wait_for(rest, 30)).text)
             whole = sse((await asyncio.wait_for(carrying_out, 30)).text)

@@ -11,28 +11,40 @@ import socket
 from typing import Any
 
 import httpx
+import pytest
 import uvicorn
 from agent_framework import Agent, tool
 from agent_framework_ag_ui import AgentFrameworkAgent
 from fastapi import FastAPI
+from helpers import until
 
 from agent_store import Store
 from agent_store.agent_framework.ag_ui_resume import add_resumable_agui_routes
+from agent_store.journal import Journal
 from agent_store.offline import OfflineChatClient
+
+GO_ON: dict[str, asyncio.Event] = {}  # "tool": slow_lookup returns once the test sets it
+JOURNALS: list[Journal] = []  # the journals of this test's apps
+
+
+@pytest.fixture(autouse=True)
+def fresh_gate() -> None:
+    GO_ON["tool"] = asyncio.Event()
+    JOURNALS.clear()
 
 
 @tool
 async def slow_lookup() -> str:
-    """A tool that takes a while (a long step of the run)."""
-    await asyncio.sleep(1.0)
+    """A tool that takes a while (a long step of the run): until the test lets it go on."""
+    await asyncio.wait_for(GO_ON["tool"].wait(), 60)
     return "北京，晴"
 
 
 def app_on(store: Store) -> FastAPI:
     agent = Agent(client=OfflineChatClient(), name="Assistant", tools=[slow_lookup])
     app = FastAPI()
-    add_resumable_agui_routes(app, AgentFrameworkAgent(agent=agent), store, path="/agent",
-                              user_of=lambda request: request.headers.get("x-user"))  # fmt: skip
+    JOURNALS.append(add_resumable_agui_routes(app, AgentFrameworkAgent(agent=agent), store, path="/agent",
+                                              user_of=lambda request: request.headers.get("x-user")))  # fmt: skip
     return app
 
 
@@ -84,10 +96,7 @@ async def test_a_client_cut_mid_run_reconnects_elsewhere_and_misses_nothing(stor
     server = uvicorn.Server(uvicorn.Config(app_on(store), host="127.0.0.1", port=port, log_level="warning"))
     serving = asyncio.create_task(server.serve())
     try:
-        for _ in range(500):  # until it listens
-            if server.started:
-                break
-            await asyncio.sleep(0.02)
+        await until(lambda: server.started or serving.done(), "the server to listen")
         seen: list[tuple[int, dict[str, Any]]] = []
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", headers={"x-user": "u"}) as web:
             async with web.stream("POST", "/agent", json=request("run-2", "call slow_lookup")) as response:
@@ -100,6 +109,7 @@ async def test_a_client_cut_mid_run_reconnects_elsewhere_and_misses_nothing(stor
                     if any(e["type"] == "TOOL_CALL_START" for _, e in seen):
                         break  # the client goes away while the tool runs: the socket is closed
         assert seen and seen[-1][1]["type"] != "RUN_FINISHED"
+        GO_ON["tool"].set()  # the run goes on without its client
         async with Store.from_url(url) as other:  # reconnects to another worker, from the last id it saw
             transport = httpx.ASGITransport(app=app_on(other))
             async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as web:
@@ -122,13 +132,17 @@ async def test_cancel_stops_a_run_from_another_worker(store: Store, url: str) ->
         async with Store.from_url(url) as other:
             other_web = httpx.AsyncClient(transport=httpx.ASGITransport(app=app_on(other)), base_url="http://localhost")
             async with other_web:
-                for _ in range(100):
+
+                async def cancel() -> httpx.Response | None:  # once the run's row is there
                     answer = await other_web.post("/agent/runs/run-3/cancel", headers={"x-user": "u"})
-                    if answer.status_code == 200:
-                        break
-                    await asyncio.sleep(0.02)  # until the run's row is there
+                    return answer if answer.status_code == 200 else None
+
+                answer = await until(cancel, "the run's row")
                 assert answer.json() == {"cancelled": True}
-        events = frames((await asyncio.wait_for(started, 20)).text)
+                heard = lambda: any(w.cancel_requested for journal in JOURNALS for w in journal.live)  # noqa: E731
+                await until(lambda: started.done() or heard(), "the run to hear the cancel")
+                GO_ON["tool"].set()  # its tool returns: the run stops at its next event
+        events = frames((await asyncio.wait_for(started, 60)).text)
     assert "RUN_FINISHED" not in [e["type"] for _, e in events]
     assert events[-1] == (-1, {"type": "RUN_ERROR", "message": "the run was cancelled", "code": "CANCELLED"})
     _, info = await store.journal().read("run-3", user_id="u")

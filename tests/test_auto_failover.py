@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from agent_framework import Agent
 from auto_failover import Formation
-from helpers import rows
+from helpers import rows, until
 
 from agent_store import StorageUnavailableError, Store
 
@@ -101,9 +101,9 @@ async def test_the_orchestrator_fails_over_by_itself_and_no_acknowledged_run_is_
     # The rejoined secondary has it all (it had flushed the last commit before that commit was acknowledged; its
     # replay follows within moments).
     async with Store.from_url(formation.node_url("node_1"), check_schema=False) as secondary:
-        for _ in range(100):
-            replayed: Any = await rows(secondary, "SELECT count(*) FROM agent_runs")
-            if replayed == [(sum(len(a) for a in acked.values()) + 1,)]:
-                break
-            await asyncio.sleep(0.1)
-        assert replayed == [(sum(len(a) for a in acked.values()) + 1,)]
+        every_run = [(sum(len(a) for a in acked.values()) + 1,)]
+
+        async def replayed() -> bool:
+            return bool(await rows(secondary, "SELECT count(*) FROM agent_runs") == every_run)
+
+        await until(replayed, "the rejoined secondary to replay every run")

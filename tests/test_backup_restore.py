@@ -12,7 +12,7 @@ from pathlib import Path
 from agent_framework import Agent, WorkflowCheckpoint
 from cli_support import cli, ok
 from conftest import fresh_database
-from helpers import rows
+from helpers import rows, until
 
 from agent_store import Store
 from agent_store.agent_framework import StoreCheckpointStorage
@@ -49,7 +49,11 @@ async def test_a_restore_brings_back_the_store_without_the_users_erased_since(
             await turn(store, agent, "bob-busy", "bob", f"turn {n}")
 
     writing = asyncio.create_task(keep_writing())
-    await asyncio.sleep(0.05)
+
+    async def a_turn_written() -> bool:  # the backup is taken while the writer goes on, from its first turn
+        return (await rows(store, "SELECT count(*) FROM agent_messages WHERE session_id = 'bob-busy'"))[0][0] > 0
+
+    await until(a_turn_written, "the writer's first turn")
     backup = tmp_path / "store.backup"
     said = json.loads(ok(cli("backup", "-o", str(backup), "--json", url=url, cwd=tmp_path)))
     await writing

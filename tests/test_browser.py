@@ -77,14 +77,16 @@ def serving(url: str, *args: str) -> Iterator[str]:
     server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(100):
+        deadline = time.monotonic() + 60  # a loaded machine starts Python slowly
+        while True:
             try:
-                urllib.request.urlopen(base + "/sessions", timeout=1)
+                urllib.request.urlopen(base + "/sessions", timeout=5)
                 break
             except urllib.error.HTTPError:
                 break  # it answers (401 with a token)
             except OSError:
                 assert server.poll() is None, server.stdout.read() if server.stdout else ""
+                assert time.monotonic() < deadline, "the browser never answered"
                 time.sleep(0.1)
         yield base
     finally:

@@ -245,7 +245,7 @@ async def test_saves_racing_an_erasure_land_wholly_before_it_or_are_refused(stor
     """A save takes the user's lock, as erase_user does: none survives the erasure half-counted, and a storage
     made before the erasure cannot write for the user after it; one made after can, from seq 1."""
     before = StoreCheckpointStorage(store, user_id="ann")
-    refused, erased = 0, asyncio.Event()
+    refused, erased, saving = 0, asyncio.Event(), asyncio.Event()
 
     async def saver(k: int) -> None:
         nonlocal refused
@@ -255,11 +255,12 @@ async def test_saves_racing_an_erasure_land_wholly_before_it_or_are_refused(stor
                 return
             try:
                 await before.save(checkpoint(100_000 * k + n))
+                saving.set()
             except WorkflowCheckpointException:
                 refused += 1
 
     async def eraser() -> None:
-        await asyncio.sleep(0.05)
+        await asyncio.wait_for(saving.wait(), 60)  # the erasure races saves under way (some landed already)
         await store.erase_user("ann")
         erased.set()
 

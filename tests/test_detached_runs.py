@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from agent_framework import Agent, AgentSession
+from helpers import until
 
 from agent_store import Store, StreamNotFoundError
 from agent_store.agent_framework import StoreHistoryProvider
@@ -111,15 +112,20 @@ async def test_a_worker_killed_mid_run_keeps_every_finished_tool_result(store: S
         stdout=asyncio.subprocess.PIPE, env=env,
     )  # fmt: skip
     assert worker.stdout is not None
+    journal = store.journal(worker_id="worker-3")  # (what the worker restarted opens; nothing is done with it yet)
+
+    async def result_journaled() -> bool:  # the journal's batch timer (50 ms) has sent the tool's result event
+        events, _ = await journal.read("booking", user_id="u")
+        return any(c.get("type") == "function_result" for e in events for c in e.event.get("contents", []))
+
     try:
         said = [(await asyncio.wait_for(worker.stdout.readline(), 60)).decode().strip() for _ in range(2)]
         assert said == ["tool done", "model waiting"]
-        await asyncio.sleep(0.5)  # the journal's batch timer (50 ms) has sent the tool's result event
+        await until(result_journaled, "the tool's result in the journal")
     finally:
         if worker.returncode is None:
             worker.send_signal(signal.SIGKILL)
         await worker.wait()
-    journal = store.journal(worker_id="worker-3")
     assert await journal.recover() == 1  # the restarted worker: its run is not live
     events, info = await journal.read("booking", user_id="u")
     assert info["status"] == "incomplete"

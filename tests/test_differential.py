@@ -1,6 +1,6 @@
 """The differential check (tests/differential.py) on a few hundred random scenarios per backend: the model's
 requests with agent_store, turn by turn and after a fork or a truncation, are the framework's in-memory
-session's. ``bench/differential.py`` runs more seeds."""
+session's. ``bench/studies/differential.py`` runs more seeds."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import pytest
 from agent_framework import Message
-from helpers import expire_now, lose_the_reply, plain_dsn, rows
+from helpers import expire_now, lose_the_reply, plain_dsn, rows, until
 from sqlalchemy import make_url, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
@@ -128,17 +128,14 @@ async def refusing_writes(url: str) -> AsyncIterator[Callable[[], Awaitable[None
     await blocker_conn.execute("LOCK TABLE agent_sessions IN ACCESS EXCLUSIVE MODE")
 
     async def cancel_waiters() -> None:
-        for _ in range(200):
+        async def waiting() -> list[asyncpg.Record]:
             await blocker_conn.execute("SELECT pg_stat_clear_snapshot()")  # a transaction caches what it saw
-            waiting = await blocker_conn.fetch(
+            return list(await blocker_conn.fetch(
                 "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
-            )
-            if waiting:
-                for row in waiting:
-                    await blocker_conn.fetchval("SELECT pg_cancel_backend($1)", row["pid"])
-                return
-            await asyncio.sleep(0.02)
-        raise AssertionError("no commit waited for the lock")
+            ))  # fmt: skip
+
+        for row in await until(waiting, "a commit to wait for the lock"):
+            await blocker_conn.fetchval("SELECT pg_cancel_backend($1)", row["pid"])
 
     try:
         yield cancel_waiters

@@ -1,4 +1,4 @@
-"""One minute of `bench/failover_soak.py` in CI (issue 28): 32 workers through PgBouncer, the primary killed at
+"""One minute of `bench/studies/failover_soak.py` in CI (issue 28): 32 workers through PgBouncer, the primary killed at
 30 s, pg_auto_failover promoting the secondary and a failover hook moving PgBouncer. Every acknowledged run is on the
 new primary exactly once, every failed attempt was retryable (and retried), memory and connections stay flat."""
 
@@ -12,7 +12,7 @@ from auto_failover import Bouncer, Formation
 from conftest import IN_CI
 from programs import missing
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench" / "studies"))
 from failover_soak import failover_soak, print_report
 
 WORKERS = 32

@@ -3,7 +3,7 @@ next garbage collection.
 
 A cycle between a Run and its session kept every loaded message alive until a collection ran; those that a young
 collection found still alive were promoted, and the full collections they fed were the long pauses of a service
-that loads whole histories (bench/gc_pauses.py: p99 124 ms against 19 ms without the cycle, with gc.freeze()).
+that loads whole histories (bench/studies/gc_pauses.py: p99 124 ms against 19 ms without the cycle, with gc.freeze()).
 Each test runs with the collector off: a message still alive after the run is released is held by a cycle.
 """
 

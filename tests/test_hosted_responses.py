@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from azure.ai.agentserver.responses import PlatformContext, ResponseProviderProtocol
 from azure.ai.agentserver.responses.store import ResponseAlreadyExistsError
-from helpers import rows
+from helpers import lock_waits, rows, until
 
 from agent_store import InvalidValueError, Store
 from agent_store.agentserver.history import MAX_HOPS
@@ -243,9 +243,10 @@ async def test_a_response_created_while_its_parent_changes_keeps_what_it_was_giv
             await other.execute(text("SELECT 1 FROM agent_hosted_responses WHERE response_id = 'p' FOR UPDATE"))
         await other.execute(text("UPDATE agent_hosted_links SET item_id = 'changed' WHERE response_id = 'p' AND "
                                  "kind = 'o'"))  # fmt: skip
-        child = asyncio.create_task(provider.create_response(response("c", previous="p"), [said("c-in")], given))
-        await asyncio.sleep(0.5)
-        assert not child.done()  # it waits for the parent's transaction
+        async with lock_waits(store) as waiting:
+            child = asyncio.create_task(provider.create_response(response("c", previous="p"), [said("c-in")], given))
+            await until(lambda: child.done() or waiting(), "the child to wait for the parent's transaction")
+            assert not child.done()  # it waits for the parent's transaction
         await other.commit()
     await child
     assert await provider.get_history_item_ids("c", None, -1) == [*given, "c-in"]

@@ -11,24 +11,31 @@ from typing import Any
 import asyncpg
 import numpy as np
 import pytest
-from helpers import plain_dsn
+from helpers import lock_waiters, plain_dsn, until
 from sqlalchemy import text
 from test_hybrid_search import EMBEDDER, OtherModel, vector_count
 from test_search import say
 
 from agent_store import EmbeddingProfileError, InvalidValueError, Store
 from agent_store.search.embedders import EmbeddingProfile
+from agent_store.search.vectors import Embeddings
 
 
 class ChangesWhileEmbedding:
     """The offline embedder, but while it embeds another connection changes (or deletes) message 0 in a
-    transaction it commits a second later: the backfill's write comes while that change is in flight."""
+    transaction it commits only once the backfill's write of these texts has come (done, or waiting for the
+    change): the backfill's write comes while that change is in flight. ``wrote()`` counts the backfill's writes
+    (the test wraps them)."""
 
     profile = EMBEDDER.profile
 
     def __init__(self, url: str, statement: str) -> None:
         self.url, self.statement = plain_dsn(url), statement  # the PgBouncer pass's URL too
         self.done: asyncio.Task[None] | None = None
+        self.writes = 0
+
+    def wrote(self) -> None:
+        self.writes += 1
 
     async def embed(self, texts: list[str]) -> np.ndarray:
         other = await asyncpg.connect(self.url)
@@ -36,10 +43,17 @@ class ChangesWhileEmbedding:
         await transaction.start()
         await other.execute(self.statement)
 
+        before = self.writes
+
         async def commit_later() -> None:
-            await asyncio.sleep(1.0)
-            await transaction.commit()
-            await other.close()
+            async def written_or_waiting() -> bool:
+                return self.writes > before or await lock_waiters(other) > 0
+
+            try:
+                await until(written_or_waiting, "the backfill's write")
+                await transaction.commit()
+            finally:
+                await other.close()
 
         self.done = asyncio.create_task(commit_later())
         return await EMBEDDER.embed(texts)
@@ -47,11 +61,21 @@ class ChangesWhileEmbedding:
 
 @pytest.mark.parametrize("change", ["UPDATE agent_messages SET text = 'banana bread recipe' WHERE seq = 0",
                                     "DELETE FROM agent_messages WHERE seq = 0"])  # fmt: skip
-async def test_a_change_in_flight_during_the_write_leaves_no_stale_vector(pg_url: str, change: str) -> None:
+async def test_a_change_in_flight_during_the_write_leaves_no_stale_vector(
+    pg_url: str, change: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     async with Store.from_url(pg_url) as store:
         await store.migrate()
         await say(store, "s1", "I booked a plane to Beijing", "my dog is named Rex")
-    embedder = ChangesWhileEmbedding(pg_url, change)
+    embedder, write = ChangesWhileEmbedding(pg_url, change), Embeddings._write
+
+    async def counted(self: Embeddings, *args: Any) -> int:
+        try:
+            return await write(self, *args)
+        finally:
+            embedder.wrote()
+
+    monkeypatch.setattr(Embeddings, "_write", counted)
     async with Store.from_url(pg_url, embedder=embedder) as store:
         assert await store.embeddings.backfill() == 1  # message 1 only: 0 changed (or went) under it
         assert embedder.done is not None

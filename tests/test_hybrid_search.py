@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 from agent_framework import Message
+from helpers import until
 from sqlalchemy import text
 from test_search import say
 
@@ -196,7 +197,6 @@ async def test_the_cli_embeds_then_searches_by_meaning(semantic: Store, url: str
 
 async def test_a_backfill_killed_midway_resumes_and_writes_each_vector_once(semantic: Store, url: str,
                                                                              tmp_path: Path) -> None:  # fmt: skip
-    import asyncio
     import os
     import signal
     import subprocess
@@ -207,12 +207,12 @@ async def test_a_backfill_killed_midway_resumes_and_writes_each_vector_once(sema
     env = {**os.environ, "AGENT_STORE_URL": url}
     slow = subprocess.Popen([sys.executable, "-m", "agent_store", "embed", "--batch-size", "1"], env=env, cwd=tmp_path,  # noqa: ASYNC220
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+
+    async def two_hundred_written() -> bool:  # (or the process has ended: the assertion below says so)
+        return slow.poll() is not None or await vector_count(semantic) >= 200
+
     try:
-        for _ in range(600):
-            written = await vector_count(semantic)
-            if written >= 200:
-                break
-            await asyncio.sleep(0.05)
+        await until(two_hundred_written, "the embed process's first 200 vectors")
         slow.send_signal(signal.SIGKILL)  # no clean-up of any kind
     finally:
         slow.wait(30)

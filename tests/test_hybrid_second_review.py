@@ -12,7 +12,7 @@ from typing import Any
 
 import asyncpg
 import pytest
-from helpers import plain_dsn
+from helpers import lock_waits, plain_dsn, until
 from test_hybrid_search import EMBEDDER, keys, vector_count
 from test_search import say
 
@@ -45,7 +45,7 @@ async def test_the_backfill_waits_for_no_writer(pg_url: str) -> None:
     finishes at once; the next backfill, after the writer's commit, takes it."""
     await six_messages(pg_url)
     async with writer_holding(pg_url, 1) as (_, holding), Store.from_url(pg_url, embedder=EMBEDDER) as store:
-        written = await asyncio.wait_for(store.embeddings.backfill(batch_size=3), timeout=10)
+        written = await asyncio.wait_for(store.embeddings.backfill(batch_size=3), timeout=30)
         assert written == 5 and await store.embeddings.pending() == 1
         await holding.commit()
         assert await store.embeddings.backfill() == 1 and await vector_count(store) == 6
@@ -55,12 +55,17 @@ async def test_a_writer_updating_several_messages_never_deadlocks_with_the_backf
     """The writer holds message 3, the backfill starts, then the writer updates message 1 too and commits. Before,
     the backfill held 0-2 waiting for 3 while the writer waited for 1: PostgreSQL rolled one of them back."""
     await six_messages(pg_url)
-    async with writer_holding(pg_url, 3) as (writer, holding), Store.from_url(pg_url, embedder=EMBEDDER) as store:
+    async with writer_holding(pg_url, 3) as (writer, holding), Store.from_url(pg_url, embedder=EMBEDDER) as store, \
+            lock_waits(pg_url) as waiting:  # fmt: skip
         backfill = asyncio.create_task(store.embeddings.backfill(batch_size=6))
-        await asyncio.sleep(0.5)
-        await asyncio.wait_for(writer.execute(HOLD_ROW_1), timeout=10)  # a deadlock raises here or in the backfill
+
+        async def passed_or_stuck() -> bool:  # now: passed message 3 by and done, or (before) waiting for it
+            return backfill.done() or await waiting() > 0
+
+        await until(passed_or_stuck, "the backfill to finish or to wait for message 3")
+        await asyncio.wait_for(writer.execute(HOLD_ROW_1), timeout=30)  # a deadlock raises here or in the backfill
         await holding.commit()
-        assert await asyncio.wait_for(backfill, timeout=10) == 5
+        assert await asyncio.wait_for(backfill, timeout=30) == 5
         assert await store.embeddings.backfill() == 1 and await store.embeddings.pending() == 0
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import rows
+from helpers import rows, until
 from lost_reply_proxy import LostReplyProxy
 from sqlalchemy.engine import make_url
 
@@ -118,11 +118,7 @@ async def test_cancel_from_another_worker_and_a_failed_block(store: Store, url: 
         assert await other.journal().cancel("long", user_id="u") is True
         with pytest.raises(StreamNotFoundError):
             await other.journal().cancel("long", user_id="someone else")
-    for _ in range(100):  # the next batch or heartbeat brings it
-        if writer.cancel_requested:
-            break
-        await asyncio.sleep(0.05)
-    assert writer.cancel_requested
+    await until(lambda: writer.cancel_requested, "the cancel")  # the next batch or heartbeat brings it
     await writer.finish("cancelled")
     assert (await journal.read("long", user_id="u"))[1]["status"] == "cancelled"
     assert await journal.cancel("long", user_id="u") is False  # ended: nothing to cancel

@@ -7,21 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from typing import Any
 
 import asyncpg
-from helpers import plain_dsn
+from helpers import plain_dsn, until
 
 from agent_store import Store
 from agent_store.db.journal_tables import NOTIFY_CHANNEL
-
-
-async def soon(done: Callable[[], bool]) -> None:
-    """Wait up to two seconds for ``done()``."""
-    for _ in range(200):
-        if done():
-            return
-        await asyncio.sleep(0.01)
+from agent_store.journal.listen import payload
 
 
 async def test_a_notify_names_no_one_and_a_forged_cancel_cancels_nothing(pg_url: str) -> None:
@@ -36,18 +29,29 @@ async def test_a_notify_names_no_one_and_a_forged_cancel_cancels_nothing(pg_url:
         try:
             writer = await journal.start("bobs-secret-run", user_id="bob")
             await writer.append({"step": 1})
-            await soon(lambda: bool(heard))
-            assert heard, "a batch sends a NOTIFY"
-            assert not any("bob" in payload for payload in heard), heard  # neither the user nor the run's id
+            await until(lambda: heard, "a batch's NOTIFY")
+            assert not any("bob" in said for said in heard), heard  # neither the user nor the run's id
             key = json.loads(heard[0])[1]
-            for forged in (["cancel", key], ["cancel", "bob", "bobs-secret-run"]):  # today's form, an earlier one
-                await spy.execute("SELECT pg_notify($1, $2)", NOTIFY_CHANNEL, json.dumps(forged))
-            await asyncio.sleep(0.5)
-            assert not writer.cancel_requested  # the row says no cancel was asked
+            checked: list[bool] = []  # each cancel heard is checked against the run's row: what it said
+            real_check = journal.cancel_asked
+
+            async def check(*args: Any, **kwargs: Any) -> bool:
+                checked.append(await real_check(*args, **kwargs))
+                return checked[-1]
+
+            journal.cancel_asked = check  # type: ignore[method-assign]
+            async with journal.wakeups.watch("bob", "after the forgeries") as woken:
+                for forged in (["cancel", key], ["cancel", "bob", "bobs-secret-run"]):  # today's form, an earlier one
+                    await spy.execute("SELECT pg_notify($1, $2)", NOTIFY_CHANNEL, json.dumps(forged))
+                # NOTIFYs arrive in the order they were sent: once this one has, the forged ones were heard
+                await spy.execute("SELECT pg_notify($1, $2)", NOTIFY_CHANNEL,
+                                  payload("batch", "bob", "after the forgeries"))  # fmt: skip
+                await asyncio.wait_for(woken.wait(), 60)
+            await until(lambda: checked and not journal.wakeups._checking, "the forged cancels' checks")
+            assert not any(checked) and not writer.cancel_requested  # the row says no cancel was asked
             await writer.append({"step": 2})  # the run goes on
             assert await journal.cancel("bobs-secret-run", user_id="bob") is True
-            await soon(lambda: writer.cancel_requested)  # heard at once, by the NOTIFY and a read of the row
-            assert writer.cancel_requested
+            await until(lambda: writer.cancel_requested, "the cancel")  # heard at once, by the NOTIFY and the row
             await writer.finish("cancelled")
             assert (await journal.read("bobs-secret-run", user_id="bob"))[1]["status"] == "cancelled"
         finally:

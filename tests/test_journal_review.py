@@ -14,7 +14,7 @@ import pytest
 from agent_framework import Agent, tool
 from agent_framework_ag_ui import AgentFrameworkAgent
 from fastapi import FastAPI
-from helpers import dead_run
+from helpers import dead_run, lock_waits, until
 from sqlalchemy import text
 from test_agui_resume import frames
 
@@ -25,14 +25,24 @@ from agent_store.agent_framework.ag_ui import StoreThreadSnapshotStore
 from agent_store.agent_framework.ag_ui_resume import add_resumable_agui_routes
 from agent_store.agent_framework.responses_background import add_background_responses_routes
 from agent_store.db.statements import USER_LOCK
-from agent_store.journal import start_detached, uncancellable
+from agent_store.journal import Journal, start_detached, uncancellable
 from agent_store.offline import OfflineChatClient
+
+TOOL: dict[str, asyncio.Event] = {}  # "entered": a run is inside slow_lookup; "go_on": the test lets it return
+JOURNALS: list[Journal] = []  # the journals of this test's apps
+
+
+@pytest.fixture(autouse=True)
+def fresh_gates() -> None:
+    TOOL.update(entered=asyncio.Event(), go_on=asyncio.Event())
+    JOURNALS.clear()
 
 
 @tool
 async def slow_lookup() -> str:
-    """A tool that takes a while."""
-    await asyncio.sleep(1.0)
+    """A tool that takes a while: until the test lets it go on."""
+    TOOL["entered"].set()
+    await asyncio.wait_for(TOOL["go_on"].wait(), 60)
     return "北京，晴"
 
 
@@ -40,9 +50,21 @@ def apps(store: Store) -> FastAPI:
     app = FastAPI()
     agent = Agent(client=OfflineChatClient(), name="Assistant", tools=[slow_lookup])
     user_of: Any = lambda request: request.headers.get("x-user")  # noqa: E731
-    add_background_responses_routes(app, agent, store, user_of=user_of)
-    add_resumable_agui_routes(app, AgentFrameworkAgent(agent=agent), store, path="/agent", user_of=user_of)
+    JOURNALS.append(add_background_responses_routes(app, agent, store, user_of=user_of))
+    JOURNALS.append(add_resumable_agui_routes(app, AgentFrameworkAgent(agent=agent), store, path="/agent",
+                                              user_of=user_of))  # fmt: skip
     return app
+
+
+def a_cancel_heard() -> bool:
+    """A run of this test's apps has heard a cancel (its writer has)."""
+    return any(writer.cancel_requested for journal in JOURNALS for writer in journal.live)
+
+
+def a_hard_cancel_held_back() -> bool:
+    """A run of this test's apps was to be cancelled where it waits (its grace period is over) but is inside its
+    commit: the cancel waits for the commit."""
+    return any(run.due for journal in JOURNALS for run in journal.detached)
 
 
 def client(store: Store) -> httpx.AsyncClient:
@@ -57,20 +79,15 @@ async def test_a_cancel_while_the_turn_commits_ends_it_completed_with_its_turn(p
             client(other) as far:  # fmt: skip
         body = {"model": "offline", "input": "call slow_lookup", "background": True}
         response_id = (await web.post("/responses", json=body)).json()["id"]
-        await asyncio.sleep(0.3)  # inside the tool: the commit comes next, and waits for this lock
-        async with other.engine.connect() as holder:
+        await asyncio.wait_for(TOOL["entered"].wait(), 60)  # inside the tool: the commit comes next
+        async with other.engine.connect() as holder, lock_waits(pg_url) as waiting:
             transaction = await holder.begin()
             await holder.execute(text("SELECT pg_advisory_xact_lock(:k, hashtext('u'))"), {"k": USER_LOCK})
-            for _ in range(200):  # until the run's commit waits on it
-                waiting = (await holder.execute(text(
-                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory' AND pid <> pg_backend_pid()"
-                ))).scalar()  # fmt: skip
-                if waiting:
-                    break
-                await asyncio.sleep(0.05)
-            assert waiting, "the commit never waited on the lock"
+            TOOL["go_on"].set()
+            await until(waiting, "the run's commit to wait on the user's lock")
             await far.post(f"/responses/{response_id}/cancel")
-            await asyncio.sleep(2.5)  # past the run's grace_s (2 s): a hard cancel would have come by now
+            # Its grace_s (2 s) is over: the hard cancel has come, and waits for the commit
+            await until(a_hard_cancel_held_back, "the hard cancel")
             await transaction.commit()
         journal = other.journal()
         async def to_the_end() -> None:
@@ -91,19 +108,27 @@ async def test_a_hard_cancel_during_the_last_batch_still_ends_the_run_with_every
         await store.migrate()
     async with Store.from_url(pg_url) as store, Store.from_url(pg_url) as other:
         journal, far = store.journal(lease_s=2), other.journal()
+        one_sent, two_kept, heard = asyncio.Event(), asyncio.Event(), asyncio.Event()
         async with other.engine.connect() as holder:
 
             async def events() -> Any:
                 yield {"n": 1}
-                await asyncio.sleep(0.5)
+                one_sent.set()
+                yield {"n": 2}  # kept: no cancel was heard before it
+                two_kept.set()
+                await asyncio.wait_for(heard.wait(), 60)  # now it is heard (a cancel would wait for the lock below)
                 transaction = await holder.begin()  # the run's row held a while: its last batch waits
                 await holder.execute(text("SELECT 1 FROM agent_streams WHERE stream_id = 'r1' FOR UPDATE"))
+                grace_starts()  # from now: the hard cancel comes (0.6 s) while the last batch waits (1.5 s)
                 asyncio.get_running_loop().call_later(1.5, lambda: asyncio.ensure_future(transaction.commit()))
-                yield {"n": 2}
+                await asyncio.Event().wait()  # the run waits here: the hard cancel cuts it
                 yield {"n": 3}
 
             task = await start_detached(journal, "r1", user_id="u", events=events, grace_s=0.6)
-            await asyncio.sleep(0.2)
+            (writer,) = journal.live
+            grace_starts, writer.on_cancel = writer.on_cancel, heard.set  # the run's grace period, held back
+            assert grace_starts is not None
+            await asyncio.wait_for(two_kept.wait(), 60)
             assert await far.cancel("r1", user_id="u")
             assert await asyncio.wait_for(task, 30) == "cancelled"
         got, info = await far.read("r1", user_id="u")
@@ -140,15 +165,15 @@ def run_request(run_id: str, text_: str = "call slow_lookup") -> dict[str, Any]:
 async def test_an_agui_thread_runs_one_at_a_time_from_any_worker(store: Store, url: str) -> None:
     async with Store.from_url(url) as other, client(store) as web, client(other) as far:
         first = asyncio.create_task(web.post("/agent", json=run_request("A")))
-        for _ in range(200):
-            if await other.journal().live_run("thread-1", user_id="u") == "A":
-                break
-            await asyncio.sleep(0.02)
+        reader = other.journal()
+        await until(lambda: first.done() or reader.live_run("thread-1", user_id="u"), "run A to start")
+        assert await reader.live_run("thread-1", user_id="u") == "A"  # (and its tool waits for this test)
         second = await far.post("/agent", json=run_request("B", "我叫李明"))  # another worker, the same thread
         assert second.status_code == 409 and second.json()["detail"]["runId"] == "A"
         elsewhere = await far.post("/agent", json={**run_request("C", "hi"), "threadId": "thread-2"})
         assert elsewhere.status_code == 200  # another thread is free
-        assert frames((await asyncio.wait_for(first, 30)).text)[-1][1]["type"] == "RUN_FINISHED"
+        TOOL["go_on"].set()
+        assert frames((await asyncio.wait_for(first, 60)).text)[-1][1]["type"] == "RUN_FINISHED"
         third = await far.post("/agent", json=run_request("D", "我叫李明"))  # once it has ended: free again
         assert third.status_code == 200 and frames(third.text)[-1][1]["type"] == "RUN_FINISHED"
 
@@ -156,11 +181,14 @@ async def test_an_agui_thread_runs_one_at_a_time_from_any_worker(store: Store, u
 async def test_a_cancelled_agui_run_ends_with_a_run_error(store: Store, url: str) -> None:
     async with Store.from_url(url) as other, client(store) as web, client(other) as far:
         live = asyncio.create_task(web.post("/agent", json=run_request("R")))
-        for _ in range(200):
-            if (await far.post("/agent/runs/R/cancel")).status_code == 200:
-                break
-            await asyncio.sleep(0.02)
-        own = (await asyncio.wait_for(live, 30)).text
+
+        async def cancelled() -> bool:  # once the run's row is there
+            return live.done() or (await far.post("/agent/runs/R/cancel")).status_code == 200
+
+        await until(cancelled, "the cancel to be taken")
+        await until(lambda: live.done() or a_cancel_heard(), "the run to hear the cancel")
+        TOOL["go_on"].set()  # its tool returns: the run stops at its next event
+        own = (await asyncio.wait_for(live, 60)).text
         resumed = (await far.get("/agent/runs/R", params={"after": 0})).text
     for body in (own, resumed):  # the live stream's end, and a reader's later: a RUN_ERROR with no id (not journaled)
         end = body.strip().split("\n\n")[-1]
@@ -179,18 +207,19 @@ async def test_cancel_routes_answer_a_bad_id_with_400(store: Store, path: str) -
 
 
 async def test_a_commit_block_that_raises_after_a_cancel_ends_the_run_failed(store: Store) -> None:
-    journal = store.journal()
+    journal, committing = store.journal(), asyncio.Event()
 
     async def events() -> Any:
         yield {"type": "a"}
         with uncancellable():  # the commit: a cancel comes and waits; then the block raises
-            await asyncio.sleep(0.6)
+            committing.set()
+            await until(lambda: any(run.due for run in journal.detached), "the hard cancel, held back")
             raise RuntimeError("commit failed")
         yield {"type": "never"}
 
     task = await start_detached(journal, "shield", user_id="u", events=events, grace_s=0.1,
                                 on_error=lambda exc: {"type": "RUN_ERROR"})  # fmt: skip
-    await asyncio.sleep(0.2)
+    await asyncio.wait_for(committing.wait(), 60)
     assert await journal.cancel("shield", user_id="u")
     with pytest.raises(RuntimeError, match="commit failed"):
         await asyncio.wait_for(task, 30)
@@ -201,11 +230,13 @@ async def test_a_commit_block_that_raises_after_a_cancel_ends_the_run_failed(sto
 
 
 async def test_a_finish_cut_short_is_ended_by_close(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = writer_module.send_batch
-    slow = {"s": 0.0}
+    real, in_flight = writer_module.send_batch, asyncio.Event()
+    slow: dict[str, asyncio.Event | None] = {"until": None}  # while set: a batch waits for that event (slowly)
 
     async def slowed(*args: Any) -> Any:
-        await asyncio.sleep(slow["s"])
+        if (answered := slow["until"]) is not None:
+            in_flight.set()
+            await answered.wait()
         return await real(*args)
 
     monkeypatch.setattr(writer_module, "send_batch", slowed)
@@ -213,14 +244,19 @@ async def test_a_finish_cut_short_is_ended_by_close(store: Store, monkeypatch: p
     writer = await journal.start("cut", user_id="u")
     for n in range(3):
         await writer.append({"n": n})
-    await asyncio.sleep(0.1)
-    slow["s"] = 0.6
-    await asyncio.sleep(0.5)  # a heartbeat batch in flight, slowly
+
+    async def three_written() -> bool:  # by the batch timer
+        return len((await journal.read("cut", user_id="u"))[0]) == 3
+
+    await until(three_written, "the timer's batch")
+    slow["until"] = answered = asyncio.Event()
+    await asyncio.wait_for(in_flight.wait(), 60)  # a heartbeat batch in flight, slowly
     ending = asyncio.create_task(writer.finish("completed"))
-    await asyncio.sleep(0.1)
+    await until(lambda: writer._stop.is_set(), "the end to begin")  # it waits for the heartbeat's batch
     ending.cancel()  # the request task that was ending it goes away
     await asyncio.gather(ending, return_exceptions=True)
-    slow["s"] = 0.0
+    slow["until"] = None
+    answered.set()
     await journal.close()  # ends what is left, and raises nothing
     events, info = await journal.read("cut", user_id="u")
     assert info["status"] == "incomplete" and [e.event["n"] for e in events] == [0, 1, 2]
@@ -313,11 +349,7 @@ async def test_a_cancel_racing_the_start_is_not_answered_ended(store: Store, url
         monkeypatch.setattr(other.db, "transaction", transaction)
         assert await canceller.cancel("racing", user_id="u") is True
         assert started and (await journal.read("racing", user_id="u"))[1]["status"] == "in_progress"
-        for _ in range(100):
-            if started[0].cancel_requested:
-                break
-            await asyncio.sleep(0.05)
-        assert started[0].cancel_requested
+        await until(lambda: started[0].cancel_requested, "the run to hear the cancel")
         await started[0].finish("cancelled")
         await canceller.close()
     await journal.close()

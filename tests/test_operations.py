@@ -15,7 +15,7 @@ import pytest
 from agent_framework import Agent, Message
 from alembic import command
 from alembic.config import Config
-from helpers import rows
+from helpers import rows, until
 from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
@@ -200,8 +200,8 @@ async def test_warm_up_runs_a_loads_statements_on_every_connection_and_writes_no
 
 async def test_warm_up_makes_each_connections_first_commits_and_keeps_nothing(pg_url: str) -> None:
     """PostgreSQL compiles the commit function and plans its statements on a connection's first call (19-21 ms
-    against 4-5 after: bench/first_commit.py): the warm-up makes a new session's commit and a second run's on each
-    connection, in a transaction it rolls back. The server counts the calls (track_functions, on a direct
+    against 4-5 after: bench/studies/first_commit.py): the warm-up makes a new session's commit and a second run's
+    on each connection, in a transaction it rolls back. The server counts the calls (track_functions, on a direct
     connection: PgBouncer refuses it as a start-up parameter); through either, nothing is kept."""
     direct = "pgbouncer" not in pg_url
     tracked = {"connect_args": {"server_settings": {"track_functions": "pl"}}} if direct else {}
@@ -308,6 +308,7 @@ async def test_a_warm_up_cancelled_at_any_point_leaves_no_connection_out(url: st
     one back to the pool (a service's start-up cut short by a timeout)."""
     async with Store.from_url(url, pool_size=4, max_overflow=0) as store:
         await store.migrate()
+        pool: Any = store.engine.pool
         with warnings.catch_warnings(record=True) as warned:
             warnings.simplefilter("always")
             for steps in range(80):
@@ -317,11 +318,9 @@ async def test_a_warm_up_cancelled_at_any_point_leaves_no_connection_out(url: st
                 warm.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await warm
-                for _ in range(50):  # a checkout cut short gives its connection back from a callback
-                    if store.engine.pool.checkedout() == 0:  # type: ignore[attr-defined]
-                        break
-                    await asyncio.sleep(0.01)
-                assert store.engine.pool.checkedout() == 0, steps  # type: ignore[attr-defined]
+                # A checkout cut short gives its connection back from a callback
+                await until(lambda: pool.checkedout() == 0, f"every connection back (cancelled after {steps} steps)",
+                            within=30, every=0.01)  # fmt: skip
                 gc.collect()  # a connection nobody gave back is found here, with SQLAlchemy's warning
         stranded = [str(w.message) for w in warned if "garbage collector" in str(w.message)]
         assert stranded == []

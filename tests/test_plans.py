@@ -1,6 +1,6 @@
 """Every hot read is served by an index: checked on the query plans over a store of many sessions.
 
-CI uses 20,000 sessions and 100,000 messages; `bench/big_tables.py` runs the same checks at 100,000 / 1,000,000.
+CI uses 20,000 sessions and 100,000 messages; `bench/studies/big_tables.py` runs the same checks at 100,000 / 1,000,000.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from sqlalchemy import text
 
 from agent_store import Store
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench" / "studies"))
 from big_tables import documented_sql, fill, full_scans, reads_sent, retention_at_size
 
 

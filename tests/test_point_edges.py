@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from agent_framework import AgentSession, Message
-from helpers import expire_now, rows
+from helpers import expire_now, lock_waits, rows, until
 
 import agent_store.run.points as points
 from agent_store import ConflictError, InvalidValueError, StorageUnavailableError, Store
@@ -174,8 +174,10 @@ async def test_a_purge_never_takes_a_base_a_branch_is_being_made_on(store: Store
     assert run is not None and run.point is not None
     async with store.db.transaction(write=True, doing="branching a conversation") as conn:
         branched = await points.branch(conn, run, run.point)
-        purge = asyncio.create_task(store.purge_expired())
-        await asyncio.sleep(0.5)  # PostgreSQL: it skips the base (locked); SQLite: it waits for the writer
+        async with lock_waits(store) as waiting:
+            purge = asyncio.create_task(store.purge_expired())
+            # PostgreSQL: it skips the base (locked) and is done; SQLite: it waits for the writer
+            await until(lambda: purge.done() or waiting(), "the purge to pass the base by or wait for the branch")
     await purge
     points.adopt(run, branched)
     _say(pending, "to b")

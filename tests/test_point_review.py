@@ -9,7 +9,7 @@ import asyncio
 
 import pytest
 from agent_framework import AgentSession, Message
-from helpers import rows
+from helpers import rows, until
 
 from agent_store import Store
 from agent_store.agent_framework import StoreSessionStore
@@ -102,12 +102,13 @@ async def test_two_requests_starting_one_conversation_the_second_writes_nothing(
     """As ResponsesHostServer drives it: set(response id), then set(conversation id), each worker a Store."""
     async with Store.from_url(url) as store:
         await store.migrate()
-    gate = asyncio.Event()
+    gate, read = asyncio.Event(), []
 
     async def worker(name: str) -> str:
         async with Store.from_url(url) as store:
             sessions = ConversationSessionStore(store, user_id="u")
             session = await sessions.get("conv_X") or AgentSession()
+            read.append(name)
             await gate.wait()
             session.state["_foundry_source_conversation"] = "conv_X"
             try:
@@ -118,7 +119,7 @@ async def test_two_requests_starting_one_conversation_the_second_writes_nothing(
             return "ok"
 
     tasks = [asyncio.create_task(worker(name)) for name in "AB"]
-    await asyncio.sleep(0.5)
+    await until(lambda: len(read) == 2 or any(t.done() for t in tasks), "both requests to have read")
     gate.set()
     results = await asyncio.gather(*tasks)
     assert sorted(results) == ["Another request advanced this agent session; reload before writing.", "ok"]

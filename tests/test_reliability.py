@@ -17,7 +17,7 @@ from typing import Any
 import asyncpg
 import pytest
 from agent_framework import Agent, AgentSession, Message
-from helpers import black_hole, rows
+from helpers import black_hole, rows, until
 from lost_reply_proxy import LostReplyProxy
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
@@ -452,12 +452,13 @@ async def test_a_cancelled_run_never_leaves_a_lock_behind(store: Store) -> None:
         await asyncio.wait_for(turn("other", rng.random() < 0.5), 5)  # never waits out a leaked lock
     # Known gap: a connection cut mid-way by a second cancellation can stay checked out until the garbage
     # collector returns it (SQLAlchemy warns); it holds no lock (the runs above went straight through).
-    for _ in range(50):
+    pool: Any = store.engine.pool
+
+    def all_back() -> bool:
         gc.collect()
-        if store.engine.pool.checkedout() == 0:  # type: ignore[attr-defined]
-            break
-        await asyncio.sleep(0.05)
-    assert store.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+        return bool(pool.checkedout() == 0)
+
+    await until(all_back, "every connection back in the pool", within=30, every=0.05)
     busy = (await store.load("busy", user_id="u")).session
     assert len(busy.state["in_memory"]["messages"]) == busy.state.get("n", 0)  # each run whole or absent
 
@@ -516,12 +517,13 @@ async def test_a_first_commit_on_a_connection_closed_in_the_pool_creates_the_ses
         run.session.state["k"] = 1
         async with store.engine.connect() as conn:
             pid = (await conn.exec_driver_sql("SELECT pg_backend_pid()")).scalar_one()
+            pooled = (await conn.get_raw_connection()).driver_connection
         admin = await asyncpg.connect(plain_dsn(pg_url))
         try:
             assert await admin.fetchval("SELECT pg_terminate_backend($1)", pid)
         finally:
             await admin.close()
-        await asyncio.sleep(0.3)  # the client sees the server close it, as after a restart
+        await until(pooled.is_closed, "the client to see the server close it")  # as after a restart
         result = await run.commit()
         assert (result.version, result.messages_written, result.state_keys_written) == (1, 1, 1)
         assert await rows(store, "SELECT version, next_seq FROM agent_sessions") == [(1, 1)]
@@ -536,7 +538,11 @@ async def test_connections_an_idle_timeout_closed_in_the_pool_are_replaced_befor
         await store.warm_up()
         async with store.session("s", user_id="u") as session:
             session.state["in_memory"]["messages"].append(Message(role="user", contents=["before"]))
-        await asyncio.sleep(2.5)  # every pooled connection is closed by the server meanwhile
+        async with contextlib.AsyncExitStack() as stack:  # the pool's four connections, all at once
+            held = [await stack.enter_async_context(store.engine.connect()) for _ in range(4)]
+            pooled = [(await conn.get_raw_connection()).driver_connection for conn in held]
+        # Every pooled connection is closed by the server (its idle timeout, 1 s), as the client sees it
+        await until(lambda: all(c.is_closed() for c in pooled), "the server to close every pooled connection")
 
         async def run(n: int) -> None:
             async with store.session("s", user_id="u", serialized=True) as session:

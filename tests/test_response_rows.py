@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import doc_block, rows
+from helpers import doc_block, lock_waits, rows, until
 from hosting_route import serve
 from sqlalchemy import event, text
 
@@ -20,7 +20,7 @@ from agent_store import InvalidValueError, Store
 from agent_store.db.history_tables import PG_KEY_INDEX, SQLITE_KEY_INDEX, insert_row
 from agent_store.run import points
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench" / "studies"))
 from big_tables import reads_sent
 
 TREE = ("SELECT r.response_id, COALESCE(p.response_id, r.parent_id) FROM agent_responses r "
@@ -256,24 +256,37 @@ async def test_a_delete_racing_a_continuation_leaves_the_parent_s_key(
     from agent_store.run import points as points_module
 
     keys = await chain(url, "u1", 2)
-    forget = points_module.forget_point
+    forget, store_it = points_module.forget_point, StoreSessionStore.set
+    forgotten, storing = asyncio.Event(), asyncio.Event()
 
     async def slow(conn: Any, sid: str, key: str) -> None:
         await forget(conn, sid, key)
-        await asyncio.sleep(1.0)  # its COMMIT comes after the continuation's INSERT would have run
+        forgotten.set()
+        async with lock_waits(url) as waiting:  # its COMMIT comes after the continuation's INSERT has come
+
+            async def inserting() -> bool:  # PostgreSQL: the INSERT waits for this key; SQLite: for the writer
+                return continuing.done() or (storing.is_set() and (store.db.dialect == "sqlite" or await waiting() > 0))
+
+            await until(inserting, "the continuation's commit")
+
+    async def storing_then(self: Any, *args: Any, **kwargs: Any) -> Any:
+        storing.set()  # it read its parent before the delete committed, and commits now
+        return await store_it(self, *args, **kwargs)
 
     monkeypatch.setattr(points_module, "forget_point", slow)
+    monkeypatch.setattr(StoreSessionStore, "set", storing_then)
 
     async def delete() -> None:
         async with Store.from_url(url) as other:
             await StoreSessionStore(other, user_id="u1").delete(keys[1])
 
     async def continuation() -> str:
-        await asyncio.sleep(0.3)
+        await forgotten.wait()
         body = {"model": "offline", "input": "接着说", "previous_response_id": keys[1]}
         return str((await serve(url, "u1", body))["id"])
 
-    _, child = await asyncio.gather(delete(), continuation())
+    continuing = asyncio.ensure_future(continuation())
+    _, child = await asyncio.gather(delete(), continuing)
     ((parent, parent_key, names),) = await rows(
         store, "SELECT parent, parent_id, (SELECT count(*) FROM agent_responses p WHERE p.id = r.parent) "
                "FROM agent_responses r WHERE response_id = :c", c=child)  # fmt: skip

@@ -9,27 +9,45 @@ import json
 from typing import Any
 
 import httpx
+import pytest
 from agent_framework import Agent, tool
 from fastapi import FastAPI
+from helpers import until
 
 from agent_store import Store
 from agent_store.agent_framework import StoreSessionStore
 from agent_store.agent_framework.responses_background import add_background_responses_routes
+from agent_store.journal import Journal
 from agent_store.offline import OfflineChatClient
+
+GO_ON: dict[str, asyncio.Event] = {}  # "tool": slow_lookup returns once the test sets it
+JOURNALS: list[Journal] = []  # the journals of this test's apps
+
+
+@pytest.fixture(autouse=True)
+def fresh_gate() -> None:
+    GO_ON["tool"] = asyncio.Event()
+    JOURNALS.clear()
 
 
 @tool
 async def slow_lookup() -> str:
-    """A tool that takes a while."""
-    await asyncio.sleep(1.0)
+    """A tool that takes a while: until the test lets it go on."""
+    await asyncio.wait_for(GO_ON["tool"].wait(), 60)
     return "北京，晴"
 
 
 def app_on(store: Store) -> FastAPI:
     app = FastAPI()
     agent = Agent(client=OfflineChatClient(), name="Assistant", tools=[slow_lookup])
-    add_background_responses_routes(app, agent, store, user_of=lambda request: request.headers.get("x-user"))
+    JOURNALS.append(add_background_responses_routes(app, agent, store,
+                                                    user_of=lambda request: request.headers.get("x-user")))
     return app
+
+
+def heard_or_ended() -> bool:
+    """Every run of this test's apps has heard a cancel, or ended."""
+    return all(run.writer.cancel_requested for journal in JOURNALS for run in journal.detached)
 
 
 def events_of(body: str) -> list[dict[str, Any]]:
@@ -41,12 +59,11 @@ def said(response: dict[str, Any]) -> str:
 
 
 async def finished(web: httpx.AsyncClient, response_id: str) -> dict[str, Any]:
-    for _ in range(200):
+    async def ended() -> dict[str, Any] | None:
         found = (await web.get(f"/responses/{response_id}", headers={"x-user": "u"})).json()
-        if found["status"] not in ("queued", "in_progress"):
-            return dict(found)
-        await asyncio.sleep(0.05)
-    raise AssertionError("the background response never finished")
+        return None if found["status"] in ("queued", "in_progress") else dict(found)
+
+    return dict(await until(ended, "the background response to finish"))
 
 
 async def test_a_background_response_answers_at_once_and_any_worker_reads_it(store: Store, url: str) -> None:
@@ -87,6 +104,8 @@ async def test_a_streamed_response_is_journaled_and_a_cancel_stops_a_background_
             async with elsewhere:
                 asked = (await elsewhere.post(f"/responses/{slow['id']}/cancel", headers={"x-user": "u"})).json()
                 assert asked["status"] in ("queued", "in_progress", "cancelled")  # it stops at its next event
+                await until(heard_or_ended, "the run to hear the cancel")
+                GO_ON["tool"].set()  # its tool returns: the next event is where it stops
                 assert (await finished(elsewhere, slow["id"]))["status"] == "cancelled"
                 # Nothing of the cancelled turn was stored under its id (the framework's get_or_create_session
                 # stores the empty session it starts with)

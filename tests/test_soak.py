@@ -1,4 +1,5 @@
-"""A reduced soak (the full one is `bench/soak.py`, 10,000 runs): zero errors, no leaked connection, flat memory."""
+"""A reduced soak (the full one is `bench/studies/soak.py`, 10,000 runs): zero errors, no leaked connection, flat
+memory."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from agent_framework import Agent
 
 from agent_store import Store
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench" / "studies"))
 from soak import soak
 
 

@@ -13,9 +13,10 @@ import asyncio
 from collections import defaultdict
 from typing import Any
 
+import asyncpg
 import pytest
 from agent_framework import Agent
-from helpers import rows
+from helpers import rows, until
 from standby_pair import StandbyPair
 
 from agent_store import SessionNotFoundError, StorageUnavailableError, Store
@@ -154,7 +155,16 @@ async def test_a_first_run_lost_with_the_primary_is_retried_by_loading_it_again(
         run = await store.load("new", user_id="u", run_id="request-1")
         await agent.run("我叫李明", session=run.session)
         commit = asyncio.create_task(run.commit())
-        await asyncio.sleep(1)  # the COMMIT is sent and waits for the synchronous standby
+        watcher = await asyncpg.connect(pair.primary.dsn())
+        try:  # the COMMIT is sent and waits for the synchronous standby
+
+            async def waits_for_the_standby() -> bool:
+                return commit.done() or bool(await watcher.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'"))  # fmt: skip
+
+            await until(waits_for_the_standby, "the commit to wait for the standby")
+        finally:
+            await watcher.close()
         assert not commit.done()
         await asyncio.to_thread(pair.primary.stop, "immediate")
         with pytest.raises(StorageUnavailableError) as lost:

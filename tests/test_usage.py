@@ -272,7 +272,7 @@ async def test_a_conflict_creating_a_session_and_a_cancelled_run_keep_their_call
         async with store.session("new", user_id="u") as session:
             await agent.run("spent", session=session)
             spent.set()
-            await asyncio.sleep(30)  # a client gone away: the request's task is cancelled here
+            await asyncio.Event().wait()  # a client gone away: the request's task is cancelled here
 
     task = asyncio.create_task(abandoned())
     await spent.wait()

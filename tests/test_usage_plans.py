@@ -1,6 +1,6 @@
 """The usage reports are served by the ledger's indexes (issue 27): EXPLAIN over 100,000 calls in CI.
 
-`bench/usage_ledger.py` runs the same checks, with timings, at 1,000,000 calls (README, "Usage ledger").
+`bench/studies/usage_ledger.py` runs the same checks, with timings, at 1,000,000 calls (README, "Usage ledger").
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from agent_store import Store
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench" / "studies"))
 from usage_ledger import fill_ledger, report_plans
 
 

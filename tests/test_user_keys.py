@@ -333,11 +333,13 @@ async def test_a_restore_re_applies_an_erasure_of_a_keyed_user_with_or_without_t
         said = ok(cli("restore", str(backup), "--erasures-from", str(log), url=target, cwd=tmp_path))
         assert said.strip().endswith("1 users erased since the backup were erased again"), said
         async with Store.from_url(target, keys=KeyFile(key_file)) as restored:
-            for table in ("agent_sessions", "agent_user_state", "agent_usage"):
-                assert await rows(restored, f"SELECT count(*) FROM {table} WHERE user_id = 'alice'") == [(0,)]
+            for count in ("SELECT count(*) FROM agent_sessions WHERE user_id = 'alice'",
+                          "SELECT count(*) FROM agent_user_state WHERE user_id = 'alice'",
+                          "SELECT count(*) FROM agent_usage WHERE user_id = 'alice'"):  # fmt: skip
+                assert await rows(restored, count) == [(0,)]
             assert await rows(restored, "SELECT count(*) FROM agent_messages WHERE session_id = 'a1'") == [(0,)]
             owner = hashlib.sha256(b"alice").hexdigest()
-            assert await rows(restored, f"SELECT count(*) FROM agent_erasures WHERE user_key = '{owner}'") == [(1,)]
+            assert await rows(restored, "SELECT count(*) FROM agent_erasures WHERE user_key = :k", k=owner) == [(1,)]
             with pytest.raises(SessionNotFoundError):
                 await restored.messages("a1", user_id="alice")
             assert "Bob" in (await talk(restored, "b1", "bob", "what is my name?"))[-1]  # bob's is whole
