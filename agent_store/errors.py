@@ -20,7 +20,8 @@
     │   ├── SchemaOutOfDateError  database behind the code: run `agent-store upgrade`
     │   └── SchemaTooNewError     database ahead of the code: upgrade the agent-store package
     ├── StorageUnavailableError   cannot connect, connection lost, pool timeout, deadlock, serialization
-    │                             failure, statement timeout (retryable); read-only database (not retryable)
+    │                             failure, statement timeout (retryable); read-only database (not retryable,
+    │                             but for a URL naming several servers: a failover under way)
     └── DatabaseError             the database refused a statement for any other reason (not retryable)
 
 Every translation is ``raise ... from exc`` (the original stays in ``__cause__``); messages name the database
@@ -341,4 +342,13 @@ def translated(url: URL, doing: str) -> Iterator[None]:
             raise
         if isinstance(mapped, StorageUnavailableError):
             mapped.connection_lost = bool(getattr(exc, "connection_invalidated", False))
+            if "read-only: a standby?" in str(mapped) and _names_several_servers(url):
+                # A URL naming several servers (target_session_attrs=read-write): a failover is under way, and
+                # the same call on a fresh connection finds the new primary.
+                mapped.retryable = True
         raise mapped from exc
+
+
+def _names_several_servers(url: URL) -> bool:
+    hosts = url.query.get("host")
+    return "," in (url.host or "") or (isinstance(hosts, tuple) and len(hosts) > 1) or "," in str(hosts or "")

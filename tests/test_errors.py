@@ -69,3 +69,21 @@ async def test_sql_looking_ids_are_inert(store: Store) -> None:
         assert session.state["k"] == evil
     with pytest.raises(SessionNotFoundError):
         await store.load(evil, user_id="someone else")
+
+
+@pytest.mark.parametrize(("url", "retryable"), [
+    pytest.param("postgresql+asyncpg://u@/db?host=127.0.0.1:1&host=127.0.0.1:2&target_session_attrs=read-write", True,
+                 id="several-servers"),
+    pytest.param("postgresql+asyncpg://u@127.0.0.1:1/db", False, id="one-server"),
+])  # fmt: skip
+def test_a_read_only_answer_is_retryable_where_the_url_names_a_failover(url: str, retryable: bool) -> None:
+    """During a failover the old primary answers read-only; a URL naming several servers finds the new one."""
+    import asyncpg
+    from sqlalchemy.engine import make_url
+
+    from agent_store.errors import StorageUnavailableError, translated
+
+    with pytest.raises(StorageUnavailableError, match="read-only") as raised:
+        with translated(make_url(url), "committing"):
+            raise asyncpg.exceptions.ReadOnlySQLTransactionError("cannot execute INSERT in a read-only transaction")
+    assert raised.value.retryable is retryable
