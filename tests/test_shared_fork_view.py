@@ -74,3 +74,18 @@ async def test_a_shared_fork_sees_what_a_copy_of_the_same_cut_sees_and_keeps_see
         assert alive and max(alive) <= back_to
         for cut in sorted(alive):
             assert await view(store, f"shared-{cut}") == seen[cut], f"cut {cut}, after a truncate to {back_to}"
+
+
+async def test_a_shared_fork_of_a_copy_inside_its_copied_compaction_is_refused(store: Store) -> None:
+    """A copy keeps its source's earlier marks without their versions: a branch of it where they would be read is
+    refused with a typed error (found by an outside review: it read no marks at all), never a different view."""
+    bot = agent("sliding-window")
+    for turn in TURNS[:3]:
+        async with store.session("base", user_id="u") as session:
+            await bot.run(turn, session=session)
+    await store.fork("base", user_id="u", at_seq=5, new_id="copy")
+    with pytest.raises(InvalidValueError, match="branch the session it was copied from, or make a copy"):
+        await store.fork("copy", user_id="u", at_seq=2, new_id="shared", share=True)
+    copied = await store.fork("copy", user_id="u", at_seq=2, new_id="copied")  # a copy of it is exact
+    assert await view(store, copied) == await view(store, await store.fork("base", user_id="u", at_seq=2,
+                                                                            new_id="direct", share=True))  # fmt: skip

@@ -205,9 +205,12 @@ async def _branches_of(db: AsyncConnection, session_ids: list[str]) -> list[str]
     """Every branch that reads its history through ``session_ids`` (transitively), each locked as it is found,
     the sessions themselves first."""
     c, found, frontier = sessions_t.c, [], list(session_ids)
+    seen = set(frontier)
     await db.execute(_locked(db, select(c.id).where(c.id.in_(frontier))))
     while frontier:
-        frontier = list((await db.execute(_locked(db, select(c.id).where(c.base_id.in_(frontier))))).scalars().all())
+        below = (await db.execute(_locked(db, select(c.id).where(c.base_id.in_(frontier))))).scalars().all()
+        frontier = [sid for sid in below if sid not in seen]  # (a cycle, which no import lets in, ends here too)
+        seen.update(frontier)
         found += frontier
     return found
 

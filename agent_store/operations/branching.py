@@ -253,6 +253,10 @@ async def _version_at(conn: AsyncConnection, session_id: str, cut: int, now: int
     K = message_marks_t.c
     first = (await conn.execute(select(func.min(K.version)).where(K.session_id == session_id, K.horizon > cut)))
     found = first.scalar()
+    if found is not None and int(found) == 0:  # rewrites a fork copied from its source, their versions not kept
+        raise InvalidValueError(f"session {session_id!r} is a copy whose compaction before seq {cut + 1} was copied "
+                                "with it: a branch there could not read its marks as they were; branch the session "
+                                "it was copied from, or make a copy (share=False)")  # fmt: skip
     return now if found is None else int(found) - 1
 
 

@@ -75,10 +75,11 @@ def check_row(kind: str, values: dict[str, Any], max_bytes: int) -> None:
         raise InvalidValueError("state_history: a key that did not exist has no value")
 
 
-async def inherited(conn: AsyncConnection, base_id: str, base_seq: int) -> str:
+async def inherited(conn: AsyncConnection, base_id: str, base_seq: int, *, stop_at: str | None = None) -> str:
     """A digest of the history a branch reads from ``base_id`` before ``base_seq``, through every base of the
     chain (each message's store id, in order): an export carries it, an import compares it ("" for a chain that
-    is not whole here). Ids, not texts: a base truncated and written again has other messages, the same count."""
+    is not whole here, or that reaches ``stop_at``). Ids, not texts: a base truncated and written again has other
+    messages, the same count."""
     S, M = sessions_t.c, messages_t.c
     parts: list[list[str]] = []
     sid: str | None = base_id
@@ -87,7 +88,7 @@ async def inherited(conn: AsyncConnection, base_id: str, base_seq: int) -> str:
         if sid is None:
             break
         row = (await conn.execute(select(S.base_id, S.base_seq).where(S.id == sid))).first()
-        if row is None:
+        if row is None or sid == stop_at:  # not whole here, or a cycle through the session being imported
             return ""
         low = row.base_seq or 0
         found = await conn.execute(select(M.message_id).where(M.session_id == sid, M.seq >= low, M.seq < end)
@@ -115,9 +116,13 @@ async def check_tree(conn: AsyncConnection, session: dict[str, Any], rest: list[
                 or base_seq > base.next_seq:  # fmt: skip
             raise InvalidValueError(f"{where}: a branch whose base is not here (import its base first), another "
                                     "user's, or shorter than the branch reads")  # fmt: skip
-        if base_history is not None and await inherited(conn, session["base_id"], base_seq) != base_history:
+        if base_history is None:  # an export made before it was carried: what the branch read cannot be checked
+            raise InvalidValueError(f"{where}: a branch's line must carry base_history (the history it reads): "
+                                    "export it again with this agent_store, with its base")  # fmt: skip
+        if await inherited(conn, session["base_id"], base_seq, stop_at=sid) != base_history:
             raise InvalidValueError(f"{where}: its base's history here is not the one it was exported with (the "
-                                    "base changed since): import the base as it was, or start the branch anew")
+                                    "base changed since, or it reads through itself): import the base as it was, or "
+                                    "start the branch anew")  # fmt: skip
     elif base_seq is not None:
         raise InvalidValueError(f"{where}: base_seq without a base_id")
     M, R = messages_t.c, responses_t.c
