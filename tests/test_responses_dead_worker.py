@@ -44,4 +44,4 @@ async def test_a_dead_workers_background_response_reads_incomplete(store: Store,
                 for journal in served.JOURNALS:
                     await journal.close()
     assert got["status"] == "incomplete", got
-    assert streamed and streamed[0]["type"] == "response.created"
+    assert streamed[0]["type"] == "response.created" and streamed[-1]["type"] == "response.incomplete"

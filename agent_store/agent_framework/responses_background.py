@@ -39,6 +39,7 @@ from agent_store.store import Store
 
 __all__ = ["add_background_responses_routes"]
 _ENDED = {"cancelled": "cancelled", "failed": "failed", "incomplete": "incomplete"}
+_TERMINAL = {"response.completed", "response.failed", "response.incomplete"}
 _STATUS_OF = {"response.completed": "completed", "response.failed": "failed", "response.incomplete": "incomplete"}
 
 
@@ -85,8 +86,15 @@ def add_background_responses_routes(
 
     def sse(user: str | None, response_id: str, after: int) -> StreamingResponse:
         async def frames() -> AsyncIterator[str]:
+            last = None
             async for item in journal.follow(response_id, user_id=user, after=after):
-                yield f"event: {item.event.get('type')}\ndata: {json.dumps(item.event, ensure_ascii=False)}\n\n"
+                last = item.event.get("type")
+                yield f"event: {last}\ndata: {json.dumps(item.event, ensure_ascii=False)}\n\n"
+            if last not in _TERMINAL:  # its worker died (or it failed) before its last event: the stream says so
+                found = await as_it_stands(user, response_id)
+                if found["status"] in ("incomplete", "failed"):
+                    end = {"type": f"response.{found['status']}", "response": found}
+                    yield f"event: {end['type']}\ndata: {json.dumps(end, ensure_ascii=False)}\n\n"
 
         return StreamingResponse(frames(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
