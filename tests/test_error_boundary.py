@@ -27,11 +27,13 @@ from agent_store import (
     ConfigurationError,
     InvalidValueError,
     Run,
+    SchemaError,
     SchemaTooNewError,
     StorageUnavailableError,
     Store,
 )
-from agent_store.errors import DatabaseError, translated
+from agent_store.db.translation import translated
+from agent_store.errors import DatabaseError
 
 SECRET = "SECRET-MESSAGE-TEXT"
 # Statement text (the server may name a command, as in "cannot execute INSERT in a read-only transaction").
@@ -208,13 +210,19 @@ async def test_alembic_failures_are_typed(store: Store, url: str) -> None:
         await store.migrate("0002")
     assert isinstance(backwards.value, AgentStoreError) and backwards.value.retryable is False
     async with store.engine.begin() as conn:
-        await conn.execute(text("UPDATE alembic_version SET version_num = 'zz99'"))
-    with pytest.raises(SchemaTooNewError, match="zz99") as too_new:
+        await conn.execute(text("UPDATE alembic_version SET version_num = '9999'"))  # a later agent_store's
+        await conn.execute(text("UPDATE agent_schema_compat SET oldest_code = '9999'"))  # ... that breaks this code
+    with pytest.raises(SchemaTooNewError, match="9999") as too_new:
         await store.migrate()
     assert isinstance(too_new.value, AgentStoreError) and too_new.value.retryable is False
     async with Store.from_url(url) as fresh:
-        with pytest.raises(SchemaTooNewError, match="zz99"):
+        with pytest.raises(SchemaTooNewError, match="9999"):
             await fresh.load("s", user_id="u")
+    async with store.engine.begin() as conn:  # another Alembic project's revision: a SchemaError saying so
+        await conn.execute(text("UPDATE alembic_version SET version_num = 'zz99'"))
+    with pytest.raises(SchemaError, match="'zz99', which is not agent_store's") as foreign:
+        await store.migrate()
+    assert not isinstance(foreign.value, SchemaTooNewError) and foreign.value.retryable is False
 
 
 async def test_cli_refuses_a_downgrade_with_one_error_line(store: Store, url: str, tmp_path: Path) -> None:

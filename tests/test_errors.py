@@ -81,7 +81,8 @@ def test_a_read_only_answer_is_retryable_where_the_url_names_a_failover(url: str
     import asyncpg
     from sqlalchemy.engine import make_url
 
-    from agent_store.errors import StorageUnavailableError, translated
+    from agent_store.db.translation import translated
+    from agent_store.errors import StorageUnavailableError
 
     with pytest.raises(StorageUnavailableError, match="read-only") as raised:
         with translated(make_url(url), "committing"):

@@ -29,13 +29,13 @@ from agent_store.db.engine import (
     migrations_dir,
     no_sqlite_file,
 )
+from agent_store.db.translation import translated
 from agent_store.errors import (
     ConfigurationError,
     InvalidValueError,
     SchemaError,
     SchemaTooNewError,
     redact,
-    translated,
 )
 from agent_store.keys import KeyProvider
 
@@ -286,12 +286,10 @@ class Database:
             async with migration_connection(self.engine) as conn:
                 current = await conn.run_sync(_current_revision)
                 if current is not None and current not in {r.revision for r in script.walk_revisions()}:
-                    if not (current.isdigit() and len(current) == 4):  # another Alembic project's, not ours
+                    if not (current.isdigit() and len(current) == 4):  # another Alembic project's: not ours
                         raise SchemaError(foreign_revision(redact(self.url), current))
-                    raise SchemaTooNewError(
-                        f"{redact(self.url)} is at schema revision {current}, which this agent_store does not "
-                        "know; upgrade the agent-store package"
-                    )
+                    raise SchemaTooNewError(f"{redact(self.url)} is at schema revision {current}, which this "
+                                            "agent_store does not know; upgrade the agent-store package")
                 if verb == "upgrade" and current is not None and revision != "head":
                     below = {r.revision for r in script.iterate_revisions(current, "base")}
                     if revision != current and script.get_revision(revision).revision in below:

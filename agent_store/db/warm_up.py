@@ -20,7 +20,8 @@ from agent_store.db import tenancy
 from agent_store.db.connections import checkout, quietly
 from agent_store.db.database import Database
 from agent_store.db.load_statement import load_statement
-from agent_store.errors import InvalidValueError, translated
+from agent_store.db.translation import translated
+from agent_store.errors import InvalidValueError
 
 logger = logging.getLogger("agent_store")
 WARM_UP_ID = "agent_store warm-up"  # the session and user id a warm-up's loads read (and never write)

@@ -46,7 +46,8 @@ from agent_store.db.tables import (
     ui_snapshots_t,
     user_state_t,
 )
-from agent_store.errors import ConfigurationError, InvalidValueError, redact, translated
+from agent_store.db.translation import translated
+from agent_store.errors import ConfigurationError, InvalidValueError, redact
 from agent_store.operations.retention import erase_user
 
 __all__ = ["ERASURE_LOG_KEPT", "backup", "checked_log", "direct_only", "erasure_log", "reapply_erasures", "restore"]

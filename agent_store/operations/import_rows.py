@@ -2,13 +2,12 @@
 
 An import writes rows directly, not through a run: without these checks a file could hold what no run would ever
 store (a message body that is no framework message, a state value the codec cannot read back, a role that is a
-number) and leave sessions that ``store.load`` cannot rebuild. Each row is checked as it is read, so the error
-names its line; the import is all or nothing, so a refused row means nothing was written.
+number) and leave sessions that ``store.load`` cannot rebuild. Each row is checked as it is read (the error names
+its line); the import is all or nothing: a refused row means nothing was written.
 
 - Every column: the type its table declares (text as text, within its length, no NUL or lone surrogate; ints in
   range; ISO 8601 timestamps), present unless nullable or filled in by the import itself.
-- Ids as ``codec.check_id`` takes them from callers; state keys as a commit takes them (no ``user:`` / ``app:`` /
-  ``temp:`` key in a session's own rows: a commit stores those elsewhere, or not at all).
+- Ids as ``codec.check_id`` takes them; state keys as a commit does (no ``user:``/``app:``/``temp:`` key in a session).
 - A message: rebuilt from its row as ``store.load`` rebuilds it, each content of a type the framework knows with
   text fields that are text, then encoded again as a commit encodes it (``message_rows.message_record``): what cannot
   make that round trip is refused. A body stored encrypted is checked so when the store holds the cipher.
@@ -54,8 +53,7 @@ from agent_store.db.tables import (
 from agent_store.errors import InvalidValueError
 from agent_store.operations import import_trees, transfer_hosted
 
-__all__ = ["BASE_HISTORY", "TABLES", "check_usage", "row_values"]
-BASE_HISTORY = "base_history"  # a branch's line: the digest of what it reads of its bases (import_trees.inherited)
+__all__ = ["TABLES", "check_usage", "row_values"]
 
 TABLES: dict[str, Table] = {
     "session": sessions_t, "state": state_t, "run": runs_t, "message": messages_t, "tool_call": tool_calls_t,
@@ -97,10 +95,6 @@ def row_values(kind: str, row: dict[str, Any], settings: Settings) -> dict[str, 
                 codec.check_int(values[name], f"{kind}.{name}", low=0, high=codec.INT64)
         if kind == "session":
             _check_session(values, row)
-            if (digest := row.get(BASE_HISTORY)) is not None:  # a branch's (export of this code on)
-                if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
-                    raise InvalidValueError("session.base_history must be a SHA-256 in hex")
-                values[BASE_HISTORY] = digest
         elif kind in ("state", "user_state"):
             if kind == "state" and values["key"].startswith((USER_PREFIX, APP_PREFIX, TEMP_PREFIX)):
                 raise InvalidValueError(f"state key {values['key']!r}: a commit never stores such a key in a session")
@@ -176,6 +170,7 @@ def _check_session(values: dict[str, Any], row: dict[str, Any]) -> None:
     if not isinstance(row.get("service_session_id"), (str, dict, type(None))):  # AgentSession's own types
         raise InvalidValueError("session.service_session_id must be text, a JSON object or null")
     values["included_from"] = None  # a hint for loads of the included (0013), never taken on trust: 0
+    import_trees.carry_base_history(values, row)
 
 
 def check_message(values: dict[str, Any], parsed: Any, settings: Settings) -> None:

@@ -27,7 +27,8 @@ from agent_store.db.scopes import APP_PREFIX, TEMP_PREFIX, USER_PREFIX
 from agent_store.db.tables import messages_t, responses_t, sessions_t
 from agent_store.errors import InvalidValueError
 
-__all__ = ["KINDS", "RESPONSE_LINE", "check_row", "check_tree", "finish", "inherited", "insert_rows", "rows_of"]
+__all__ = ["BASE_HISTORY", "KINDS", "RESPONSE_LINE", "carry_base_history", "check_row", "check_tree", "finish",
+           "inherited", "insert_rows", "rows_of"]
 KINDS = ("mark_history", "state_history", "response", "branch_mark")
 # A response as a line of an export: its parent by key (rows name it by row id since 0021, which is the store's own
 # numbering; the key is what another store can resolve). The same shape as before 0021.
@@ -73,6 +74,17 @@ def check_row(kind: str, values: dict[str, Any], max_bytes: int) -> None:
         raise InvalidValueError(f"state_history key {values['key']!r}: only a session's own keys have a history")
     if kind == "state_history" and not values["existed"] and values.get("value") is not None:
         raise InvalidValueError("state_history: a key that did not exist has no value")
+
+
+BASE_HISTORY = "base_history"  # a branch's session line: the digest of what it reads of its bases (inherited)
+
+
+def carry_base_history(values: dict[str, Any], row: dict[str, Any]) -> None:
+    """A branch's session line carries its digest (checked here, compared by check_tree, never stored)."""
+    if (digest := row.get(BASE_HISTORY)) is not None:
+        if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
+            raise InvalidValueError("session.base_history must be a SHA-256 in hex")
+        values[BASE_HISTORY] = digest
 
 
 async def inherited(conn: AsyncConnection, base_id: str, base_seq: int, *, stop_at: str | None = None) -> str:

@@ -16,10 +16,11 @@ from sqlalchemy import ColumnElement, and_, delete, func, literal, or_, select, 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agent_store.db import codec, message_rows, sealing, tenancy
+from agent_store.db.branch_deletes import delete_with_branches
 from agent_store.db.cut_points import cut_points
 from agent_store.db.database import Database
 from agent_store.db.scopes import owner_is
-from agent_store.db.statements import delete_with_branches, not_found
+from agent_store.db.statements import not_found
 from agent_store.db.tables import JsonText, message_marks_t, messages_t, sessions_t
 from agent_store.errors import ContentSealedError, InvalidValueError, SessionExpiredError
 from agent_store.models import MessageRecord, SessionInfo, SessionPage

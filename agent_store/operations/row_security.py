@@ -9,7 +9,8 @@ from sqlalchemy import text
 
 from agent_store.db import tenancy
 from agent_store.db.database import Database
-from agent_store.errors import ConfigurationError, SchemaOutOfDateError, translated
+from agent_store.db.translation import translated
+from agent_store.errors import ConfigurationError, SchemaOutOfDateError
 
 SWITCH = text("SELECT agent_store_row_security(:enabled)")
 POLICIES = text("SELECT count(*) FROM pg_policies WHERE policyname = 'agent_store_tenant' "

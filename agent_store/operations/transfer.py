@@ -299,7 +299,7 @@ def _insert_ignoring_existing(conn: AsyncConnection, table: Table) -> Any:
 async def _insert_session(conn: AsyncConnection, records: list[tuple[str, dict[str, Any]]]) -> bool:
     """Insert one session and its rows (each already checked by import_rows.row_values)."""
     (_, session_row), rest = records[0], records[1:]
-    base_history = session_row.pop(import_rows.BASE_HISTORY, None)  # not a column: compared, never stored
+    base_history = session_row.pop(import_trees.BASE_HISTORY, None)  # not a column: compared, never stored
     session = {**session_row, "incarnation": new_stamp(), "keeps_history": False}  # until its rows are in
     if session.get("user_id") is not None:
         await lock_user(conn, session["user_id"], exclusive=False)  # creates one of the user's sessions

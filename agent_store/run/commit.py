@@ -90,12 +90,12 @@ class Run:
         self._scopes = scopes(session.session_id, user_id, db.settings.app_id)
         self._key, self._commits = run_id, 0
         self._pending: Delta | None = None  # sent, outcome unknown: the next commit() retries exactly this
-        self._maybe_landed = False  # COMMIT of the pending delta was sent: it may have landed
-        self._started_at = datetime.now(UTC)
-        # When what this run holds was read from the store: erasures from then on refuse its commit. None: not
-        # known (a session the store did not hand out), so any erasure of the user still on record refuses it.
+        self._maybe_landed, self._started_at = False, datetime.now(UTC)  # (the pending delta's COMMIT was sent)
+        # When what it holds was read from the store: erasures from then on refuse its commit (None: not known, a
+        # session the store did not hand out: any erasure of the user still on record refuses it).
         self._read_at: datetime | None = self._started_at
         self.calls: list[ModelCall] = []  # model calls not committed yet (the usage ledger: recorders append)
+        self.budgeted = snapshot.budgeted  # a token budget applied when it loaded (unrecorded calls then matter)
         self._held: AsyncConnection | None = None  # serialized mode: the transaction that holds the lock
         self._cipher: Any = None  # the user's keys, fetched by the load (or the commit) (db/sealing.py)
         self.skip_replays = False  # a history provider's save: what replays the stored tail is not stored again
@@ -126,11 +126,6 @@ class Run:
     def exists(self) -> bool:
         """Whether the session was in the database when loaded (or has been committed since)."""
         return self._snapshot.exists
-
-    @property
-    def budgeted(self) -> bool:
-        """Whether a token budget (the user's or the app's) applied when the run loaded."""
-        return self._snapshot.budgeted
 
     @property
     def loaded_ids(self) -> set[str]:

@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 import agent_store.telemetry as telemetry
 from agent_store.db import codec, message_decode, message_rows, sealing, tenancy
-from agent_store.db import statements as sql
+from agent_store.db.branch_deletes import delete_if_expired
 from agent_store.db.database import Database
 from agent_store.db.load_statement import MESSAGE, POSITION_STEP, SESSION, load_statement
 from agent_store.errors import InvalidValueError, SessionExpiredError
@@ -67,7 +67,7 @@ async def load(
                 if if_expired == "error":
                     raise
                 async with db.transaction(write=True, doing="restarting an expired session", held=held) as conn:
-                    await sql.delete_if_expired(conn, session_id, user_id, datetime.now(UTC))
+                    await delete_if_expired(conn, session_id, user_id, datetime.now(UTC))
                 run = await _read(db, session_id, user_id, agent_id, history_limit, held, answered, skip_excluded)
         except BaseException:
             if held is not None:

@@ -23,13 +23,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 import agent_store.run.commit_postgresql as commit_postgresql
 from agent_store.db import tenancy
 from agent_store.db.database import Database
+from agent_store.db.translation import translated
 from agent_store.db.warm_up import WARM_UP_ID
 from agent_store.errors import (
     CheckedPathNeeded,
     ConfigurationError,
     DatabaseError,
     StorageUnavailableError,
-    translated,
 )
 from agent_store.run.commit import Run
 from agent_store.run.snapshot import Snapshot
