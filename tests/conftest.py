@@ -23,6 +23,7 @@ import asyncpg
 import pytest
 from agent_framework import Agent
 from auto_failover import Formation
+from helpers import raw_connect
 from sqlalchemy.engine import make_url
 from standby_pair import StandbyPair
 from throwaway_pg import ThrowawayCluster
@@ -47,10 +48,6 @@ def _pg_admin_url() -> str:
     return raw
 
 
-def _plain_dsn(sa_url: str) -> str:
-    return make_url(sa_url).set(drivername="postgresql", query={}).render_as_string(hide_password=False)
-
-
 @asynccontextmanager
 async def fresh_database(backend: str, tmp_path: Path) -> AsyncIterator[str]:
     """The URL of a new, empty database (no schema yet), dropped afterwards."""
@@ -59,9 +56,9 @@ async def fresh_database(backend: str, tmp_path: Path) -> AsyncIterator[str]:
         return
     admin = make_url(_pg_admin_url())
     name = f"{admin.database}_{uuid.uuid4().hex[:12]}"
-    dsn = _plain_dsn(admin.render_as_string(hide_password=False))
+    admin_url = admin.render_as_string(hide_password=False)
     try:
-        conn = await asyncpg.connect(dsn, timeout=5)
+        conn = await raw_connect(admin_url, timeout=5)
     except (OSError, asyncpg.PostgresError) as exc:
         reason = f"PostgreSQL at {PG_ENV} is not reachable ({type(exc).__name__})"
         if IN_CI:
@@ -74,7 +71,7 @@ async def fresh_database(backend: str, tmp_path: Path) -> AsyncIterator[str]:
     try:
         yield admin.set(database=name).render_as_string(hide_password=False)
     finally:
-        conn = await asyncpg.connect(dsn)
+        conn = await raw_connect(admin_url)
         try:
             await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         finally:

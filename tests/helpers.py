@@ -143,6 +143,16 @@ def plain_dsn(sa_url: str) -> str:
     return make_url(sa_url).set(drivername="postgresql", query={}).render_as_string(hide_password=False)
 
 
+async def raw_connect(sa_url: str, **kwargs: Any) -> asyncpg.Connection:
+    """A raw asyncpg connection to the database of a ``postgresql+asyncpg://`` URL. Through PgBouncer in transaction
+    mode (``?pgbouncer=true``, as CI's second pass) it keeps no statement cache, as the store's own connections do
+    (db/engine.py): a statement prepared on one server connection is gone on the next. Every raw connection of the
+    tests opens here, so none of them can miss it."""
+    if make_url(sa_url).query.get("pgbouncer") in ("true", "1", "yes"):
+        kwargs.setdefault("statement_cache_size", 0)
+    return await asyncpg.connect(plain_dsn(sa_url), **kwargs)
+
+
 @contextmanager
 def black_hole() -> Iterator[int]:
     """A port on 127.0.0.1 that takes connections and never answers: the kernel completes the handshake into the
@@ -185,7 +195,11 @@ async def until(check: Callable[[], Any], what: str, *, within: float = WAIT_S, 
 
 
 async def lock_waiters(conn: asyncpg.Connection) -> int:
-    """How many other backends of ``conn``'s database wait for a lock now (a row's, a table's, an advisory one)."""
+    """How many other backends of ``conn``'s database wait for a lock now (a row's, a table's, an advisory one).
+
+    Inside a transaction PostgreSQL answers from the activity it read first, until the transaction ends: the
+    snapshot is cleared before each count, so a connection holding a lock can watch who waits for it."""
+    await conn.execute("SELECT pg_stat_clear_snapshot()")
     return int(await conn.fetchval(
         "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
         " AND pid <> pg_backend_pid()"
@@ -217,7 +231,7 @@ async def lock_waits(where: str | Store) -> AsyncIterator[Callable[[], Awaitable
         finally:
             event.remove(Engine, "begin", begin)
         return
-    conn = await asyncpg.connect(plain_dsn(url))
+    conn = await raw_connect(url)
     try:
         yield lambda: lock_waiters(conn)
     finally:

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
-from helpers import plain_dsn
+from helpers import raw_connect
 from sqlalchemy import Boolean, DateTime, Integer, LargeBinary, String, Text, insert
 from sqlalchemy.engine import make_url
 
@@ -51,7 +51,7 @@ def as_role(url: str, role: str) -> str:
 
 
 async def make_bed(pg_url: str) -> Bed:
-    admin = await asyncpg.connect(plain_dsn(pg_url))
+    admin = await raw_connect(pg_url)
     try:
         await admin.execute(ROLES_SQL)
         database = make_url(pg_url).database
@@ -61,13 +61,13 @@ async def make_bed(pg_url: str) -> Bed:
     bed = Bed(pg_url, as_role(pg_url, OWNER), as_role(pg_url, APP))
     async with Store.from_url(bed.owner_url) as owner:
         await owner.migrate()
-    owner_conn = await asyncpg.connect(plain_dsn(bed.owner_url))
+    owner_conn = await raw_connect(bed.owner_url)
     try:
         await owner_conn.execute(GRANTS)
         await owner_conn.execute("SELECT agent_store_row_security(true)")
     finally:
         await owner_conn.close()
-    admin = await asyncpg.connect(plain_dsn(pg_url))
+    admin = await raw_connect(pg_url)
     try:  # the views owned by a role that bypasses the policies, as the documented operator's role owns them
         for view in VIEWS:
             await admin.execute(f'ALTER VIEW "{view}" OWNER TO CURRENT_USER; GRANT SELECT ON "{view}" TO {OWNER}')
@@ -140,7 +140,7 @@ async def violations(url: str) -> list[str]:
     """What plain SQL as this role gets wrong, table by table: with no name, any row; named alice, anything but
     her one row; named alice, a row written as bob's that is kept. Empty: the policies hold for this role."""
     found: list[str] = []
-    conn = await asyncpg.connect(plain_dsn(url))
+    conn = await raw_connect(url)
     try:
         for table in COVERED:
             ident = '"' + table + '"'  # names from the fixed list above
@@ -207,7 +207,7 @@ BOBS: dict[str, dict[str, Any]] = {}
 
 async def read_bobs_rows(admin_url: str) -> None:
     """Bob's row of each table, as stored (read by the operator), for the write checks."""
-    conn = await asyncpg.connect(plain_dsn(admin_url))
+    conn = await raw_connect(admin_url)
     try:
         for table in COVERED:
             columns = messages_t.metadata.tables[table].columns

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import asyncio
 
-import asyncpg
 from agent_framework import Agent
-from helpers import expire_now, plain_dsn, rows, until
+from helpers import expire_now, lock_waiters, raw_connect, rows, until
 
 from agent_store import SessionExpiredError, Store
 from agent_store.offline import OfflineChatClient
@@ -50,7 +49,7 @@ async def test_a_delete_racing_a_branchs_creation_leaves_no_orphan(pg_url: str) 
     async with Store.from_url(pg_url) as store:
         await store.migrate()
         await talk(store, "base", "我叫李明")
-        brancher = await asyncpg.connect(plain_dsn(pg_url))
+        brancher = await raw_connect(pg_url)
         try:
             # A branch being made, as branching.branch makes one: its base FOR SHARE, its row, not committed yet.
             making = brancher.transaction()
@@ -64,11 +63,7 @@ async def test_a_delete_racing_a_branchs_creation_leaves_no_orphan(pg_url: str) 
             deleting = asyncio.create_task(store.delete("base", user_id="u"))
 
             async def waits() -> bool:  # the delete is blocked on the branch's lock: an observable state
-                found = await brancher.fetchval(
-                    "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
-                    "WHERE NOT l.granted AND a.datname = current_database()"
-                )
-                return bool(found) or deleting.done()
+                return deleting.done() or await lock_waiters(brancher) > 0
 
             await until(waits, "the delete to wait for the branch's transaction")
             await making.commit()

@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import pytest
 from agent_framework import Message
-from helpers import expire_now, lose_the_reply, plain_dsn, rows, until
+from helpers import expire_now, lose_the_reply, raw_connect, rows, until
 from sqlalchemy import make_url, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
@@ -122,7 +122,7 @@ async def refusing_writes(url: str) -> AsyncIterator[Callable[[], Awaitable[None
             blocker.execute("ROLLBACK")
             blocker.close()
         return
-    blocker_conn = await asyncpg.connect(plain_dsn(url))
+    blocker_conn = await raw_connect(url)
     tx = blocker_conn.transaction()
     await tx.start()
     await blocker_conn.execute("LOCK TABLE agent_sessions IN ACCESS EXCLUSIVE MODE")

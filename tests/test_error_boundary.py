@@ -14,9 +14,9 @@ import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import asyncpg
 import pytest
 from agent_framework import Message
+from helpers import raw_connect
 from sqlalchemy import exc as sa_exc
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
@@ -49,12 +49,8 @@ def expect(exc: BaseException, kind: type[AgentStoreError], *, retryable: bool) 
     return exc
 
 
-def plain_dsn(sa_url: str) -> str:
-    return make_url(sa_url).set(drivername="postgresql").render_as_string(hide_password=False)
-
-
-async def count(dsn: str, sql: str) -> int:
-    conn = await asyncpg.connect(dsn, timeout=10)
+async def count(url: str, sql: str) -> int:
+    conn = await raw_connect(url, timeout=10)
     try:
         return int(await conn.fetchval(sql))
     finally:
@@ -117,7 +113,7 @@ async def test_read_only_server_refuses_the_commit_and_writes_nothing(
     expect(raised.value, StorageUnavailableError, retryable=False)
     assert "read-only" in str(raised.value)
     for table in ("agent_sessions", "agent_messages", "agent_state", "agent_runs"):
-        assert await count(plain_dsn(pg_url), f"SELECT count(*) FROM {table}") == 0, table  # noqa: S608
+        assert await count(pg_url, f"SELECT count(*) FROM {table}") == 0, table  # noqa: S608
 
 
 async def test_statement_timeout_is_retryable_and_the_retry_writes_once(own_postgres: ThrowawayCluster) -> None:
@@ -130,7 +126,7 @@ async def test_statement_timeout_is_retryable_and_the_retry_writes_once(own_post
         await first.commit()
         run = await store.load("s", user_id="u")
         change(run, "two")
-        blocker = await asyncpg.connect(plain_dsn(pg_url), timeout=10)
+        blocker = await raw_connect(pg_url, timeout=10)
         try:
             lock = blocker.transaction()
             await lock.start()
@@ -143,9 +139,8 @@ async def test_statement_timeout_is_retryable_and_the_retry_writes_once(own_post
         expect(raised.value, StorageUnavailableError, retryable=True)
         result = await run.commit()
         assert (result.messages_written, result.state_keys_written) == (1, 1)
-    dsn = plain_dsn(pg_url)
-    assert await count(dsn, "SELECT count(*) FROM agent_messages WHERE session_id = 's'") == 2
-    assert await count(dsn, "SELECT version FROM agent_sessions WHERE id = 's'") == 2
+    assert await count(pg_url, "SELECT count(*) FROM agent_messages WHERE session_id = 's'") == 2
+    assert await count(pg_url, "SELECT version FROM agent_sessions WHERE id = 's'") == 2
 
 
 @pytest.fixture

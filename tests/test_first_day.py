@@ -7,12 +7,11 @@ import json
 import socket
 from pathlib import Path
 
-import asyncpg
 import pytest
 from agent_framework import Agent, AgentSession
 from agent_framework_hosting import AgentState
 from cli_support import cli, ok
-from helpers import plain_dsn, rows
+from helpers import raw_connect, rows
 from sqlalchemy.ext.asyncio import create_async_engine
 from test_conversation_trees import _tree
 
@@ -95,7 +94,7 @@ async def test_check_refuses_a_database_that_takes_no_writes(url: str, tmp_path:
             with pytest.raises(StorageUnavailableError, match="read-only"):
                 await read_only.ready()
         return
-    admin = await asyncpg.connect(plain_dsn(url))
+    admin = await raw_connect(url)
     try:
         await admin.execute(f'ALTER DATABASE "{admin._params.database}" SET default_transaction_read_only = on')
     finally:

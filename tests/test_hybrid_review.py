@@ -8,10 +8,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import asyncpg
 import numpy as np
 import pytest
-from helpers import lock_waiters, plain_dsn, until
+from helpers import lock_waiters, raw_connect, until
 from sqlalchemy import text
 from test_hybrid_search import EMBEDDER, OtherModel, vector_count
 from test_search import say
@@ -30,7 +29,7 @@ class ChangesWhileEmbedding:
     profile = EMBEDDER.profile
 
     def __init__(self, url: str, statement: str) -> None:
-        self.url, self.statement = plain_dsn(url), statement  # the PgBouncer pass's URL too
+        self.url, self.statement = url, statement  # the PgBouncer pass's URL too
         self.done: asyncio.Task[None] | None = None
         self.writes = 0
 
@@ -38,7 +37,7 @@ class ChangesWhileEmbedding:
         self.writes += 1
 
     async def embed(self, texts: list[str]) -> np.ndarray:
-        other = await asyncpg.connect(self.url)
+        other = await raw_connect(self.url)
         transaction = other.transaction()
         await transaction.start()
         await other.execute(self.statement)

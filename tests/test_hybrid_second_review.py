@@ -12,7 +12,7 @@ from typing import Any
 
 import asyncpg
 import pytest
-from helpers import lock_waits, plain_dsn, until
+from helpers import lock_waits, raw_connect, until
 from test_hybrid_search import EMBEDDER, keys, vector_count
 from test_search import say
 
@@ -30,7 +30,7 @@ async def six_messages(pg_url: str) -> None:
 @asynccontextmanager
 async def writer_holding(pg_url: str, seq: int) -> AsyncIterator[tuple[asyncpg.Connection, Any]]:
     """A raw connection whose open transaction holds message ``seq``'s row, and that transaction."""
-    writer = await asyncpg.connect(plain_dsn(pg_url))
+    writer = await raw_connect(pg_url)
     try:
         holding = writer.transaction()
         await holding.start()

@@ -9,8 +9,7 @@ import asyncio
 import json
 from typing import Any
 
-import asyncpg
-from helpers import plain_dsn, until
+from helpers import raw_connect, until
 
 from agent_store import Store
 from agent_store.db.journal_tables import NOTIFY_CHANNEL
@@ -23,7 +22,7 @@ async def test_a_notify_names_no_one_and_a_forged_cancel_cancels_nothing(pg_url:
     async with Store.from_url(pg_url) as store:
         journal = store.journal(batch_events=1, lease_s=60)
         journal.heartbeat_s = 3600  # no heartbeat brings a cancel here: only the NOTIFY and the row it sends to
-        spy = await asyncpg.connect(plain_dsn(pg_url))
+        spy = await raw_connect(pg_url)
         heard: list[str] = []
         await spy.add_listener(NOTIFY_CHANNEL, lambda *args: heard.append(args[3]))
         try:

@@ -13,10 +13,9 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import asyncpg
 import pytest
 from agent_framework import Message
-from helpers import lock_waits, lose_the_reply, plain_dsn, rows, until
+from helpers import lock_waits, lose_the_reply, raw_connect, rows, until
 from lost_reply_proxy import LostReplyProxy
 from sqlalchemy.engine import make_url
 
@@ -25,8 +24,9 @@ from agent_store.db.database import USER_LOCK
 from agent_store.errors import AgentStoreError
 
 HOLDS = {
-    # before the creation: the user's lock, taken exclusively, as erase_user takes it
-    "before": ("SELECT pg_advisory_lock($1, hashtext('u'))", "SELECT pg_advisory_unlock($1, hashtext('u'))"),
+    # before the creation: the user's lock, taken exclusively, as erase_user takes it (for a transaction: a
+    # session's lock would stay on whichever server connection a pooler such as PgBouncer lent that statement)
+    "before": (f"BEGIN; SELECT pg_advisory_xact_lock({USER_LOCK}, hashtext('u'))", "COMMIT"),
     # after it, before COMMIT: the run log's insert waits (a plain read of the table does not)
     "after": ("BEGIN; LOCK TABLE agent_runs IN SHARE MODE", "COMMIT"),
 }
@@ -39,7 +39,7 @@ async def test_a_new_sessions_commit_cut_while_the_server_holds_it_lands_once(
 ) -> None:
     proxy = LostReplyProxy("127.0.0.1", make_url(pg_url).port or 5432)
     port = await proxy.start()
-    admin = await asyncpg.connect(plain_dsn(pg_url))
+    admin = await raw_connect(pg_url)
     try:
         async with Store.from_url(pg_url.replace(f":{make_url(pg_url).port}/", f":{port}/")) as store:
             await store.migrate()
@@ -48,7 +48,7 @@ async def test_a_new_sessions_commit_cut_while_the_server_holds_it_lands_once(
             run.session.state["n"] = 1
             # The server holds the creation (HOLDS) while the client's retry reaches it.
             take, release = HOLDS[hold]
-            await (admin.execute(take, USER_LOCK) if "$1" in take else admin.execute(take))
+            await admin.execute(take)
             proxy.cut_client_at_commit()
             async with lock_waits(pg_url) as waiting:  # (admin may be in a transaction: it sees a snapshot)
                 attempt = asyncio.ensure_future(run.commit())
@@ -58,7 +58,7 @@ async def test_a_new_sessions_commit_cut_while_the_server_holds_it_lands_once(
 
                 await until(both_wait, "the attempt and its retry to wait for the hold")
                 await asyncio.sleep(hold_seconds)  # (the server holds them longer: a wait for the clock alone)
-            await (admin.execute(release, USER_LOCK) if "$1" in release else admin.execute(release))
+            await admin.execute(release)
             errors: list[AgentStoreError] = []
             try:
                 result = await attempt

@@ -17,7 +17,7 @@ from typing import Any
 import asyncpg
 import pytest
 from agent_framework import Agent, AgentSession, Message
-from helpers import black_hole, rows, until
+from helpers import black_hole, raw_connect, rows, until
 from lost_reply_proxy import LostReplyProxy
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
@@ -174,7 +174,7 @@ async def test_the_connection_killed_during_a_commit(
     async with Store.from_url(url) as store:
         await store.migrate()
         run = await prepared_run(store, agent, run_id=None if moment == "one-round-trip" else "key-1")
-        admin = await asyncpg.connect(plain_dsn(url))
+        admin = await raw_connect(url)
 
         def kill(conn: Any, *args: Any) -> None:
             # Ask the server which backend serves this transaction (behind PgBouncer the client-side pid is not it).
@@ -213,14 +213,10 @@ async def test_the_connection_killed_during_a_commit(
         await assert_run_committed_exactly_once(store)
 
 
-def plain_dsn(url: str) -> str:
-    return make_url(url).set(drivername="postgresql", query={}).render_as_string(hide_password=False)
-
-
 async def reachable(url: str) -> None:
     for _ in range(60):
         try:
-            conn = await asyncpg.connect(plain_dsn(url), statement_cache_size=0)
+            conn = await raw_connect(url, statement_cache_size=0)
             await conn.fetchval("SELECT 1")
             await conn.close()
             return
@@ -518,7 +514,7 @@ async def test_a_first_commit_on_a_connection_closed_in_the_pool_creates_the_ses
         async with store.engine.connect() as conn:
             pid = (await conn.exec_driver_sql("SELECT pg_backend_pid()")).scalar_one()
             pooled = (await conn.get_raw_connection()).driver_connection
-        admin = await asyncpg.connect(plain_dsn(pg_url))
+        admin = await raw_connect(pg_url)
         try:
             assert await admin.fetchval("SELECT pg_terminate_backend($1)", pid)
         finally:

@@ -16,7 +16,7 @@ from typing import Any
 import asyncpg
 import pytest
 from agent_framework import Agent, AgentSession, Message
-from helpers import plain_dsn
+from helpers import raw_connect
 from rls_support import APP, COVERED, OWNER, VIEWS, Bed, fill, make_bed, named, read_bobs_rows, violations
 from sqlalchemy import text
 
@@ -80,7 +80,7 @@ async def library_violations(bed: Bed) -> list[str]:
 async def test_plain_sql_sees_only_the_named_users_rows_on_every_table(bed: Bed) -> None:
     await fill(bed)
     await read_bobs_rows(bed.admin_url)
-    admin = await asyncpg.connect(plain_dsn(bed.admin_url))
+    admin = await raw_connect(bed.admin_url)
     try:
         for table in COVERED:  # the operator's role bypasses: both users' rows and no user's are there
             assert await admin.fetchval(f'SELECT count(*) FROM "{table}"') == 3, table  # noqa: S608
@@ -110,7 +110,7 @@ async def test_an_agent_remembers_under_the_application_role_and_no_one_else_see
         assert await store.delete("s1b", user_id="alice")
         with pytest.raises(SessionNotFoundError):
             await store.get("s2", user_id="alice")
-    plain = await asyncpg.connect(plain_dsn(bed.app_url))
+    plain = await raw_connect(bed.app_url)
     try:
         assert await plain.fetchval("SELECT count(*) FROM agent_messages") == 0  # no name, no rows
         async with plain.transaction():
@@ -152,7 +152,7 @@ async def test_the_switch_turned_on_under_a_running_store_is_learned_at_its_firs
 ) -> None:
     """A store that started with the switch off names no one: once it is on, its next write is refused (typed,
     nothing kept) and every connection learns again, so the run after it is named; a new connection learns at once."""
-    owner = await asyncpg.connect(plain_dsn(bed.owner_url))
+    owner = await raw_connect(bed.owner_url)
     try:
         await owner.execute("SELECT agent_store_row_security(false)")
         async with Store.from_url(bed.app_url, pool_size=1, max_overflow=0) as store:
@@ -180,7 +180,7 @@ async def test_the_switch_from_the_command_line(bed: Bed, tmp_path: Path) -> Non
     assert f"role {OWNER} is held to it" in ok(cli("rls", "status", url=bed.owner_url, cwd=tmp_path))
     async with Store.from_url(bed.app_url) as store:
         await talk(store, "s1", "alice", "my name is Ann")
-    plain = await asyncpg.connect(plain_dsn(bed.app_url))
+    plain = await raw_connect(bed.app_url)
     try:
         assert "row-level security: off" in ok(cli("rls", "off", url=bed.owner_url, cwd=tmp_path))
         assert await plain.fetchval("SELECT count(*) FROM agent_sessions") == 1  # off: the grants alone
@@ -266,7 +266,7 @@ async def test_the_mutation_run_catches_every_mutant(bed: Bed, monkeypatch: pyte
         return [*await violations(bed.app_url), *await violations(bed.owner_url), *await library_violations(bed)]
 
     assert await caught() == []  # unbroken, nothing is found
-    owner = await asyncpg.connect(plain_dsn(bed.admin_url))  # the superuser: the views are its
+    owner = await raw_connect(bed.admin_url)  # the superuser: the views are its
     killed, survivors = 0, []
     try:
         for name, breaks, mends in mutants():
@@ -396,7 +396,7 @@ async def test_every_other_entry_point_names_its_user(bed: Bed) -> None:
         with pytest.raises(KeyError):
             await hosted.get_response("r1", context=bob)
         await hosted.create_response(response("r1", output=["o1"]), [said("i1")], None, context=bob)  # his own r1
-    admin = await asyncpg.connect(plain_dsn(bed.admin_url))
+    admin = await raw_connect(bed.admin_url)
     try:  # what each call wrote is its user's (the operator sees both)
         for user, context_rows in (("alice", 1), ("bob", 0)):  # plain SQL: alice's context is hers, not bob's
             async with admin.transaction():
@@ -444,7 +444,7 @@ async def test_warm_up_primes_commits_under_the_application_role(bed: Bed, caplo
         with caplog.at_level("INFO", logger="agent_store"):
             assert await store.warm_up() == 2
         assert store.db.row_security and "may not write" not in caplog.text
-    admin = await asyncpg.connect(plain_dsn(bed.admin_url))
+    admin = await raw_connect(bed.admin_url)
     try:
         assert await admin.fetchval("SELECT count(*) FROM agent_sessions") == 0
     finally:

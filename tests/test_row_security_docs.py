@@ -9,7 +9,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 from cli_support import cli, ok
-from helpers import doc_block, plain_dsn
+from helpers import doc_block, raw_connect
 from sqlalchemy.engine import make_url
 from test_hybrid_search import EMBEDDER
 from test_row_security import talk
@@ -28,14 +28,14 @@ async def test_the_documented_set_up_holds_the_application_to_the_policies(pg_ur
         return (sql.replace("agent_store_operator", operator).replace("agent_store_app", app)
                 .replace("DATABASE agents", f'DATABASE "{database}"'))  # fmt: skip
 
-    admin = await asyncpg.connect(plain_dsn(pg_url))
+    admin = await raw_connect(pg_url)
     try:
         await admin.execute(ours(doc_block(PAGE, "rls-roles", "pgsql")))
         operator_url = make_url(pg_url).set(username=operator).render_as_string(hide_password=False)
         app_url = make_url(pg_url).set(username=app).render_as_string(hide_password=False)
         ok(cli("upgrade", url=operator_url, cwd=tmp_path))
         assert "on (forced); 23 tables" in ok(cli("rls", "on", url=operator_url, cwd=tmp_path))
-        as_operator = await asyncpg.connect(plain_dsn(operator_url))
+        as_operator = await raw_connect(operator_url)
         try:
             await as_operator.execute(ours(doc_block(PAGE, "rls-grants", "pgsql")))
         finally:
@@ -51,7 +51,7 @@ async def test_the_documented_set_up_holds_the_application_to_the_policies(pg_ur
             page = await store.search("lighthouse", user_id="alice", ranking="vector")
             found = {hit.session_id for hit in page.items}
             assert "s3" in found and found <= {"s1", "s3"}  # alice's own, by meaning, under the application's role
-        plain = await asyncpg.connect(plain_dsn(app_url))
+        plain = await raw_connect(app_url)
         try:
             assert await plain.fetchval("SELECT count(*) FROM agent_transcript") == 0  # no name, nothing
             assert await plain.fetchval("SHOW plan_cache_mode") == "force_generic_plan"  # the role's own setting
@@ -73,7 +73,7 @@ async def test_the_documented_set_up_holds_the_application_to_the_policies(pg_ur
     finally:
         try:
             await admin.execute(f'ALTER DATABASE "{database}" OWNER TO CURRENT_USER')
-            in_database = await asyncpg.connect(plain_dsn(pg_url))
+            in_database = await raw_connect(pg_url)
             try:
                 await in_database.execute(f"REASSIGN OWNED BY {operator} TO CURRENT_USER")
                 await in_database.execute(f"DROP OWNED BY {operator}")  # its default privileges for the app
@@ -93,7 +93,7 @@ async def erasure_log_is_the_operators(app_url: str, operator_url: str, pg_url: 
     ok(cli("backup", "-o", str(backup), url=operator_url, cwd=tmp_path))
     async with Store.from_url(app_url) as store:
         assert (await store.erase_user("bob")).sessions == 1  # the fence through agent_store_erasure_fence()
-    plain = await asyncpg.connect(plain_dsn(app_url))
+    plain = await raw_connect(app_url)
     try:
         async with plain.transaction():
             await plain.execute("SELECT set_config('agent_store.user_id', 'bob', true)")
@@ -121,8 +121,8 @@ async def erasure_log_is_the_operators(app_url: str, operator_url: str, pg_url: 
                 await plain.execute("DROP TABLE pg_temp.agent_erasures")
     finally:
         await plain.close()
-    stranger = await asyncpg.connect(plain_dsn(operator_url.replace(f"{make_url(operator_url).username}@",
-                                                                    "postgres@")))  # the superuser, in its database
+    superuser = operator_url.replace(f"{make_url(operator_url).username}@", "postgres@")  # in the test's database
+    stranger = await raw_connect(superuser)
     role = f"nogrant_{make_url(operator_url).database}"[:63]  # cluster-wide: the test's own name
     try:  # a role with no grant may not call it at all
         await stranger.execute(f'DROP ROLE IF EXISTS "{role}"; CREATE ROLE "{role}"')
@@ -137,7 +137,7 @@ async def erasure_log_is_the_operators(app_url: str, operator_url: str, pg_url: 
     ok(cli("erasures", "-o", str(log), url=operator_url, cwd=tmp_path))
     database = make_url(operator_url).database
     target = make_url(operator_url).set(database=f"{database}_r")
-    admin = await asyncpg.connect(plain_dsn(pg_url))
+    admin = await raw_connect(pg_url)
     try:
         await admin.execute(f'CREATE DATABASE "{target.database}" OWNER "{make_url(operator_url).username}"')
     finally:
@@ -149,7 +149,7 @@ async def erasure_log_is_the_operators(app_url: str, operator_url: str, pg_url: 
         async with Store.from_url(restored_url, operator=True) as restored:
             assert {s.id for s in (await restored.list_sessions(all_users=True)).items} == {"s1", "s3"}
     finally:
-        admin = await asyncpg.connect(plain_dsn(pg_url))
+        admin = await raw_connect(pg_url)
         try:
             await admin.execute(f'DROP DATABASE IF EXISTS "{target.database}" WITH (FORCE)')
         finally:
