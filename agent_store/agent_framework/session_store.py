@@ -11,7 +11,7 @@ from agent_framework._feature_stage import ExperimentalWarning
 
 import agent_store.run.points as points
 from agent_store.db import codec, ids, tenancy
-from agent_store.db.cut_points import GONE
+from agent_store.db.cut_points import GONE, forget_head
 from agent_store.db.load_statement import POSITION_STEP
 from agent_store.errors import ConflictError, InvalidValueError, SessionNotFoundError
 from agent_store.run.checked_commit import HeadMoved, ResponseToRecord
@@ -140,6 +140,9 @@ class StoreSessionStore(_SessionStoreBase):
             if named is not None and named.session_id != session_id:  # (its own id, frozen where it began: fine)
                 raise InvalidValueError(f"{session_id!r} is a response id (it names a point, which never changes): "
                                         "start a conversation under a new id")  # fmt: skip
+            if named is not None and named.seq_end == GONE and run.history:  # deleted, its continuations kept
+                raise InvalidValueError(f"{session_id!r} was deleted while responses continued from it remain: "
+                                        "a conversation cannot start again under it; use a new id")  # fmt: skip
             await run.commit()
             return
         parent = run.point.key if run.point is not None else run.storage_id
@@ -187,4 +190,6 @@ class StoreSessionStore(_SessionStoreBase):
         if point is not None and point.recorded:  # a response (its session's own id too, once frozen as one):
             await points.forget(self.store.db, point)  # its point goes, the history stays
             return
-        await self.store.delete(session_id, user_id=self.user_id)
+        # A session's own id: only that key goes, as in the framework's store (the points continued from it stay).
+        async with self.store.db.transaction(write=True, doing="deleting a conversation's id") as conn:
+            await forget_head(conn, session_id, self.user_id)

@@ -11,14 +11,18 @@ would name nothing).
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, delete, func, or_, select, true, update
+from sqlalchemy import ColumnElement, delete, exists, func, or_, select, true, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from agent_store.db.branch_deletes import delete_with_branches
+from agent_store.db.history_tables import insert_row
+from agent_store.db.scopes import owner_is
 from agent_store.db.tables import responses_t, sessions_t
 
-__all__ = ["CHAIN_MAX", "GONE", "RESPONSE_LOCK", "cut_points", "forget_point"]
+__all__ = ["CHAIN_MAX", "GONE", "RESPONSE_LOCK", "cut_points", "forget_head", "forget_point"]
 RESPONSE_LOCK = 4  # advisory lock class of a response key (SESSION_LOCK, USER_LOCK, APP_LOCK are 1-3)
 CHAIN_MAX = 10_000  # bases a branch's history may be read through (every walk stops there; a read past it is refused)
 GONE = -1  # seq_end and version of a frozen own id whose history was cut or which was deleted
@@ -59,3 +63,26 @@ async def forget_point(conn: AsyncConnection, session_id: str, key: str) -> None
         await conn.execute(update(responses_t).where(*named).values(seq_end=GONE, version=GONE))
     else:
         await _delete(conn, session_id, lambda c: (c.session_id == session_id, c.response_id == key))
+
+
+async def forget_head(conn: AsyncConnection, session_id: str, user_id: str | None) -> bool:
+    """A key naming a session's head (its own id) deleted as the framework's in-memory ``SessionStore`` deletes
+    one: only that key goes. While other keys name points of the session, or branches read through it, its id is
+    frozen naming nothing (as a cut's) and every other key reads what it read; with no other name the session goes.
+    False if the user has no such session."""
+    found = select(sessions_t.c.id).where(sessions_t.c.id == session_id, owner_is(sessions_t.c.user_id, user_id))
+    if conn.dialect.name == "postgresql":  # a commit continuing from the head holds its key shared: it lands first
+        await conn.execute(select(func.pg_advisory_xact_lock(RESPONSE_LOCK, func.hashtext(session_id))))
+        found = found.with_for_update()  # and a branch being made holds its base FOR SHARE (run/points.py)
+    if (await conn.execute(found)).first() is None:
+        return False
+    others = exists().where(_R.session_id == session_id, _R.response_id != session_id, _R.seq_end != GONE)
+    branches = exists().where(sessions_t.c.base_id == session_id)
+    if not (await conn.execute(select(or_(others, branches)))).scalar():
+        await delete_with_branches(conn, [session_id])
+        return True
+    named = (_R.session_id == session_id, _R.response_id == session_id)
+    if not (await conn.execute(update(responses_t).where(*named).values(seq_end=GONE, version=GONE))).rowcount:
+        await insert_row(conn, {"session_id": session_id, "response_id": session_id, "user_id": user_id,
+                                "seq_end": GONE, "version": GONE, "created_at": datetime.now(UTC)}, None)  # fmt: skip
+    return True
