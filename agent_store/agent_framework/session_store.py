@@ -13,7 +13,7 @@ import agent_store.run.points as points
 from agent_store.db import codec, ids, tenancy
 from agent_store.db.cut_points import GONE, forget_head
 from agent_store.db.load_statement import POSITION_STEP
-from agent_store.errors import ConflictError, InvalidValueError, SessionNotFoundError
+from agent_store.errors import ConflictError, InvalidValueError, SessionExpiredError, SessionNotFoundError
 from agent_store.run.checked_commit import HeadMoved, ResponseToRecord
 from agent_store.run.commit import Run, run_of
 from agent_store.run.read_times import ReadTimes
@@ -86,14 +86,14 @@ class StoreSessionStore(_SessionStoreBase):
         if point is not None and point.seq_end == GONE:  # a frozen own id whose history was cut: no longer there
             self._absent.read(session_id, read_at)
             return None
-        if point is not None:
+        run = None
+        if point is not None:  # a key's point, and only that: never a session that took the same id meanwhile
             run = await self._at(point)
-            if run is not None:
-                return run
-        try:
-            run = await self.store.load(session_id, user_id=self.user_id, history_limit=self.history_limit)
-        except SessionNotFoundError:  # another user's id: the same answer as an unused one
-            run = None
+        else:
+            try:
+                run = await self.store.load(session_id, user_id=self.user_id, history_limit=self.history_limit)
+            except (SessionNotFoundError, SessionExpiredError):  # another user's id, or one past its time to live
+                pass  # (the purge deletes it): the same answer as an unused one
         if run is not None and run.exists:
             return run
         self._absent.read(session_id, read_at)
@@ -112,7 +112,7 @@ class StoreSessionStore(_SessionStoreBase):
             # (A branch's head by its own id has no point: a set() under that id moves its head, as a session's.)
             return await points.load_point(self.store.db, point, user_id=self.user_id, agent_id=None,
                                            history_limit=self.history_limit)  # fmt: skip
-        except SessionNotFoundError:
+        except (SessionNotFoundError, SessionExpiredError):
             return None
 
     @tenancy.for_its("user_id")
@@ -137,13 +137,19 @@ class StoreSessionStore(_SessionStoreBase):
         say_if_unrecorded(run.calls, run.history, run.loaded_ids, budgeted=run.budgeted)  # never silently off
         if session_id == run.storage_id and run.point is None:  # its own id: the head moves
             named = None if run.exists else await points.resolve(self.store.db, session_id, self.user_id)
+            if named is not None and not run.history and self._absent.earliest(session_id) is not None:
+                # get_or_create_session's empty session, under an id whose get() found nothing here (expired,
+                # cut, deleted): nothing to store, and nothing revived
+                return
             if named is not None and named.session_id != session_id:  # (its own id, frozen where it began: fine)
                 raise InvalidValueError(f"{session_id!r} is a response id (it names a point, which never changes): "
                                         "start a conversation under a new id")  # fmt: skip
             if named is not None and named.seq_end == GONE and run.history:  # deleted, its continuations kept
                 raise InvalidValueError(f"{session_id!r} was deleted while responses continued from it remain: "
                                         "a conversation cannot start again under it; use a new id")  # fmt: skip
-            await run.commit()
+            committed = await run.commit()
+            if self.is_response_id(session_id):  # a point from its first set on, not a conversation's head
+                await points.pin(self.store.db, session_id, self.user_id, committed.version)
             return
         parent = run.point.key if run.point is not None else run.storage_id
         following = run.point is not None and run.point.moves  # loaded by a moving key: a conversation's head
@@ -170,6 +176,14 @@ class StoreSessionStore(_SessionStoreBase):
         end = snap.end // POSITION_STEP
         run.point = points.Point(session_id, run.storage_id, end, snap.version, not moves, True, moves)
         run.response, run._key = None, None
+
+    def is_response_id(self, key: str) -> bool:
+        """Whether ``key``, set as a session's own id (the first request of a ``previous_response_id`` chain is
+        stored under its response id), names the point that set made rather than the conversation's head: a
+        response id never changes. Here: shaped as the framework's response ids (``resp_``, as
+        agent-framework-hosting-responses' ``create_response_id`` makes them); a conversation id moves with its
+        turns. Override for ids of another shape."""
+        return key.startswith("resp_")
 
     def claims(self, key: str, session: AgentSession) -> str | None:
         """A key naming a conversation's head that ``set(key, session)`` takes in the same commit (its first

@@ -25,7 +25,7 @@ from agent_store.db import codec, erasures, message_decode, message_rows, sealin
 from agent_store.db import statements as sql
 from agent_store.db.cut_points import CHAIN_MAX, GONE, forget_point
 from agent_store.db.database import Database
-from agent_store.db.history_tables import key_hash, key_is
+from agent_store.db.history_tables import insert_row, key_hash, key_is
 from agent_store.db.load_statement import POSITION_STEP
 from agent_store.db.scopes import APP_PREFIX, USER_PREFIX, scopes
 from agent_store.db.tables import (
@@ -39,7 +39,7 @@ from agent_store.run.commit import HISTORY_KEY, Run, StoredSession
 from agent_store.run.delta import IdentifiedHistory, close_tool_pairs, pair_safe_tail
 from agent_store.run.session_row import checked_session
 
-__all__ = ["Branched", "Point", "adopt", "branch", "chain_of", "forget", "load_point", "resolve"]
+__all__ = ["Branched", "Point", "adopt", "branch", "chain_of", "forget", "load_point", "pin", "resolve"]
 _S, _M = sessions_t.c, messages_t.c
 
 
@@ -178,6 +178,27 @@ async def forget(db: Database, point: Point) -> None:
     """Delete a response's key (the history it named stays: other points and branches share it)."""
     async with db.transaction(write=True, doing="deleting a response") as conn:
         await forget_point(conn, point.session_id, point.key)
+
+
+async def pin(db: Database, key: str, user_id: str | None, version: int) -> None:
+    """``key``, a session's own id, names the point the commit of ``version`` made rather than the head wherever it
+    goes: a later truncate past it leaves it naming nothing, a later commit into the head leaves it where it is.
+    Only while the head is still that commit's (a continuation since froze it there already; a cut since took it)."""
+    async with db.transaction(write=True, doing="pinning a response id") as conn:
+        head = select(_S.version, _S.next_seq).where(_S.id == key)
+        if conn.dialect.name == "postgresql":  # a commit into the session waits, and a continuation's freeze
+            head = head.with_for_update()
+        found = (await conn.execute(head)).first()
+        if found is None or found.version != version:
+            return
+        r = responses_t.c
+        own = (r.session_id == key, r.response_id == key)
+        pinned = (await conn.execute(select(r.seq_end).where(*own))).first()
+        if pinned is None:
+            await insert_row(conn, {"session_id": key, "response_id": key, "user_id": user_id, "version": version,
+                                    "seq_end": found.next_seq, "created_at": datetime.now(UTC)}, None)  # fmt: skip
+        elif pinned.seq_end != GONE:  # (deleted or cut away: it stays so, whatever is set under it since)
+            await conn.execute(update(responses_t).where(*own).values(seq_end=found.next_seq, version=version))
 
 
 @dataclass(frozen=True)
