@@ -132,3 +132,21 @@ async def test_a_deleted_id_stays_deleted_when_a_request_continues_from_it(url: 
         assert asked == ["my name is Ann", "tell me more"]
         with pytest.raises(InvalidValueError, match="was deleted while responses continued from it remain"):
             await side.request("again", previous=None, conversation="resp_1", response_id="resp_4")
+
+
+async def test_a_turn_continuing_from_an_id_deleted_meanwhile_lands(url: str) -> None:
+    """A request loads r0 (a point the head has moved past), r0 is deleted, then the request's turn is set: in
+    the framework's store it lands (the request holds its own copy); before, a ConflictError blamed a truncate."""
+    async with Store.from_url(url) as store:
+        await store.migrate()
+        side = Side(StoreSessionStore(store, user_id="u"))
+        await side.request("my name is Ann", previous=None, conversation=None, response_id="resp_0")
+        await side.request("tell me more", previous="resp_0", conversation=None, response_id="resp_1")
+        session = await side.sessions.get("resp_0")
+        assert session is not None
+        await side.sessions.delete("resp_0")
+        await (await side.state.get_target()).run("what is my name?", session=session)
+        await side.sessions.set("resp_2", session)
+        asked = [text for role, text in view(await side.sessions.get("resp_2")) or [] if role == "user"]
+        assert asked == ["my name is Ann", "what is my name?"]
+        assert await side.sessions.get("resp_0") is None

@@ -252,14 +252,11 @@ def _expiry(run: Run, base: Any, now: datetime) -> datetime | None:
 
 async def _still_there(conn: AsyncConnection, run: Run, point: Point, base: Any) -> None:
     """The history ``point`` names is still the base's (under its lock): a truncate or a clear since the run
-    loaded it cut it away, and a branch must never read other messages under the same seqs."""
+    loaded it cut it away, and a branch must never read other messages under the same seqs. Its key may have been
+    deleted meanwhile: that takes the key, not the history, and a turn already continuing from it lands (as in the
+    framework's in-memory store, where a request holds its own copy)."""
     gone = point.seq_end > base.next_seq
-    if not gone and point.recorded:  # a cut past a response deletes it; clear deletes them all
-        r = responses_t.c
-        named = select(r.seq_end, r.version).where(r.session_id == point.session_id, r.response_id == point.key)
-        found = (await conn.execute(named)).first()
-        gone = found is None or (found.seq_end, found.version) != (point.seq_end, point.version)
-    elif not gone and point.seq_end > (base.base_seq or 0):  # a head: its last message is still the one loaded
+    if not gone and point.seq_end > (base.base_seq or 0):  # its last message is still the one the run loaded
         last = (await conn.execute(select(_M.message_id).where(_M.session_id == point.session_id,
                                                                _M.seq == point.seq_end - 1))).scalar()  # fmt: skip
         gone = last is None or last not in run._snapshot.message_ids
