@@ -148,7 +148,8 @@ async def raw_connect(sa_url: str, **kwargs: Any) -> asyncpg.Connection:
     mode (``?pgbouncer=true``, as CI's second pass) it keeps no statement cache, as the store's own connections do
     (db/engine.py): a statement prepared on one server connection is gone on the next. Every raw connection of the
     tests opens here, so none of them can miss it."""
-    if make_url(sa_url).query.get("pgbouncer") in ("true", "1", "yes"):
+    query = make_url(sa_url).query  # the test's URL says pgbouncer=true; a store's engine URL, no statement cache
+    if query.get("pgbouncer") in ("true", "1", "yes") or query.get("prepared_statement_cache_size") == "0":
         kwargs.setdefault("statement_cache_size", 0)
     return await asyncpg.connect(plain_dsn(sa_url), **kwargs)
 

@@ -98,7 +98,8 @@ async def test_every_point_keeps_its_model_view_under_random_operations(url: str
     assert scenario.strategy in STRATEGIES
     async with Store.from_url(url) as store:
         await store.migrate()
-        sessions = StoreSessionStore(store, user_id="u")
+        # A sliding window of the history a model is given, or none (the hosting route's history_limit)
+        sessions = StoreSessionStore(store, user_id="u", history_limit=r.choice([None, None, 2, 3, 5]))
         views: dict[str, list[Any] | None] = {}
         gone: set[str] = set()
         done: list[str] = []
