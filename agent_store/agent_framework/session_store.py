@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -136,7 +137,9 @@ class StoreSessionStore(_SessionStoreBase):
             recorded.clear()
         say_if_unrecorded(run.calls, run.history, run.loaded_ids, budgeted=run.budgeted)  # never silently off
         if session_id == run.storage_id and run.point is None:  # its own id: the head moves
-            named = None if run.exists else await points.resolve(self.store.db, session_id, self.user_id)
+            pinned = self.is_response_id(session_id)  # a point from its first set on, not a conversation's head
+            named = None if run.exists and not pinned else await points.resolve(self.store.db, session_id,
+                                                                                 self.user_id)  # fmt: skip
             if named is not None and not run.history and self._absent.earliest(session_id) is not None:
                 # get_or_create_session's empty session, under an id whose get() found nothing here (expired,
                 # cut, deleted): nothing to store, and nothing revived
@@ -144,12 +147,21 @@ class StoreSessionStore(_SessionStoreBase):
             if named is not None and named.session_id != session_id:  # (its own id, frozen where it began: fine)
                 raise InvalidValueError(f"{session_id!r} is a response id (it names a point, which never changes): "
                                         "start a conversation under a new id")  # fmt: skip
-            if named is not None and named.seq_end == GONE and run.history:  # deleted, its continuations kept
+            if named is not None and named.seq_end == GONE and run.history and not pinned:  # deleted, its
                 raise InvalidValueError(f"{session_id!r} was deleted while responses continued from it remain: "
                                         "a conversation cannot start again under it; use a new id")  # fmt: skip
+            if pinned and named is not None and named.recorded and not named.is_head and run.history:
+                # A request continued from this id while its own turn ran (a background response), or the id was
+                # deleted meanwhile: the head is not what this turn's model saw, so the turn goes to a branch at its
+                # point (at nothing, once deleted: it began from nothing), which the id names from now on.
+                at = named if named.seq_end != GONE else replace(named, seq_end=0, version=0, recorded=False)
+                async with self.store.db.transaction(write=True, doing="branching a conversation") as conn:
+                    branched = await points.branch(conn, run, at)
+                points.adopt(run, branched)
             committed = await run.commit()
-            if self.is_response_id(session_id):  # a point from its first set on, not a conversation's head
-                await points.pin(self.store.db, session_id, self.user_id, committed.version)
+            if pinned:
+                await points.pin(self.store.db, session_id, run.storage_id, self.user_id, committed.version,
+                                 written=bool(run.history))  # fmt: skip
             return
         parent = run.point.key if run.point is not None else run.storage_id
         following = run.point is not None and run.point.moves  # loaded by a moving key: a conversation's head
@@ -167,14 +179,16 @@ class StoreSessionStore(_SessionStoreBase):
                 raise ConflictError(run.storage_id, [], reason=f"another request advanced the conversation "
                                                                f"{parent if following else session_id!r} after this "
                                                                "one loaded it: load it again") from None  # fmt: skip
-            at = run.point or points.Point(parent, run.storage_id, snap.end // POSITION_STEP, snap.version, False, True)
+            at = run.point or points.Point(key=parent, session_id=run.storage_id, seq_end=snap.end // POSITION_STEP,
+                                           version=snap.version, recorded=False, is_head=True)
             async with self.store.db.transaction(write=True, doing="branching a conversation") as conn:
                 branched = await points.branch(conn, run, at)
             points.adopt(run, branched)  # only once the branch is there: a failed attempt leaves the run as it was
             await run.commit()
         # The session goes on from the point just made (a later set() continues from it).
         end = snap.end // POSITION_STEP
-        run.point = points.Point(session_id, run.storage_id, end, snap.version, not moves, True, moves)
+        run.point = points.Point(key=session_id, session_id=run.storage_id, seq_end=end, version=snap.version,
+                                 recorded=not moves, is_head=True, moves=moves)
         run.response, run._key = None, None
 
     def is_response_id(self, key: str) -> bool:
@@ -203,7 +217,10 @@ class StoreSessionStore(_SessionStoreBase):
         point = await points.resolve(self.store.db, session_id, self.user_id)
         if point is not None and point.recorded:  # a response (its session's own id too, once frozen as one):
             await points.forget(self.store.db, point)  # its point goes, the history stays
-            return
+            if point.session_id == session_id:
+                return
+            # A key whose turn went to a branch (a background response continued from while it ran): the session
+            # under its id, which it began, must not answer for it from now on.
         # A session's own id: only that key goes, as in the framework's store (the points continued from it stay).
         async with self.store.db.transaction(write=True, doing="deleting a conversation's id") as conn:
             await forget_head(conn, session_id, self.user_id)

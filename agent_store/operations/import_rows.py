@@ -32,6 +32,7 @@ from sqlalchemy import BigInteger, Boolean, Float, Integer, String, Table
 
 from agent_store.db import codec, message_decode, message_rows
 from agent_store.db.codec import _TAGS
+from agent_store.db.cut_points import GONE
 from agent_store.db.database import Settings
 from agent_store.db.history_tables import branch_marks_t, message_marks_t, state_history_t
 from agent_store.db.ledger import COUNT_MAX, COUNTS, PURPOSES, RUN_LOG_MAX
@@ -64,8 +65,7 @@ TABLES: dict[str, Table] = {
 _FILLED = {
     "session": {"incarnation"}, "state": {"session_id", "version"}, "run": {"session_id"},
     "message": {"session_id"}, "tool_call": {"session_id"}, "user_state": {"version"}, "checkpoint": {"seq"},
-    "usage": {"session_id"}, **{kind: {"session_id"} for kind in import_trees.KINDS},
-}  # fmt: skip
+    "usage": {"session_id"}, **{kind: {"session_id"} for kind in import_trees.KINDS}}  # fmt: skip
 _IDS = {
     "session": ("id", "user_id", "agent_id", "forked_from", "base_id"), "run": ("run_id",),
     "message": ("message_id", "run_id"), "mark_history": ("message_id",), "branch_mark": ("message_id",),
@@ -74,7 +74,7 @@ _IDS = {
     "checkpoint": ("checkpoint_id", "workflow_name", "previous_checkpoint_id"),
     "usage": ("run_id", "user_id", "app_id"),
 }  # fmt: skip
-# Counts and seqs no run writes below 0 (forked_at_seq is not one: a fork of no messages records -1).
+# Counts and seqs no run writes below 0 (not forked_at_seq: a fork of no messages records -1; nor a cut key's).
 _NON_NEGATIVE = ("seq", "next_seq", "version", "iteration_count", "messages_written", "state_keys_written",
                  "messages_in", "messages_out", "call_no")  # fmt: skip
 _CONTENT_TYPES = frozenset(get_args(get_type_hints(Content.__init__)["type"]))
@@ -90,8 +90,8 @@ def row_values(kind: str, row: dict[str, Any], settings: Settings) -> dict[str, 
         values = columns(table, row, _FILLED.get(kind, set()))
         for name in _IDS.get(kind, ()):
             codec.check_id(values.get(name), f"{kind}.{name}", required=not table.c[name].nullable)
-        for name in _NON_NEGATIVE:
-            if values.get(name) is not None:
+        for name in _NON_NEGATIVE:  # (a cut key's response row is GONE there, -1: import_trees checks where)
+            if values.get(name) is not None and not (kind == "response" and values.get("seq_end") == GONE):
                 codec.check_int(values[name], f"{kind}.{name}", low=0, high=codec.INT64)
         if kind == "session":
             _check_session(values, row)

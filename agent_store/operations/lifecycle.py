@@ -268,6 +268,11 @@ async def clear(db: Database, session_id: str, user_id: str | None, *, only: fro
         # points on it (0017) named messages that are gone; a branch reading them would lose its history.
         if (await conn.execute(select(S.id).where(S.base_id == session_id).limit(1))).first() is not None:
             raise InvalidValueError(f"session {session_id!r} has branches that read its history: delete them first")
+        # A branch's history is its base's up to base_seq, which a clear of the branch cannot take: its next
+        # messages would go below base_seq, where no read looks (found by an outside review).
+        if (await conn.execute(select(S.base_id).where(S.id == session_id))).scalar() is not None:
+            raise InvalidValueError(f"session {session_id!r} is a branch: its history is its base's; delete the "
+                                    "branch, or truncate it after its base_seq")  # fmt: skip
         M = messages_t.c
         if only is not None and set((await conn.execute(select(M.message_id).where(M.session_id == session_id)))
                                     .scalars()) != only:  # fmt: skip

@@ -89,7 +89,8 @@ async def _branch_head(
         raise InvalidValueError("a branch of a conversation (a response's session) is loaded whole: serialized and "
                                 "skip_excluded runs are not available on it")  # fmt: skip
     snap = loaded._snapshot
-    head = points.Point(loaded.storage_id, loaded.storage_id, snap.end // POSITION_STEP, snap.version, False, False)
+    head = points.Point(key=loaded.storage_id, session_id=loaded.storage_id, seq_end=snap.end // POSITION_STEP,
+                        version=snap.version, recorded=False, is_head=False)
     run = await points.load_point(db, head, user_id=loaded.user_id, agent_id=loaded.agent_id,
                                   history_limit=history_limit)  # fmt: skip
     run._key, run._read_at = loaded._key, loaded._read_at  # read_at: the earlier read's (the erasure fence)

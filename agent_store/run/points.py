@@ -43,7 +43,7 @@ __all__ = ["Branched", "Point", "adopt", "branch", "chain_of", "forget", "load_p
 _S, _M = sessions_t.c, messages_t.c
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Point:
     """``key`` names ``session_id``'s history before ``seq_end`` and its own state at ``version``."""
 
@@ -69,13 +69,16 @@ async def resolve(db: Database, key: str, user_id: str | None) -> Point | None:
     if found is None or found.user_id != user_id:
         return None
     if found.seq_end == GONE and not found.by_id:  # a frozen own id whose history was cut: it names nothing
-        return Point(key, found.session_id, GONE, GONE, True, False)
+        return Point(key=key, session_id=found.session_id, seq_end=GONE, version=GONE, recorded=True, is_head=False)
     if found.by_id:  # a branch's own id: its head
-        return Point(key, key, int(found.next_seq), int(found.head), False, False)
+        return Point(key=key, session_id=key, seq_end=int(found.next_seq), version=int(found.head), recorded=False,
+                     is_head=False)
     if found.moves:  # the session's head, as it is now
-        return Point(key, found.session_id, int(found.next_seq), int(found.head), False, found.base_id is None, True)
+        return Point(key=key, session_id=found.session_id, seq_end=int(found.next_seq), version=int(found.head),
+                     recorded=False, is_head=found.base_id is None, moves=True)
     is_head = found.head == found.version and found.base_id is None
-    return Point(key, found.session_id, int(found.seq_end), int(found.version), True, is_head)
+    return Point(key=key, session_id=found.session_id, seq_end=int(found.seq_end), version=int(found.version),
+                 recorded=True, is_head=is_head)
 
 
 def _resolving(with_user: bool) -> Any:
@@ -180,12 +183,14 @@ async def forget(db: Database, point: Point) -> None:
         await forget_point(conn, point.session_id, point.key)
 
 
-async def pin(db: Database, key: str, user_id: str | None, version: int) -> None:
-    """``key``, a session's own id, names the point the commit of ``version`` made rather than the head wherever it
-    goes: a later truncate past it leaves it naming nothing, a later commit into the head leaves it where it is.
-    Only while the head is still that commit's (a continuation since froze it there already; a cut since took it)."""
+async def pin(db: Database, key: str, session_id: str, user_id: str | None, version: int, *, written: bool) -> None:
+    """``key``, set as a session's own id, names the point the commit of ``version`` made in ``session_id`` (that
+    session, or a branch its turn went to) rather than a head wherever it goes: a later truncate past it leaves it
+    naming nothing, a later commit into the head leaves it where it is. Only while the head is still that
+    commit's (a continuation since froze it there already; a cut since took it). A deleted key stays deleted
+    unless this set ``written`` a turn under it (as the framework's store keeps what is set after a delete)."""
     async with db.transaction(write=True, doing="pinning a response id") as conn:
-        head = select(_S.version, _S.next_seq).where(_S.id == key)
+        head = select(_S.version, _S.next_seq).where(_S.id == session_id)
         if conn.dialect.name == "postgresql":  # a commit into the session waits, and a continuation's freeze
             head = head.with_for_update()
         found = (await conn.execute(head)).first()
@@ -195,10 +200,12 @@ async def pin(db: Database, key: str, user_id: str | None, version: int) -> None
         own = (r.session_id == key, r.response_id == key)
         pinned = (await conn.execute(select(r.seq_end).where(*own))).first()
         if pinned is None:
-            await insert_row(conn, {"session_id": key, "response_id": key, "user_id": user_id, "version": version,
-                                    "seq_end": found.next_seq, "created_at": datetime.now(UTC)}, None)  # fmt: skip
-        elif pinned.seq_end != GONE:  # (deleted or cut away: it stays so, whatever is set under it since)
-            await conn.execute(update(responses_t).where(*own).values(seq_end=found.next_seq, version=version))
+            await insert_row(conn, {"session_id": session_id, "response_id": key, "user_id": user_id,
+                                    "version": version, "seq_end": found.next_seq, "created_at": datetime.now(UTC)},
+                             None)  # fmt: skip
+        elif pinned.seq_end != GONE or written:  # (an empty session set under a deleted key revives nothing)
+            await conn.execute(update(responses_t).where(*own).values(session_id=session_id, seq_end=found.next_seq,
+                                                                      version=version))  # fmt: skip
 
 
 @dataclass(frozen=True)
