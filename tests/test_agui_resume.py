@@ -11,33 +11,16 @@ import socket
 from typing import Any
 
 import httpx
-import pytest
 import uvicorn
-from agent_framework import Agent, tool
+from agent_framework import Agent
 from agent_framework_ag_ui import AgentFrameworkAgent
 from fastapi import FastAPI
 from helpers import until
+from slow_tool import GO_ON, JOURNALS, fresh_gate, slow_lookup  # noqa: F401 (fresh_gate: autouse)
 
 from agent_store import Store
 from agent_store.agent_framework.ag_ui_resume import add_resumable_agui_routes
-from agent_store.journal import Journal
 from agent_store.offline import OfflineChatClient
-
-GO_ON: dict[str, asyncio.Event] = {}  # "tool": slow_lookup returns once the test sets it
-JOURNALS: list[Journal] = []  # the journals of this test's apps
-
-
-@pytest.fixture(autouse=True)
-def fresh_gate() -> None:
-    GO_ON["tool"] = asyncio.Event()
-    JOURNALS.clear()
-
-
-@tool
-async def slow_lookup() -> str:
-    """A tool that takes a while (a long step of the run): until the test lets it go on."""
-    await asyncio.wait_for(GO_ON["tool"].wait(), 60)
-    return "北京，晴"
 
 
 def app_on(store: Store) -> FastAPI:

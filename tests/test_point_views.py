@@ -14,7 +14,7 @@ import random
 from typing import Any
 
 import pytest
-from agent_framework import AgentSession
+from agent_framework import Message
 from agent_framework_hosting import AgentState
 from differential import STRATEGIES, Scenario, _agent
 from helpers import expire_now, rows
@@ -112,20 +112,26 @@ async def test_every_point_keeps_its_model_view_under_random_operations(url: str
                     gone.add(key)
 
 
+def plain() -> Scenario:
+    """A scenario with no compaction and no race, for the named cases."""
+    scenario = Scenario.draw(0)
+    scenario.strategy, scenario.race_at = "none", None
+    return scenario
+
+
 async def test_a_chains_first_response_id_is_a_point_before_anything_continues_from_it(url: str) -> None:
     """Finding 6: the first request of a chain is stored under its response id as a session's own id. No request
     continued from it yet, and the session is rewound, then a turn lands on its head: the id names what its
     model saw, or nothing once cut, never the rewound history nor the head's later turns."""
-    scenario = Scenario.draw(0)
-    scenario.strategy, scenario.race_at = "none", None
+    scenario = plain()
     async with Store.from_url(url) as store:
         await store.migrate()
         sessions = StoreSessionStore(store, user_id="u")
         await serve(sessions, scenario, "hello #0", None, "resp_0")
         seen = await model_view(sessions, scenario, "resp_0")
         run = await store.load("resp_0", user_id="u")  # a turn on the head, outside the route
-        run.history.append((await sessions.get("resp_0") or AgentSession()).state["in_memory"]["messages"][0])
-        await run.commit()
+        run.history.append(Message(role="user", contents=["a turn on the head"]))
+        assert (await run.commit()).messages_written == 1
         assert await model_view(sessions, scenario, "resp_0") == seen is not None
         assert await store.truncate("resp_0", 0, user_id="u") > 0
         assert await model_view(sessions, scenario, "resp_0") is None
@@ -134,8 +140,7 @@ async def test_a_chains_first_response_id_is_a_point_before_anything_continues_f
 async def test_a_key_never_reads_a_session_that_took_its_id(url: str) -> None:
     """A response id whose session expired reads as nothing; a request continuing from it starts a session under
     that id (the route names it so): the id still reads nothing, not that new session's turns."""
-    scenario = Scenario.draw(0)
-    scenario.strategy, scenario.race_at = "none", None
+    scenario = plain()
     async with Store.from_url(url) as store:
         await store.migrate()
         sessions = StoreSessionStore(store, user_id="u")

@@ -4,37 +4,19 @@ and the offline client: answered at once, read back from another worker from any
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
 import httpx
-import pytest
-from agent_framework import Agent, tool
+from agent_framework import Agent
 from fastapi import FastAPI
 from helpers import until
+from slow_tool import GO_ON, JOURNALS, fresh_gate, slow_lookup  # noqa: F401 (fresh_gate: autouse)
 
 from agent_store import Store
 from agent_store.agent_framework import StoreSessionStore
 from agent_store.agent_framework.responses_background import add_background_responses_routes
-from agent_store.journal import Journal
 from agent_store.offline import OfflineChatClient
-
-GO_ON: dict[str, asyncio.Event] = {}  # "tool": slow_lookup returns once the test sets it
-JOURNALS: list[Journal] = []  # the journals of this test's apps
-
-
-@pytest.fixture(autouse=True)
-def fresh_gate() -> None:
-    GO_ON["tool"] = asyncio.Event()
-    JOURNALS.clear()
-
-
-@tool
-async def slow_lookup() -> str:
-    """A tool that takes a while: until the test lets it go on."""
-    await asyncio.wait_for(GO_ON["tool"].wait(), 60)
-    return "北京，晴"
 
 
 def app_on(store: Store) -> FastAPI:

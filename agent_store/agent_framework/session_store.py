@@ -217,10 +217,10 @@ class StoreSessionStore(_SessionStoreBase):
         point = await points.resolve(self.store.db, session_id, self.user_id)
         if point is not None and point.recorded:  # a response (its session's own id too, once frozen as one):
             await points.forget(self.store.db, point)  # its point goes, the history stays
-            if point.session_id == session_id:
+            if point.session_id == session_id or not self.is_response_id(session_id):
                 return
-            # A key whose turn went to a branch (a background response continued from while it ran): the session
-            # under its id, which it began, must not answer for it from now on.
+            # A response id may name a point in a branch while a session under its id, which it began, holds the
+            # rest (a background response continued from while it ran): that session must not answer for it now.
         # A session's own id: only that key goes, as in the framework's store (the points continued from it stay).
         async with self.store.db.transaction(write=True, doing="deleting a conversation's id") as conn:
             await forget_head(conn, session_id, self.user_id)
