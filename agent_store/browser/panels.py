@@ -12,7 +12,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from agent_store.db import message_decode, message_rows, sealing
+from agent_store.db import chains, message_decode, message_rows, sealing
 from agent_store.db.database import Database
 from agent_store.db.hosted_tables import checkpoints_of
 from agent_store.db.scopes import USER_PREFIX
@@ -28,7 +28,6 @@ from agent_store.db.tables import (
 )
 from agent_store.errors import ContentSealedError, InvalidValueError
 from agent_store.operations import branching
-from agent_store.run import points
 
 M, S, R, C = messages_t.c, sessions_t.c, runs_t.c, checkpoints_t.c
 SEALED_TEXT = "(sealed)"  # what cannot be opened here shows as this, never as its columns hold it
@@ -98,8 +97,8 @@ async def conversation_tree(db: Database, session_id: str, user_id: str | None) 
     """The served conversation (0017) the session is part of, from its root down (each session once, with its
     response ids); empty for a session with no base and no branch."""
     async with db.transaction(write=False, replica=True, doing="reading a conversation tree") as conn:
-        chain = await points.chain_of(conn, session_id)
-        below = (await conn.execute(select(S.id).where(S.base_id == session_id).limit(1))).first()
+        chain = await chains.chain_of(conn, session_id)
+        below = (await conn.execute(select(S.id).where(chains.branches_of(session_id)).limit(1))).first()
     if len(chain) < 2 and below is None:
         return []
     nodes: dict[str, dict[str, Any]] = {}

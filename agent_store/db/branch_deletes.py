@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy import delete, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from agent_store.db.chains import branches_of
 from agent_store.db.scopes import owner_is
 from agent_store.db.tables import sessions_t
 from agent_store.errors import SessionExpiredError
@@ -47,7 +48,7 @@ async def _branches_of(db: AsyncConnection, session_ids: list[str]) -> list[str]
     seen = set(frontier)
     await db.execute(_locked(db, select(c.id).where(c.id.in_(frontier))))
     while frontier:
-        below = (await db.execute(_locked(db, select(c.id).where(c.base_id.in_(frontier))))).scalars().all()
+        below = (await db.execute(_locked(db, select(c.id).where(branches_of(frontier))))).scalars().all()
         frontier = [sid for sid in below if sid not in seen]  # (a cycle, which no import lets in, ends here too)
         seen.update(frontier)
         found += frontier

@@ -18,13 +18,13 @@ from sqlalchemy import ColumnElement, delete, exists, func, or_, select, true, u
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agent_store.db.branch_deletes import delete_with_branches
+from agent_store.db.chains import CHAIN_MAX, branches_of
 from agent_store.db.history_tables import insert_row
 from agent_store.db.scopes import owner_is
 from agent_store.db.tables import responses_t, sessions_t
 
 __all__ = ["CHAIN_MAX", "GONE", "RESPONSE_LOCK", "cut_points", "forget_head", "forget_point"]
 RESPONSE_LOCK = 4  # advisory lock class of a response key (SESSION_LOCK, USER_LOCK, APP_LOCK are 1-3)
-CHAIN_MAX = 10_000  # bases a branch's history may be read through (every walk stops there; a read past it is refused)
 GONE = -1  # seq_end and version of a frozen own id whose history was cut or which was deleted
 _R = responses_t.c
 
@@ -34,7 +34,7 @@ Rows = Callable[[Any], tuple[ColumnElement[bool], ...]]  # the rows of a session
 
 async def _delete(conn: AsyncConnection, session_id: str, rows: Rows) -> None:
     gone = responses_t.alias("gone")
-    branches = select(sessions_t.c.id).where(sessions_t.c.base_id == session_id)
+    branches = select(sessions_t.c.id).where(branches_of(session_id))
     key = select(gone.c.response_id).where(gone.c.session_id == session_id, gone.c.id == _R.parent)
     await conn.execute(update(responses_t).where(
         or_(_R.session_id == session_id, _R.session_id.in_(branches)),
@@ -77,7 +77,7 @@ async def forget_head(conn: AsyncConnection, session_id: str, user_id: str | Non
     if (await conn.execute(found)).first() is None:
         return False
     others = exists().where(_R.session_id == session_id, _R.response_id != session_id, _R.seq_end != GONE)
-    branches = exists().where(sessions_t.c.base_id == session_id)
+    branches = exists().where(branches_of(session_id))
     if not (await conn.execute(select(or_(others, branches)))).scalar():
         await delete_with_branches(conn, [session_id])
         return True

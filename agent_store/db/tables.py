@@ -48,7 +48,7 @@ from agent_store.db.vector_tables import profiles_t as profiles_t
 from agent_store.db.vector_tables import vectors_t as vectors_t
 
 # The Alembic revision this code expects; tests/test_migrations.py pins it to the scripts' head.
-SCHEMA_REVISION = "0026"
+SCHEMA_REVISION = "0027"
 
 
 class SessionRow(Base):
@@ -84,6 +84,7 @@ class SessionRow(Base):
     base_id: Mapped[str | None] = mapped_column(String(ID_MAX))  # no foreign key: see migration 0017
     base_seq: Mapped[int | None] = mapped_column(Integer)
     base_version: Mapped[int | None] = mapped_column(Integer)  # the base's version at the point it branched from
+    base_incarnation: Mapped[int | None] = mapped_column(BigInteger)  # which session of base_id it is (0027)
     keeps_history: Mapped[bool] = mapped_column(Boolean, server_default=false())  # a point was recorded on it
 
     __table_args__ = (

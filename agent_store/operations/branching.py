@@ -20,7 +20,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql import UUID
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from agent_store.db import codec, message_rows, rewrites, tenancy
+from agent_store.db import chains, codec, message_rows, rewrites, tenancy
 from agent_store.db.cut_points import CHAIN_MAX, GONE, cut_points
 from agent_store.db.database import Database
 from agent_store.db.statements import lock_user, new_stamp, not_found
@@ -140,7 +140,8 @@ async def _points_after(conn: AsyncConnection, session_id: str, cut: int, base_s
     if base_seq is not None and cut + 1 < base_seq:
         raise InvalidValueError(f"session {session_id!r} is a branch whose history before seq {base_seq} is another "
                                 "session's: it cannot be truncated there")  # fmt: skip
-    under = (await conn.execute(select(S.id).where(S.base_id == session_id, S.base_seq > cut + 1).limit(1))).first()
+    reads_past = select(S.id).where(chains.branches_of(session_id), S.base_seq > cut + 1)
+    under = (await conn.execute(reads_past.limit(1))).first()
     if under is not None:
         raise InvalidValueError(f"session {session_id!r} has a branch ({under.id!r}) that continues from a message "
                                 f"after seq {cut}: delete the branch first, or truncate at a later seq")  # fmt: skip
@@ -234,7 +235,7 @@ async def branch(db: Database, session_id: str, user_id: str | None, at_seq: int
         row = {"id": new_id, "user_id": source.user_id, "agent_id": source.agent_id, "incarnation": new_stamp(),
                "version": 0, "next_seq": cut + 1, "created_at": now, "updated_at": now, "base_id": session_id,
                "base_seq": cut + 1, "base_version": await _version_at(conn, session_id, cut, source.version),
-               "keeps_history": False, "title": source.title,
+               "base_incarnation": source.incarnation, "keeps_history": False, "title": source.title,
                "ttl_seconds": source.ttl_seconds, "expires_at": source.expires_at}  # fmt: skip
         insert = (postgresql if conn.dialect.name == "postgresql" else sqlite).insert(sessions_t)
         if not (await conn.execute(insert.on_conflict_do_nothing(), row)).rowcount:
@@ -263,11 +264,11 @@ async def _version_at(conn: AsyncConnection, session_id: str, cut: int, now: int
 @tenancy.for_user
 async def tree(db: Database, session_id: str, user_id: str | None) -> list[TreeNode]:
     """The tree from ``session_id`` down (README's "response-tree" query, from one session instead of a user's)."""
-    top = select(S.id, S.base_id, S.base_seq, literal(0).label("depth")).where(*owned(session_id, user_id))
-    down: Any = top.cte("tree", recursive=True)
+    top = select(S.id, S.base_id, S.base_seq, S.user_id, S.incarnation, literal(0).label("depth"))
+    down: Any = top.where(*owned(session_id, user_id)).cte("tree", recursive=True)
     child = sessions_t.alias("child")
-    down = down.union_all(select(child.c.id, child.c.base_id, child.c.base_seq, down.c.depth + 1)
-                          .where(child.c.base_id == down.c.id, down.c.depth < CHAIN_MAX))  # fmt: skip
+    down = down.union_all(select(child.c.id, child.c.base_id, child.c.base_seq, child.c.user_id, child.c.incarnation,
+                                 down.c.depth + 1).where(chains.base_of(child, down), down.c.depth < CHAIN_MAX))
     r, up = responses_t.c, responses_t.alias("up")  # up: the point a response continued from (0021)
     parent_key = func.coalesce(up.c.response_id, r.parent_id).label("parent_id")
     query = select(down, r.response_id, parent_key, r.seq_end).select_from(down).outerjoin(

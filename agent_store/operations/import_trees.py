@@ -18,9 +18,9 @@ from typing import Any
 from sqlalchemy import Boolean, Column, Integer, MetaData, Select, String, Table, false, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from agent_store.db import message_rows
+from agent_store.db import chains, message_rows
 from agent_store.db.column_types import UTCDateTime
-from agent_store.db.cut_points import CHAIN_MAX, GONE
+from agent_store.db.cut_points import GONE
 from agent_store.db.history_tables import insert_row, key_hash, key_is
 from agent_store.db.schema_base import ID_MAX
 from agent_store.db.scopes import APP_PREFIX, TEMP_PREFIX, USER_PREFIX
@@ -87,26 +87,23 @@ def carry_base_history(values: dict[str, Any], row: dict[str, Any]) -> None:
         values[BASE_HISTORY] = digest
 
 
-async def inherited(conn: AsyncConnection, base_id: str, base_seq: int, *, stop_at: str | None = None) -> str:
-    """A digest of the history a branch reads from ``base_id`` before ``base_seq``, through every base of the
-    chain (each message's store id, in order): an export carries it, an import compares it ("" for a chain that
-    is not whole here, or that reaches ``stop_at``). Ids, not texts: a base truncated and written again has other
-    messages, the same count."""
-    S, M = sessions_t.c, messages_t.c
+async def inherited(conn: AsyncConnection, branch_id: str) -> str:
+    """A digest of the history the branch ``branch_id`` reads from its bases, through every base of the chain (each
+    message's store id, in order): an export carries it, an import compares it ("" for a chain that is not whole
+    here, by the walk's one rule, or that comes back to the branch). Ids, not texts: a base truncated and written
+    again has other messages, the same count."""
+    M = messages_t.c
     parts: list[list[str]] = []
-    sid: str | None = base_id
-    end = base_seq
-    for _ in range(CHAIN_MAX + 1):
-        if sid is None:
-            break
-        row = (await conn.execute(select(S.base_id, S.base_seq).where(S.id == sid))).first()
-        if row is None or sid == stop_at:  # not whole here, or a cycle through the session being imported
-            return ""
+    chain = await chains.chain_of(conn, branch_id)  # the branch, then the bases it reads (db/chains.py)
+    if len(chain) < 2 or chain[-1].base_id is not None or any(row.id == branch_id for row in chain[1:]):
+        return ""  # not whole here (gone, taken again, too deep, another's), or a cycle through the branch
+    end = chain[0].base_seq
+    for row in chain[1:]:
         low = row.base_seq or 0
-        found = await conn.execute(select(M.message_id).where(M.session_id == sid, M.seq >= low, M.seq < end)
+        found = await conn.execute(select(M.message_id).where(M.session_id == row.id, M.seq >= low, M.seq < end)
                                    .order_by(M.seq))  # fmt: skip
         parts.append(list(found.scalars()))
-        sid, end = row.base_id, low
+        end = low
     digest = hashlib.sha256()
     for ids in reversed(parts):  # oldest part first
         for message_id in ids:
@@ -123,7 +120,8 @@ async def check_tree(conn: AsyncConnection, session: dict[str, Any], rest: list[
     own = {row["message_id"]: row["seq"] for kind, row in rest if kind == "message"}
     if session.get("base_id") is not None:
         S = sessions_t.c
-        base = (await conn.execute(select(S.user_id, S.next_seq).where(S.id == session["base_id"]))).first()
+        query = select(S.user_id, S.next_seq, S.incarnation).where(S.id == session["base_id"])
+        base = (await conn.execute(query)).first()
         if base is None or base.user_id != session.get("user_id") or base_seq is None or not 0 <= base_seq <= end \
                 or base_seq > base.next_seq:  # fmt: skip
             raise InvalidValueError(f"{where}: a branch whose base is not here (import its base first), another "
@@ -131,7 +129,9 @@ async def check_tree(conn: AsyncConnection, session: dict[str, Any], rest: list[
         if base_history is None:  # an export made before it was carried: what the branch read cannot be checked
             raise InvalidValueError(f"{where}: a branch's line must carry base_history (the history it reads): "
                                     "export it again with this agent_store, with its base")  # fmt: skip
-        if await inherited(conn, session["base_id"], base_seq, stop_at=sid) != base_history:
+        # the base it reads is the one here (db/chains.py): never an incarnation of another database
+        await conn.execute(update(sessions_t).where(S.id == sid).values(base_incarnation=base.incarnation))
+        if await inherited(conn, sid) != base_history:
             raise InvalidValueError(f"{where}: its base's history here is not the one it was exported with (the "
                                     "base changed since, or it reads through itself): import the base as it was, or "
                                     "start the branch anew")  # fmt: skip

@@ -15,7 +15,7 @@ from agent_framework import Message
 from sqlalchemy import ColumnElement, and_, delete, func, literal, or_, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from agent_store.db import codec, message_rows, sealing, tenancy
+from agent_store.db import chains, codec, message_rows, sealing, tenancy
 from agent_store.db.branch_deletes import delete_with_branches
 from agent_store.db.cut_points import cut_points
 from agent_store.db.database import Database
@@ -266,7 +266,7 @@ async def clear(db: Database, session_id: str, user_id: str | None, *, only: fro
             raise not_found(session_id, user_id)
         # seq starts again at 0: earlier rewrites' values (0016) must never be put back on new messages; the
         # points on it (0017) named messages that are gone; a branch reading them would lose its history.
-        if (await conn.execute(select(S.id).where(S.base_id == session_id).limit(1))).first() is not None:
+        if (await conn.execute(select(S.id).where(chains.branches_of(session_id)).limit(1))).first() is not None:
             raise InvalidValueError(f"session {session_id!r} has branches that read its history: delete them first")
         # A branch's history is its base's up to base_seq, which a clear of the branch cannot take: its next
         # messages would go below base_seq, where no read looks (found by an outside review).

@@ -15,7 +15,7 @@ from sqlalchemy.dialects import sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 import agent_store.telemetry as telemetry
-from agent_store.db import codec, sealing, tenancy
+from agent_store.db import chains, codec, sealing, tenancy
 from agent_store.db.database import Database
 from agent_store.db.erasures import ERASURE_LOG_KEPT, user_key
 from agent_store.db.hosted_tables import checkpoints_of
@@ -94,7 +94,7 @@ async def purge_expired(
                 picked = await conn.execute(
                     select(S.id, S.next_seq)
                     .where(S.expires_at <= datetime.now(UTC))
-                    .where(~exists().where(_BRANCH.c.base_id == S.id))  # a base outlives its branches (0017)
+                    .where(~exists().where(chains.base_of(_BRANCH, sessions_t)))  # a base outlives its branches (0017)
                     .order_by(S.expires_at, S.id)
                     .limit(batch_size)
                     .with_for_update(skip_locked=True)
@@ -104,7 +104,7 @@ async def purge_expired(
                 ids, trimmed = await _take(conn, picked.all(), batch_messages)
                 if ids:  # messages, state, runs and tool calls cascade
                     # (the condition again, in this statement's snapshot: a branch made since the pick is seen)
-                    no_branch = ~exists().where(_BRANCH.c.base_id == S.id)
+                    no_branch = ~exists().where(chains.base_of(_BRANCH, sessions_t))
                     await conn.execute(delete(sessions_t).where(S.id.in_(ids), no_branch))
                 if first and await _may_trim_erasures(conn):  # older than any backup a restore re-applies to
                     old = datetime.now(UTC) - ERASURE_LOG_KEPT

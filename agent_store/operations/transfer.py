@@ -136,7 +136,7 @@ async def _export_session(db: Database, sid: str) -> AsyncIterator[str]:
             return
         session = _to_json(sessions_t, row)
         if row.base_id is not None:  # what it reads of its bases, for the import to compare (import_trees.py)
-            session["base_history"] = await import_trees.inherited(conn, row.base_id, row.base_seq)
+            session["base_history"] = await import_trees.inherited(conn, sid)
         lines = [_line("session", session)]
         for kind in ("state", "run", "usage", *import_trees.KINDS):
             table = _SESSION_TABLES[kind]

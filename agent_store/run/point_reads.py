@@ -23,10 +23,10 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import BigInteger, Boolean, Integer, String, and_, bindparam, case, literal, select, union_all
+from sqlalchemy import BigInteger, Boolean, Integer, String, and_, bindparam, case, select, union_all
 
-from agent_store.db import codec
-from agent_store.db.cut_points import CHAIN_MAX
+from agent_store.db import chains, codec
+from agent_store.db.chains import CHAIN_MAX
 from agent_store.db.database import Database
 from agent_store.db.load_statement import _branch, body, budget_part, session_parts
 from agent_store.db.tables import (
@@ -49,15 +49,10 @@ _S, _M = sessions_t.c, messages_t.c
 def _view() -> Any:
     """The chain of bases from the viewed session (``sid``), each with the end of its part (``seq_end`` for the
     viewed one, then where its branch begins) and the version it is read at (``version``, then the branch's base
-    version): a recursive walk."""
-    first = select(_S.id, _S.base_id, _S.base_seq, _S.base_version, literal(0).label("depth"),
-                   bindparam("seq_end", type_=Integer).label("end_seq"),
-                   bindparam("version", type_=Integer).label("ver")).where(_S.id == bindparam("sid"))  # fmt: skip
-    view: Any = first.cte("view", recursive=True)
-    base = sessions_t.alias("base")
-    return view.union_all(select(base.c.id, base.c.base_id, base.c.base_seq, base.c.base_version, view.c.depth + 1,
-                                 view.c.base_seq, view.c.base_version)
-                          .where(base.c.id == view.c.base_id, view.c.depth < CHAIN_MAX))  # fmt: skip
+    version): a recursive walk (db/chains.py)."""
+    return chains.walk("view", _S.id == bindparam("sid"),
+                       end_seq=(bindparam("seq_end", type_=Integer), lambda up: up.base_seq),
+                       ver=(bindparam("version", type_=Integer), lambda up: up.base_version))  # fmt: skip
 
 
 def _row(kind: int, **given: Any) -> list[Any]:

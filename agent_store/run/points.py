@@ -23,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 import agent_store.run.point_reads as reads
 from agent_store.db import codec, erasures, message_decode, message_rows, sealing, tenancy
 from agent_store.db import statements as sql
-from agent_store.db.cut_points import CHAIN_MAX, GONE, forget_point
+from agent_store.db.cut_points import GONE, forget_point
 from agent_store.db.database import Database
 from agent_store.db.history_tables import insert_row, key_hash, key_is
 from agent_store.db.load_statement import POSITION_STEP
@@ -39,7 +39,7 @@ from agent_store.run.commit import HISTORY_KEY, Run, StoredSession
 from agent_store.run.delta import IdentifiedHistory, close_tool_pairs, pair_safe_tail
 from agent_store.run.session_row import checked_session
 
-__all__ = ["Branched", "Point", "adopt", "branch", "chain_of", "forget", "load_point", "pin", "resolve"]
+__all__ = ["Branched", "Point", "adopt", "branch", "forget", "load_point", "pin", "resolve"]
 _S, _M = sessions_t.c, messages_t.c
 
 
@@ -99,16 +99,6 @@ def _resolving(with_user: bool) -> Any:
 
 
 _RESOLVE, _RESOLVE_NONE = _resolving(True), _resolving(False)
-
-
-async def chain_of(conn: AsyncConnection, session_id: str) -> list[Any]:
-    """The session's row, then its base's, and so on to the first session of the conversation: one statement."""
-    first = select(_S.id, _S.base_id, _S.base_seq, _S.base_version, literal(0).label("depth"))
-    up: Any = first.where(_S.id == session_id).cte("chain", recursive=True)
-    base = sessions_t.alias("base")
-    up = up.union_all(select(base.c.id, base.c.base_id, base.c.base_seq, base.c.base_version, up.c.depth + 1)
-                      .where(base.c.id == up.c.base_id, up.c.depth < CHAIN_MAX))  # fmt: skip
-    return list((await conn.execute(select(up).order_by(up.c.depth))).all())
 
 
 @tenancy.for_user
@@ -238,8 +228,9 @@ async def branch(conn: AsyncConnection, run: Run, point: Point, now: datetime | 
     new_id = f"{point.key[:200]}~{sql.new_stamp():x}"
     row = {"id": new_id, "user_id": base.user_id, "agent_id": base.agent_id, "incarnation": sql.new_stamp(),
            "version": 0, "next_seq": point.seq_end, "created_at": now, "updated_at": now, "base_id": base.id,
-           "base_seq": point.seq_end, "base_version": point.version, "keeps_history": False,
-           "ttl_seconds": base.ttl_seconds, "expires_at": _expiry(run, base, now), "title": base.title}  # fmt: skip
+           "base_seq": point.seq_end, "base_version": point.version, "base_incarnation": base.incarnation,
+           "keeps_history": False, "ttl_seconds": base.ttl_seconds, "expires_at": _expiry(run, base, now),
+           "title": base.title}  # fmt: skip
     await conn.execute(sessions_t.insert(), row)
     stamp = sql.new_stamp()
     own = {k: v for k, v in run._snapshot.state_text.items() if not _shared(k)}

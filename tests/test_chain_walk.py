@@ -1,0 +1,70 @@
+"""Every walk of a chain of bases takes a step only to the base a branch was made on (db/chains.py, issue 58 item 2):
+its id, its user, its incarnation. However a branch came to outlive its base (a hand edit, a partial restore, a
+bug yet unfound), a session that later takes the freed id is never read as the branch's history."""
+
+from __future__ import annotations
+
+import pytest
+from agent_framework import Message
+from helpers import rows
+from sqlalchemy import text
+
+from agent_store import InvalidValueError, Store
+
+
+async def _say(store: Store, session_id: str, user: str, *words: str) -> None:
+    async with store.session(session_id, user_id=user) as session:
+        session.state["in_memory"]["messages"].extend(Message(role="user", contents=[w]) for w in words)
+
+
+async def _texts(store: Store, session_id: str, user: str) -> list[str]:
+    async with store.session(session_id, user_id=user) as session:
+        return [m.text for m in session.state["in_memory"]["messages"]]
+
+
+async def _orphan(store: Store) -> None:
+    """A base removed under its live branch, as no operation of the store does (its deletes keep branches whole)."""
+    async with store.engine.begin() as conn:
+        await conn.execute(text("DELETE FROM agent_messages WHERE session_id = 'base'"))
+        await conn.execute(text("DELETE FROM agent_sessions WHERE id = 'base'"))
+
+
+@pytest.mark.parametrize("taker", ["alice", "mallory"])
+async def test_a_branch_never_reads_a_session_that_took_its_bases_id(store: Store, taker: str) -> None:
+    await _say(store, "base", "alice", "alice one", "alice two")
+    await store.fork("base", user_id="alice", at_seq=0, new_id="branch", share=True)
+    assert await _texts(store, "branch", "alice") == ["alice one"]
+    await _orphan(store)
+    await _say(store, "base", taker, f"{taker} secret one", f"{taker} secret two")  # a new incarnation of the id
+    with pytest.raises(InvalidValueError, match="a base that is gone"):
+        await _texts(store, "branch", "alice")
+    tree = await store.tree("base", user_id=taker)
+    assert [node.session_id for node in tree] == ["base"]  # the branch is not the new session's either
+    assert await _texts(store, "base", taker) == [f"{taker} secret one", f"{taker} secret two"]
+
+
+async def test_a_branch_records_the_incarnation_it_was_made_on(store: Store) -> None:
+    await _say(store, "base", "u", "one")
+    await store.fork("base", user_id="u", new_id="branch", share=True)
+    (made,) = await rows(store, "SELECT b.base_incarnation, s.incarnation FROM agent_sessions b "
+                                "JOIN agent_sessions s ON s.id = b.base_id WHERE b.id = 'branch'")  # fmt: skip
+    assert made[0] is not None and made[0] == made[1]
+    async with store.engine.begin() as conn:  # the same id, the same user, another incarnation
+        await conn.execute(text("UPDATE agent_sessions SET incarnation = incarnation + 1 WHERE id = 'base'"))
+    with pytest.raises(InvalidValueError, match="a base that is gone"):
+        await _texts(store, "branch", "u")
+    async with store.engine.begin() as conn:  # a branch made before 0027 (no incarnation): checked by id and user
+        await conn.execute(text("UPDATE agent_sessions SET base_incarnation = NULL WHERE id = 'branch'"))
+    assert await _texts(store, "branch", "u") == ["one"]
+
+
+async def test_an_export_of_an_orphan_is_not_grafted_onto_a_session_that_took_the_id(store: Store) -> None:
+    await _say(store, "base", "alice", "alice one")
+    await store.fork("base", user_id="alice", new_id="branch", share=True)
+    await _orphan(store)
+    await _say(store, "base", "alice", "another one")
+    lines = [line async for line in store.export(user_id="alice", session_id="branch")]
+    async with store.engine.begin() as conn:
+        await conn.execute(text("DELETE FROM agent_sessions WHERE id = 'branch'"))
+    with pytest.raises(InvalidValueError, match=r"base_history|not the one it was exported with"):
+        await store.import_lines(lines)
