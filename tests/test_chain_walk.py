@@ -68,3 +68,22 @@ async def test_an_export_of_an_orphan_is_not_grafted_onto_a_session_that_took_th
         await conn.execute(text("DELETE FROM agent_sessions WHERE id = 'branch'"))
     with pytest.raises(InvalidValueError, match=r"base_history|not the one it was exported with"):
         await store.import_lines(lines)
+
+
+async def test_the_upgrade_gives_a_branch_that_outlived_its_base_no_base(store: Store) -> None:
+    """Found by an outside review: 0027's backfill left such a branch without an incarnation, which every walk
+    then checked by id and user only, so the next session of that id became its base (and deleted it)."""
+    await _say(store, "base", "alice", "alice one", "alice two")
+    await store.fork("base", user_id="alice", at_seq=0, new_id="branch", share=True)
+    await store.fork("base", user_id="alice", at_seq=0, new_id="whole", share=True)
+    await store.downgrade("0026")
+    async with store.engine.begin() as conn:  # the orphan of a partial restore, at 0026
+        await conn.execute(text("UPDATE agent_sessions SET base_id = 'gone' WHERE id = 'branch'"))
+    await store.migrate()
+    assert await _texts(store, "whole", "alice") == ["alice one"]  # a branch whose base is there: its incarnation
+    await _say(store, "gone", "alice", "NEW SESSION one", "NEW SESSION two")
+    with pytest.raises(InvalidValueError, match="a base that is gone"):
+        await _texts(store, "branch", "alice")
+    assert [node.session_id for node in await store.tree("gone", user_id="alice")] == ["gone"]
+    await store.delete("gone", user_id="alice")
+    assert await rows(store, "SELECT id FROM agent_sessions WHERE id = 'branch'") == [("branch",)]
