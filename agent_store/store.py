@@ -220,13 +220,16 @@ class Store:
     async def search(
         self, query: str, *, user_id: str | None = None, all_users: bool = False, session_id: str | None = None,
         agent_id: str | None = None, limit: int = 20, cursor: str | None = None, ranking: str = "auto",
+        min_score: float | None = None,
     ) -> SearchPage:  # fmt: skip
         """Messages of ``user_id``'s sessions (``all_users``: every user's, an operator's) that match ``query``,
         best first (``agent_store.search``): words, ``"phrases"``, ``OR``, ``-exclusions``; Chinese inside words.
-        ``ranking``: ``keyword``, ``vector``, ``hybrid`` (both, fused), or ``auto`` (hybrid with an embedder)."""
+        ``ranking``: ``keyword``, ``vector``, ``hybrid`` (both, fused), or ``auto`` (hybrid with an embedder).
+        ``min_score``: by meaning, the lowest cosine similarity a hit found by meaning alone may have (each hit's
+        ``similarity`` says its own); a question of any length by meaning (the words' leg takes its longest terms)."""
         return await hybrid.search(
             self.db, self.embeddings, query, ranking=ranking, user_id=user_id, session_id=session_id,
-            agent_id=agent_id, limit=limit, cursor=cursor, all_users=all_users,
+            agent_id=agent_id, limit=limit, cursor=cursor, all_users=all_users, min_score=min_score,
         )  # fmt: skip
 
     async def get(self, session_id: str, *, user_id: str | None = None) -> SessionInfo:

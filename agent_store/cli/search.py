@@ -37,26 +37,35 @@ EMBEDDERS = ["wordllama", "e5"]  # the offline ones (agent_store/search/embedder
               help="By words, by meaning (needs `agent-store embed` first), or both fused.")
 @click.option("--embedder", type=click.Choice(EMBEDDERS), default="wordllama", show_default=True,
               help="The offline embedder the vectors were made with (--ranking vector or hybrid).")
+@click.option("--min-score", type=click.FloatRange(-1, 1), default=None,
+              help="By meaning: drop hits found by meaning alone below this cosine similarity (SCORE).")
 @url_option
 @json_option
 @runs_async
 async def search(query: str, user_id: str | None, all_users: bool, session_id: str | None, agent_id: str | None,
-                 limit: int, cursor: str | None, ranking: str, embedder: str, url: str | None,
-                 as_json: bool) -> None:  # fmt: skip
+                 limit: int, cursor: str | None, ranking: str, embedder: str, min_score: float | None,
+                 url: str | None, as_json: bool) -> None:  # fmt: skip
     """Messages matching QUERY: words, "phrases", OR, -exclusions; Chinese matches inside words."""
     if (user_id is None) == (not all_users):
         raise click.UsageError("give --user ID, or --all-users to search every user's messages")
     async with open_store(url, embedder=None if ranking == "keyword" else embedder) as store:
         page = await store.search(query, user_id=user_id, all_users=all_users, session_id=session_id,
-                                  agent_id=agent_id, limit=limit, cursor=cursor, ranking=ranking)  # fmt: skip
+                                  agent_id=agent_id, limit=limit, cursor=cursor, ranking=ranking,
+                                  min_score=min_score)  # fmt: skip
     if page.ranking != ranking:  # hybrid with no vector yet ranks by words: say so, on stderr (JSON stays clean)
         click.echo("ranked by words only: no message has a vector yet (run `agent-store embed`)", err=True)
     if as_json:
         print_json(page.model_dump(mode="json"))
         return
+    scored = page.ranking != "keyword"  # the similarity by meaning ("-": found by its words only)
     rows = [[h.session_id, *([h.user_id] if all_users else []), h.seq, h.role, f"{h.created_at:%Y-%m-%d %H:%M}",
+             *([f"{h.similarity:.2f}" if h.similarity is not None else "-"] if scored else []),
              marked(h.snippet, h.marks)] for h in page.items]  # fmt: skip
-    print_table(["SESSION", *(["USER"] if all_users else []), "SEQ", "ROLE", "WHEN (UTC)", "MATCH"], rows)
+    print_table(["SESSION", *(["USER"] if all_users else []), "SEQ", "ROLE", "WHEN (UTC)",
+                 *(["SCORE"] if scored else []), "MATCH"], rows)  # fmt: skip
+    if not page.items and page.ranking == "keyword":  # words found nothing: say how to search by meaning
+        click.echo("no message has all these words. To search by meaning: `agent-store embed`, then search again "
+                   "with --ranking hybrid", err=True)  # fmt: skip
     if page.next_cursor:
         click.echo(f"more: --cursor {page.next_cursor}")
 

@@ -38,20 +38,29 @@ M, S = keyword.M, keyword.S
 async def search(db: Database, embeddings: Embeddings, query_text: str, *, ranking: str, user_id: str | None,
                  session_id: str | None = None, agent_id: str | None = None, limit: int = 20,
                  cursor: str | None = None, exclude_session_id: str | None = None,
-                 visible_to_agent: str | None = None, all_users: bool = False) -> SearchPage:  # fmt: skip
+                 visible_to_agent: str | None = None, all_users: bool = False,
+                 min_score: float | None = None) -> SearchPage:  # fmt: skip
+    """``min_score``: a cosine similarity below which a message found by meaning alone is dropped (-1 to 1; a
+    message the words found stays). A question of any length: the words' leg takes its longest terms."""
     if ranking not in RANKINGS:
         raise InvalidValueError(f"ranking must be one of {', '.join(RANKINGS)}, not {ranking!r}"[:200])
     if ranking == "auto":
         ranking = "hybrid" if embeddings.enabled else "keyword"
     scope: dict[str, Any] = {"user_id": user_id, "session_id": session_id, "agent_id": agent_id,
              "exclude_session_id": exclude_session_id, "visible_to_agent": visible_to_agent, "all_users": all_users}
+    if min_score is not None and (isinstance(min_score, bool) or not isinstance(min_score, int | float)
+                                  or not -1.0 <= min_score <= 1.0):  # fmt: skip
+        raise InvalidValueError("min_score is a cosine similarity, a number from -1 to 1")
     if ranking == "keyword":
+        if min_score is not None:
+            raise InvalidValueError("min_score applies to search by meaning (ranking 'vector', 'hybrid' or 'auto')")
         return await keyword.search(db, query_text, limit=limit, cursor=cursor, **scope)
     if cursor is not None:
         raise InvalidValueError(f"{ranking} search returns one page (no cursor); ask for up to 100 hits with limit")
     codec.check_int(limit, "limit", low=1, high=101)  # at most 100 (the bound is exclusive)
-    where, parsed = keyword.scoped(**scope), keyword.parse(query_text)
-    by_terms = None if ranking == "vector" else await keyword.search(db, query_text, limit=POOL, cursor=None, **scope)
+    where, parsed = keyword.scoped(**scope), keyword.parse(query_text, max_terms=None)
+    by_terms = None if ranking == "vector" else await keyword.search(
+        db, query_text, limit=POOL, cursor=None, parsed=keyword.focus(parsed), **scope)  # fmt: skip
     words = by_terms.items if by_terms is not None else []
     try:
         meaning = await embeddings.nearest(" ".join(parsed.terms), where, POOL)
@@ -59,7 +68,7 @@ async def search(db: Database, embeddings: Embeddings, query_text: str, *, ranki
         if ranking == "vector":
             raise
         meaning, ranking = [], "keyword"  # no vectors yet: the words' ranking, and the page says so
-    similar = {(sid, seq): score for sid, seq, score in meaning}
+    similar = {(sid, seq): score for sid, seq, score in meaning if min_score is None or score >= min_score}
     by_words = [(h.session_id, h.seq) for h in words]  # already scoped and filtered by keyword search
     rows = await _rows(db, [k for k in similar if k not in set(by_words)], where, parsed)
     fused: dict[tuple[str, int], float] = {}
@@ -68,7 +77,7 @@ async def search(db: Database, embeddings: Embeddings, query_text: str, *, ranki
             fused[key] = fused.get(key, 0.0) + 1.0 / (RRF_K + place + 1)
     hits = {(h.session_id, h.seq): h for h in words}
     for key, row in rows.items():
-        text, marks = keyword.snippet(row.text, parsed)
+        text, marks = keyword.snippet(row.text, parsed, whole_words=True)  # found by meaning alone
         hits[key] = SearchHit(
             session_id=row.session_id, seq=row.seq, role=row.role, author_name=row.author_name,
             created_at=row.created_at, title=row.title, user_id=row.user_id, snippet=text, marks=marks, rank=0,

@@ -78,8 +78,9 @@ class Query:
         return [t for clause in self.clauses for t in clause]
 
 
-def parse(text: str) -> Query:
-    """Terms, phrases, ``OR`` and ``-exclusions``; anything else is a literal term (``"``, ``*``, ``NEAR(``)."""
+def parse(text: str, *, max_terms: int | None = MAX_TERMS) -> Query:
+    """Terms, phrases, ``OR`` and ``-exclusions``; anything else is a literal term (``"``, ``*``, ``NEAR(``).
+    ``max_terms`` None: any number (a question for search by meaning; :func:`focus` picks the words' terms)."""
     if not isinstance(text, str):
         raise InvalidValueError(f"query must be text, not {type(text).__name__}")
     if len(text) > MAX_QUERY:
@@ -111,9 +112,26 @@ def parse(text: str) -> Query:
     query = Query(clauses, excluded)
     if not clauses:
         raise InvalidValueError("a search needs at least one term to find (exclusions alone match everything)")
-    if len(query.terms) + len(excluded) > MAX_TERMS:
-        raise InvalidValueError(f"a search takes at most {MAX_TERMS} terms")
+    if max_terms is not None and len(query.terms) + len(excluded) > max_terms:
+        raise InvalidValueError(f"a search by words takes at most {max_terms} terms (search by meaning, ranking "
+                                "'hybrid' or 'vector', takes a question of any length)")  # fmt: skip
     return query
+
+
+def focus(query: Query, max_terms: int = MAX_TERMS) -> Query:
+    """The words' leg of a long question: every exclusion, and the clauses holding its longest terms (the ones
+    most likely to be names, codes and rare words), in the question's order, at most ``max_terms`` terms in all."""
+    room = max_terms - len(query.excluded)
+    if room < 1:
+        raise InvalidValueError(f"a search takes at most {max_terms - 1} exclusions")
+    if len(query.terms) <= room:
+        return query
+    by_length = sorted(range(len(query.clauses)), key=lambda n: -max(len(t) for t in query.clauses[n]))
+    kept: set[int] = set()
+    for n in by_length:
+        if sum(len(query.clauses[k]) for k in kept) + len(query.clauses[n]) <= room:
+            kept.add(n)
+    return Query([clause for n, clause in enumerate(query.clauses) if n in kept], list(query.excluded))
 
 
 def short_word(term: str) -> bool:
@@ -170,11 +188,14 @@ def _decode(cursor: str) -> tuple[int, datetime, str, int]:
         raise InvalidValueError("cursor is not one this store handed out") from exc
 
 
-def snippet(text: str, query: Query) -> tuple[str, list[tuple[int, int]]]:
-    """Up to SNIPPET characters around the first match, and where each match is in it (start, end)."""
+def snippet(text: str, query: Query, *, whole_words: bool = False) -> tuple[str, list[tuple[int, int]]]:
+    """Up to SNIPPET characters around the first match, and where each match is in it (start, end).
+    ``whole_words``: a hit found by meaning alone marks only the question's whole words (never "off[sit]e"); a
+    term in a script written without spaces (Chinese, Japanese) is a word wherever it is."""
     spans: list[tuple[int, int]] = []
     for term in query.terms:
-        pattern = text_match.word_pattern(term) if short_word(term) else re.compile(re.escape(term), re.IGNORECASE)
+        whole = short_word(term) or (whole_words and not _unspaced(term))
+        pattern = text_match.word_pattern(term) if whole else re.compile(re.escape(term), re.IGNORECASE)
         spans += [m.span() for m in pattern.finditer(text)]
     spans.sort()
     first = spans[0][0] if spans else 0
@@ -190,6 +211,11 @@ def snippet(text: str, query: Query) -> tuple[str, list[tuple[int, int]]]:
             else:
                 marks.append((a, b))
     return lead + text[start:end] + ("…" if end < len(text) else ""), marks
+
+
+def _unspaced(term: str) -> bool:
+    """A term with a character of a script written without spaces between words (CJK ideographs, kana, hangul)."""
+    return any("\u3040" <= c <= "\u30ff" or "\u3400" <= c <= "\u9fff" or "\uac00" <= c <= "\ud7af" for c in term)
 
 
 def scoped(*, user_id: str | None, session_id: str | None, agent_id: str | None, exclude_session_id: str | None,
@@ -217,12 +243,13 @@ def scoped(*, user_id: str | None, session_id: str | None, agent_id: str | None,
 async def search(
     db: Database, query_text: str, *, user_id: str | None, session_id: str | None, agent_id: str | None, limit: int,
     cursor: str | None, exclude_session_id: str | None = None, visible_to_agent: str | None = None,
-    all_users: bool = False,
+    all_users: bool = False, parsed: Query | None = None,
 ) -> SearchPage:  # fmt: skip
+    """``parsed``: the query already parsed (hybrid.py's words' leg of a longer question), else ``query_text``'s."""
     scope = scoped(user_id=user_id, session_id=session_id, agent_id=agent_id,
                    exclude_session_id=exclude_session_id, visible_to_agent=visible_to_agent, all_users=all_users)
     codec.check_int(limit, "limit", low=1, high=1001)
-    query = asked = parse(query_text)
+    query = asked = parse(query_text) if parsed is None else parsed
     after = _decode(cursor) if cursor is not None else None
     cipher = None
     if db.settings.keys is not None:  # sealed messages: their terms' tokens under the user's keys (db/sealing.py)
