@@ -87,3 +87,43 @@ async def test_the_upgrade_gives_a_branch_that_outlived_its_base_no_base(store: 
     assert [node.session_id for node in await store.tree("gone", user_id="alice")] == ["gone"]
     await store.delete("gone", user_id="alice")
     assert await rows(store, "SELECT id FROM agent_sessions WHERE id = 'branch'") == [("branch",)]
+
+
+async def test_an_import_refuses_a_base_rewritten_under_the_same_message_ids(store: Store) -> None:
+    """Found by an outside review: the branch's digest was of message ids alone, and a client can send a stored
+    message (its id with it) again after a truncate: the import grafted the branch onto other texts."""
+    await _say(store, "b", "alice", "one", "two", "three")
+    await store.fork("b", user_id="alice", at_seq=1, new_id="br", share=True)
+    await _say(store, "br", "alice", "branch turn")
+    lines = [line async for line in store.export(user_id="alice", session_id="br")]
+    async with store.session("b", user_id="alice") as session:
+        two = session.state["in_memory"]["messages"][1]
+    await store.delete("br", user_id="alice")
+    await store.truncate("b", 0, user_id="alice")
+    async with store.session("b", user_id="alice") as session:  # "two" again, under its id, with another text
+        session.state["in_memory"]["messages"].append(
+            Message(role="user", contents=["CHANGED TWO"], additional_properties=dict(two.additional_properties)))
+    (stored,) = await rows(store, "SELECT message_id FROM agent_messages WHERE session_id = 'b' AND seq = 1")
+    assert stored[0] == two.additional_properties["agent_store_id"]  # the id was taken again
+    with pytest.raises(InvalidValueError, match="not the one it was exported with"):
+        await store.import_lines(lines)
+    assert await rows(store, "SELECT id FROM agent_sessions WHERE id = 'br'") == []
+
+
+async def test_an_export_from_before_texts_were_digested_still_imports_onto_its_base(store: Store) -> None:
+    import json
+
+    from agent_store.operations import import_trees
+
+    await _say(store, "b", "alice", "one", "two")
+    await store.fork("b", user_id="alice", at_seq=0, new_id="br", share=True)
+    async with store.engine.connect() as conn:
+        ids_only = await import_trees.inherited(conn, "br", texts=False)
+    lines = [line async for line in store.export(user_id="alice", session_id="br")]
+    session = json.loads(lines[1])
+    assert session["row"]["base_history"].startswith(import_trees.WITH_TEXTS)
+    session["row"]["base_history"] = ids_only  # as an earlier release wrote it
+    lines[1] = json.dumps(session)
+    await store.delete("br", user_id="alice")
+    report = await store.import_lines(lines)
+    assert report.imported == 1 and await _texts(store, "br", "alice") == ["one"]

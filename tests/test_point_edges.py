@@ -249,3 +249,41 @@ async def test_search_finds_a_shared_message_once_under_the_session_that_holds_i
     own = await store.search("b1", user_id="u")
     assert [(h.session_id, h.seq) for h in own.items] == [(branch, 1)]
     assert (await store.search("b1", user_id="someone")).items == []
+
+
+async def test_a_base_deleted_and_started_again_before_its_branch_is_made_is_a_conflict(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:  # fmt: skip
+    """Found by an outside review: between a set()'s commit finding the head moved and the branch's transaction,
+    the conversation was deleted and a new one started under its id: the branch was made on the new one."""
+    sessions = StoreSessionStore(store, user_id="u")
+    await _chain(sessions, "r1", "r2", "r3", "r4")
+    loaded = await sessions.get("r3")
+    assert loaded is not None and _texts(loaded) == ["to r2", "to r3"]
+    conversation = (await store.tree("r1", user_id="u"))[0].session_id
+    opened = store.db.transaction
+
+    def interleaved(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("doing") != "branching a conversation":
+            return opened(*args, **kwargs)
+
+        class Then:
+            async def __aenter__(self) -> Any:
+                await store.delete(conversation, user_id="u")
+                async with store.session(conversation, user_id="u") as new:
+                    new.state["in_memory"]["messages"] += [Message(role="user", contents=["NEW SECRET"]),
+                                                           *loaded.state["in_memory"]["messages"][1:2]]  # fmt: skip
+                self.inner = opened(*args, **kwargs)
+                return await self.inner.__aenter__()
+
+            async def __aexit__(self, *exc: Any) -> Any:
+                return await self.inner.__aexit__(*exc)
+
+        return Then()
+
+    monkeypatch.setattr(store.db, "transaction", interleaved)
+    _say(loaded, "to r5")
+    with pytest.raises(ConflictError, match="cut"):
+        await sessions.set("r5", loaded)
+    monkeypatch.undo()
+    assert await sessions.get("r5") is None

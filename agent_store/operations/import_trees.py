@@ -77,38 +77,42 @@ def check_row(kind: str, values: dict[str, Any], max_bytes: int) -> None:
 
 
 BASE_HISTORY = "base_history"  # a branch's session line: the digest of what it reads of its bases (inherited)
+WITH_TEXTS = "2:"  # a digest of each message's id, role and text (an export before it: ids alone)
 
 
 def carry_base_history(values: dict[str, Any], row: dict[str, Any]) -> None:
     """A branch's session line carries its digest (checked here, compared by check_tree, never stored)."""
     if (digest := row.get(BASE_HISTORY)) is not None:
-        if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
+        hexa = digest.removeprefix(WITH_TEXTS) if isinstance(digest, str) else None
+        if not (hexa is not None and len(hexa) == 64 and all(c in "0123456789abcdef" for c in hexa)):
             raise InvalidValueError("session.base_history must be a SHA-256 in hex")
         values[BASE_HISTORY] = digest
 
 
-async def inherited(conn: AsyncConnection, branch_id: str) -> str:
+async def inherited(conn: AsyncConnection, branch_id: str, *, texts: bool = True) -> str:
     """A digest of the history the branch ``branch_id`` reads from its bases, through every base of the chain (each
-    message's store id, in order): an export carries it, an import compares it ("" for a chain that is not whole
-    here, by the walk's one rule, or that comes back to the branch). Ids, not texts: a base truncated and written
-    again has other messages, the same count."""
+    message's store id, role and text, in order; ``texts`` False: ids alone, as an export before WITH_TEXTS): an
+    export carries it, an import compares it ("" for a chain that is not whole here, by the walk's one rule, or
+    that comes back to the branch). Texts too, not a count or ids alone: a base truncated and written again has
+    other messages, perhaps under the same ids (found by an outside review: a client can send a stored id again)."""
     M = messages_t.c
-    parts: list[list[str]] = []
+    parts: list[list[bytes]] = []
     chain = await chains.chain_of(conn, branch_id)  # the branch, then the bases it reads (db/chains.py)
     if len(chain) < 2 or chain[-1].base_id is not None or any(row.id == branch_id for row in chain[1:]):
         return ""  # not whole here (gone, taken again, too deep, another's), or a cycle through the branch
     end = chain[0].base_seq
     for row in chain[1:]:
         low = row.base_seq or 0
-        found = await conn.execute(select(M.message_id).where(M.session_id == row.id, M.seq >= low, M.seq < end)
-                                   .order_by(M.seq))  # fmt: skip
-        parts.append(list(found.scalars()))
+        found = await conn.execute(select(M.message_id, M.role, M.text)
+                                   .where(M.session_id == row.id, M.seq >= low, M.seq < end).order_by(M.seq))
+        parts.append([(json.dumps([r.message_id, r.role, r.text]) if texts else r.message_id).encode() + b"\n"
+                      for r in found])  # fmt: skip
         end = low
     digest = hashlib.sha256()
-    for ids in reversed(parts):  # oldest part first
-        for message_id in ids:
-            digest.update(message_id.encode() + b"\n")
-    return digest.hexdigest()
+    for lines in reversed(parts):  # oldest part first
+        for line in lines:
+            digest.update(line)
+    return (WITH_TEXTS if texts else "") + digest.hexdigest()
 
 
 async def check_tree(conn: AsyncConnection, session: dict[str, Any], rest: list[tuple[str, dict[str, Any]]],
@@ -131,7 +135,7 @@ async def check_tree(conn: AsyncConnection, session: dict[str, Any], rest: list[
                                     "export it again with this agent_store, with its base")  # fmt: skip
         # the base it reads is the one here (db/chains.py): never an incarnation of another database
         await conn.execute(update(sessions_t).where(S.id == sid).values(base_incarnation=base.incarnation))
-        if await inherited(conn, sid) != base_history:
+        if await inherited(conn, sid, texts=base_history.startswith(WITH_TEXTS)) != base_history:
             raise InvalidValueError(f"{where}: its base's history here is not the one it was exported with (the "
                                     "base changed since, or it reads through itself): import the base as it was, or "
                                     "start the branch anew")  # fmt: skip

@@ -254,6 +254,9 @@ async def _still_there(conn: AsyncConnection, run: Run, point: Point, base: Any)
     deleted meanwhile: that takes the key, not the history, and a turn already continuing from it lands (as in the
     framework's in-memory store, where a request holds its own copy)."""
     gone = point.seq_end > base.next_seq
+    if not gone and point.seq_end > (base.base_seq or 0):  # it reads some of the base: the session the run loaded
+        # (found by an outside review: a delete and a new session of the id between the run's commit and this)
+        gone = base.incarnation != run._snapshot.incarnation
     if not gone and point.seq_end > (base.base_seq or 0):  # its last message is still the one the run loaded
         last = (await conn.execute(select(_M.message_id).where(_M.session_id == point.session_id,
                                                                _M.seq == point.seq_end - 1))).scalar()  # fmt: skip
