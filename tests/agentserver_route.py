@@ -29,7 +29,7 @@ from agent_store.offline import OfflineChatClient
 def host(store: Store, source: str) -> ResponsesHostServer:
     return ResponsesHostServer(
         Agent(client=OfflineChatClient(), name="Assistant"),
-        response_store=StoreResponseProvider(store),
+        response_store=StoreResponseProvider(store, transcript=source != "agent"),  # ("agent": its sessions hold it)
         agent_session_store_provider=StoreSessionStoreProvider(store),
         checkpoint_store_provider=StoreCheckpointStoreProvider(store),
         history_source=source,  # "agent_server": the response store's items; "agent": the session's messages

@@ -12,13 +12,13 @@ context, or none sent, is the unscoped partition ``""`` (local development), whi
 a user's calls never read it. A header sent empty is refused (``InvalidValueError``): it names nobody.
 ``erase_user(user_id)`` deletes that partition's rows.
 
-Tables of their own, not the store's sessions: a Responses server keeps OpenAI-shaped items under its own ids, with
-envelopes whose status moves, not the framework's ``Message``s; converting would lose what it hands back verbatim.
-A response that continues a history read before an erasure of its user is refused (fence.py).
+Tables of their own (items handed back verbatim, envelopes whose status moves); each ended response is also in the
+store's transcript (served_transcripts.py). Continuing a history read before its user's erasure is refused (fence.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -30,6 +30,7 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from agent_store.agent_framework import served_transcripts
 from agent_store.agentserver import history as chains
 from agent_store.agentserver import seals
 from agent_store.agentserver.fence import HostedReads
@@ -78,18 +79,18 @@ def _in_partition(method: Callable[..., Awaitable[Result]]) -> Callable[..., Awa
 
 def _usable(response_id: Any) -> bool:
     """An id a row can have (a read of anything else finds nothing, as for an unknown id)."""
-    try:
+    with contextlib.suppress(InvalidValueError):  # (the refusal is the answer: not found)
         codec.check_id(response_id, "response id", required=True)
-    except InvalidValueError:
-        return False
-    return True
+        return True
+    return False
 
 
 class StoreResponseProvider:
     """``ResponseProviderProtocol`` on the store's tables (see the module docstring)."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, *, transcript: bool = True) -> None:  # transcript: served_transcripts.py
         self.store, self.db, self._reads = store, store.db, HostedReads()  # the erasure fence (fence.py)
+        self.transcript = transcript
 
     # -- writes ---------------------------------------------------------------------------------------------
 
@@ -136,6 +137,7 @@ class StoreResponseProvider:
             links += chains.link_rows(user, rid, "o", [i for i, _, _ in outputs])
             if links:
                 await conn.execute(hosted_links_t.insert(), links)
+        await served_transcripts.after_write(self, user, rid)
 
     @_in_partition
     async def update_response(self, response: Any, *, context: PlatformContext | None = None) -> None:
@@ -160,6 +162,7 @@ class StoreResponseProvider:
             await self._put_items(conn, user, outputs)
             await conn.execute(update(hosted_responses_t).where(R.user_id == user, R.response_id == rid).values(
                 envelope=envelope, status=_status(response), updated_at=datetime.now(UTC)))  # fmt: skip
+        await served_transcripts.after_write(self, user, str(rid))
 
     @_in_partition
     async def delete_response(self, response_id: str, *, context: PlatformContext | None = None) -> None:
@@ -324,5 +327,4 @@ def _conversation_of(response: Mapping[str, Any]) -> str | None:
 
 
 def _status(response: Mapping[str, Any]) -> str | None:
-    status = response.get("status")
-    return str(status)[:64] if status is not None else None
+    return None if (status := response.get("status")) is None else str(status)[:64]

@@ -13,7 +13,7 @@ from agent_store.cli.backup import backup, erasures, restore
 from agent_store.cli.checkpoints import checkpoints
 from agent_store.cli.keys import keys
 from agent_store.cli.rls import rls
-from agent_store.cli.search import embed, search, ui
+from agent_store.cli.search import embed, search, transcribe, ui
 from agent_store.cli.sessions import clear, close, delete, fork, sessions, show, tree, truncate, update
 from agent_store.cli.support import (
     Commands,
@@ -142,5 +142,5 @@ async def stats(url: str | None, as_json: bool) -> None:
 
 for command in (sessions, show, fork, tree, truncate, clear, close, delete, update, export, import_, purge, erase_user,
                 checkpoints, search, embed, ui, usage, budget, price, backup, restore, erasures, rls,
-                keys):  # fmt: skip
+                keys, transcribe):  # fmt: skip
     main.add_command(command)

@@ -156,3 +156,17 @@ def _listen(host: str, port: int) -> socket.socket:
         raise ConfigurationError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
     listener.setblocking(False)
     return listener
+
+
+@click.command()
+@click.option("--limit", type=click.IntRange(1, 100_000), default=500, show_default=True,
+              help="Served responses written at most in this run.")
+@url_option
+@runs_async
+async def transcribe(limit: int, url: str | None) -> None:
+    """Write the ended responses of a self-hosted Responses server that are not in the transcript yet (a process
+    stopped between a response and its turn, or they were served before migration 0028). Safe to run again."""
+    from agent_store.agent_framework.served_transcripts import transcribe_pending
+
+    async with open_store(url) as store:
+        click.echo(f"transcribed {await transcribe_pending(store, limit=limit)} served responses")

@@ -113,7 +113,9 @@ async def show(url: str | None, user_id: str | None, session_id: str, as_json: b
     click.echo(f"session {info.id}  user {info.user_id or '-'}  {info.message_count} messages  {info.status}")
     if info.title:
         click.echo(f"title: {info.title}")
-    for m in records:
+    for n, m in enumerate(records):
+        if m.session_id != (records[n - 1].session_id if n else session_id):  # a branch: whose messages these are
+            click.echo(f"{'':>5}  -- {'its base ' + m.session_id if m.session_id != session_id else 'its own'} --")
         who = f"{m.role} ({m.author_name})" if m.author_name and m.role != "tool" else m.role
         for i, line in enumerate(_describe(m.body) or [""]):
             click.echo(f"{m.seq:>5}  {who:<22} {line}" if i == 0 else f"{'':>5}  {'':<22} {line}")

@@ -17,7 +17,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import BigInteger, ForeignKeyConstraint, Index, Integer, String, Table, func
+from sqlalchemy import BigInteger, Boolean, ForeignKeyConstraint, Index, Integer, String, Table, false, func, text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from agent_store.db.column_types import JsonText, UTCDateTime
@@ -75,10 +75,13 @@ class HostedResponseRow(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
     deleted_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    transcribed: Mapped[bool] = mapped_column(Boolean, server_default=false())  # its turn is in the transcript (0028)
 
     __table_args__ = (
         Index("ix_agent_hosted_responses_conversation", "user_id", "conversation_id", "created_seq"),
         Index("ix_agent_hosted_responses_history_from", "user_id", "history_from"),
+        Index("ix_agent_hosted_responses_untranscribed", "created_seq", postgresql_where=text("NOT transcribed"),
+              sqlite_where=text("NOT transcribed")),
         {"sqlite_with_rowid": False},
     )
 

@@ -48,7 +48,7 @@ from agent_store.db.vector_tables import profiles_t as profiles_t
 from agent_store.db.vector_tables import vectors_t as vectors_t
 
 # The Alembic revision this code expects; tests/test_migrations.py pins it to the scripts' head.
-SCHEMA_REVISION = "0027"
+SCHEMA_REVISION = "0028"
 
 
 class SessionRow(Base):

@@ -158,14 +158,21 @@ async def messages(
 ) -> list[MessageRecord]:
     """A page of a transcript. ``sealed_ok`` (the browser): an encrypted message the store has no cipher for, or
     one it cannot open (a key gone, content moved or put there in clear), comes back with an empty body marked
-    ``"encrypted": true`` and no text (a sealed message's text column is its blind index) instead of raising."""
+    ``"encrypted": true`` and no text (a sealed message's text column is its blind index) instead of raising.
+    A branch's transcript is what it reads: its bases' messages before it begins (each record's ``session_id``
+    says whose), then its own."""
     codec.check_int(after_seq, "after_seq", low=-1, high=codec.INT32)
     codec.check_int(limit, "limit", low=1, high=10_001)
     M = messages_t.c
     async with db.transaction(write=False, replica=True, doing="reading messages") as conn:
         if (await conn.execute(select(S.id).where(*owned(session_id, user_id)))).first() is None:
             raise not_found(session_id, user_id)
-        query = select(messages_t).where(M.session_id == session_id, M.seq > after_seq).order_by(M.seq).limit(limit)
+        parts, end = [], None
+        for row in await chains.chain_of(conn, session_id):  # its own rows, then each base's part (db/chains.py)
+            low = row.base_seq or 0 if row.base_id is not None else 0
+            parts.append(and_(M.session_id == row.id, M.seq >= low, *([M.seq < end] if end is not None else [])))
+            end = low
+        query = select(messages_t).where(or_(*parts), M.seq > after_seq).order_by(M.seq).limit(limit)
         rows = (await conn.execute(query)).mappings().all()
     cipher = await sealing.cipher_for(db, user_id)
     return [_record(row, cipher, sealed_ok) for row in rows]

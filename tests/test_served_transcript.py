@@ -1,0 +1,117 @@
+"""One transcript (issue 58 item 5): a conversation served by the self-hosted Responses server, over its real HTTP
+route (agentserver_route.py), is in the store's own messages: the README's SQL, `agent-store sessions` / `show` /
+`search`, the browser, search by meaning, and erasure see it, while the server keeps its items byte for byte. A
+chain is one session, a second continuation of a response the store's branch, a conversation its own session;
+a turn a process failed to transcribe is written once by `agent-store transcribe`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from agentserver_route import ask, text_of
+from cli_support import cli, ok
+from helpers import doc_block, rows
+
+from agent_store import Store
+from agent_store.agent_framework import served_transcripts as transcripts
+
+SQL = doc_block("README.md", "matching").replace("'u1'", "'u'").strip().rstrip(";")
+
+
+async def _transcript(store: Store) -> list[tuple[Any, ...]]:
+    return await rows(store, "SELECT session_id, seq, role, text FROM agent_transcript WHERE user_id = 'u' "
+                             "ORDER BY session_id, seq")  # fmt: skip
+
+
+async def test_a_served_chain_its_branch_and_a_conversation_are_in_the_transcript(
+    store: Store, url: str, tmp_path: Path
+) -> None:  # fmt: skip
+    first = await ask(url, "u", {"input": "我叫李明"})
+    second = await ask(url, "u", {"input": "我叫什么名字？", "previous_response_id": first["id"]})
+    assert text_of(second) == "你叫李明。"
+    await ask(url, "u", {"input": "我叫王芳", "previous_response_id": first["id"]})  # first is not the head: a branch
+    for words in ("hello there", "again"):
+        await ask(url, "u", {"input": words, "conversation": "conv_1"})
+    await ask(url, "v", {"input": "我叫李明 too"})  # another user's
+    chain = transcripts.PREFIX + first["id"]
+    seen = await _transcript(store)
+    said = ["我叫李明", "你好，李明！很高兴认识你。", "我叫什么名字？", "你叫李明。"]
+    assert [(s, n, t) for s, n, _, t in seen if s == chain] == [(chain, n, t) for n, t in enumerate(said)]
+    (branch,) = {s for s, *_ in seen if s not in (chain, "served:conv_1")}
+    assert [t for s, _, _, t in seen if s == branch] == ["我叫王芳", "你好，王芳！很高兴认识你。"]  # its own turn
+    assert await rows(store, "SELECT base_id, base_seq FROM agent_sessions WHERE id = :b", b=branch) == [(chain, 2)]
+    assert [t for s, _, _, t in seen if s == "served:conv_1"][::2] == ["hello there", "again"]
+    assert {r[0] for r in await rows(store, SQL.replace("李明", "王芳"))} == {branch}  # the README's SQL
+    # the CLI: sessions, show (the branch with what it reads of its base), search
+    listed = ok(cli("sessions", "--user", "u", "--json", url=url, cwd=tmp_path))
+    assert {s["id"] for s in json.loads(listed)["items"]} >= {chain, branch, "served:conv_1"}
+    shown = ok(cli("show", branch, "--user", "u", url=url, cwd=tmp_path)).splitlines()
+    own = ["我叫王芳", "你好，王芳！很高兴认识你。"]
+    assert [line.split()[-1] for line in shown[1:]] == ["--", *said[:2], "--", *own]
+    assert f"its base {chain}" in shown[1] and "its own" in shown[4]
+    found = ok(cli("search", "王芳", "--user", "u", url=url, cwd=tmp_path))
+    assert branch in found and "served:" in found and "too" not in found  # never v's
+    # the browser
+    from agent_store.browser.app import create_app
+
+    transport = httpx.ASGITransport(app=create_app(store))
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
+        page = (await client.get("/session", params={"id": chain, "user": "u"})).text
+        seen_by_branch = (await client.get("/session", params={"id": branch, "user": "u"})).text
+    assert "我叫什么名字？" in page and "你叫李明。" in page
+    assert "我叫李明" in seen_by_branch and "its base" in seen_by_branch and "我叫王芳" in seen_by_branch
+    # the server's own items are as it stored them, and erasure takes both
+    assert (await rows(store, "SELECT count(*) FROM agent_hosted_items WHERE user_id = 'u'"))[0][0] >= 10
+    await store.erase_user("u")
+    assert await _transcript(store) == []
+    assert await rows(store, "SELECT count(*) FROM agent_hosted_items WHERE user_id = 'u'") == [(0,)]
+
+
+async def test_search_by_meaning_finds_a_served_turn(url: str, store: Store) -> None:
+    from test_hybrid_search import EMBEDDER
+
+    await ask(url, "u", {"input": "I booked a flight to Paris for Friday"})
+    async with Store.from_url(url, embedder=EMBEDDER) as semantic:
+        assert await semantic.embeddings.backfill() >= 2
+        page = await semantic.search("airplane ticket", user_id="u", ranking="vector", limit=3)
+    assert page.items[0].session_id.startswith(transcripts.PREFIX) and "Paris" in page.items[0].snippet
+
+
+async def test_a_turn_left_out_is_written_once_by_the_sweep(
+    url: str, store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # fmt: skip
+    async def fails(*args: Any) -> bool:
+        raise RuntimeError("the process stopped here")
+
+    monkeypatch.setattr(transcripts, "transcribe", fails)
+    said = await ask(url, "u", {"input": "我叫李明", "conversation": "conv_9"})
+    assert text_of(said) == "你好，李明！很高兴认识你。"  # the caller was answered from the server's own rows
+    monkeypatch.undo()
+    assert await _transcript(store) == []
+    assert "transcribed 1 served responses" in ok(cli("transcribe", url=url, cwd=tmp_path))
+    once = await _transcript(store)
+    assert [t for *_, t in once] == ["我叫李明", "你好，李明！很高兴认识你。"]
+    # its turn written, its mark lost (a process that died between the two): written again, there once
+    await rows(store, "SELECT 1")  # (the store's engine is warm)
+    async with store.engine.begin() as conn:
+        from sqlalchemy import text
+
+        await conn.execute(text("UPDATE agent_hosted_responses SET transcribed = false"))
+    assert await transcripts.transcribe_pending(store) == 1
+    assert await _transcript(store) == once
+    assert await transcripts.transcribe_pending(store) == 0
+
+
+async def test_a_host_whose_agent_sessions_hold_the_messages_shows_each_turn_once(url: str, store: Store) -> None:
+    """history_source="agent": the agent's own sessions hold the turns, and the provider (transcript=False, as
+    docs/serving.md says) writes no second copy."""
+    first = await ask(url, "u", {"input": "我叫李明"}, "agent")
+    await ask(url, "u", {"input": "我叫什么名字？", "previous_response_id": first["id"]}, "agent")
+    seen = await _transcript(store)
+    assert [t for *_, t in seen] == ["我叫李明", "你好，李明！很高兴认识你。", "我叫什么名字？", "你叫李明。"]
+    assert len({s for s, *_ in seen}) == 1  # the agent's one session, each turn once
+    assert await rows(store, "SELECT count(*) FROM agent_sessions WHERE id LIKE 'served:%'") == [(0,)]
