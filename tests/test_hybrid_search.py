@@ -192,8 +192,9 @@ async def test_the_cli_embeds_then_searches_by_meaning(semantic: Store, url: str
     assert "embedded 2 messages (0 without a vector left)" in ok(cli("embed", url=url, cwd=tmp_path))
     found = ok(cli("search", "airplane ticket", "--user", "u", "--ranking", "hybrid", "--json", url=url, cwd=tmp_path))
     assert '"seq": 0' in found.split('"seq": 1')[0]  # the flight first
-    words = cli("search", "airplane ticket", "--user", "u", url=url, cwd=tmp_path)  # keyword: nothing, and a hint
-    assert words.returncode == 0 and "Paris" not in words.stdout and "--ranking hybrid" in words.stderr
+    words = cli("search", "airplane ticket", "--user", "u", "--ranking", "keyword", url=url, cwd=tmp_path)
+    assert words.returncode == 0 and "Paris" not in words.stdout and "--ranking hybrid" in words.stderr  # a hint
+    assert "Paris" in ok(cli("search", "airplane ticket", "--user", "u", url=url, cwd=tmp_path))  # auto: by meaning
 
 
 async def test_a_backfill_killed_midway_resumes_and_writes_each_vector_once(semantic: Store, url: str,

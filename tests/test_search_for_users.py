@@ -1,6 +1,6 @@
 """Search by meaning as a user meets it (issue 59 item 3), on both backends with the offline embedder: a question
-of any length, a similarity cut-off and the score shown, snippets that mark whole words only, and a keyword search
-that finds nothing saying how to search by meaning."""
+of any length, a similarity cut-off and the score shown, snippets that mark whole words only, the CLI ranking by
+meaning by default where the store has vectors, and a search by words that finds nothing saying how to mean."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ async def test_the_cli_shows_the_score_and_says_how_to_search_by_meaning(
     nothing = cli("search", "airplane ticket", "--user", "u", url=url, cwd=tmp_path)
     assert nothing.returncode == 0 and "agent-store embed" in nothing.stderr and "--ranking hybrid" in nothing.stderr
     assert (await semantic.embeddings.backfill()) == 1
-    found = cli("search", "airplane ticket", "--user", "u", "--ranking", "hybrid", url=url, cwd=tmp_path)
+    found = cli("search", "airplane ticket", "--user", "u", url=url, cwd=tmp_path)  # auto: the vectors' embedder
     assert found.returncode == 0, found.stderr
     header, row = found.stdout.splitlines()[:2]
     assert "SCORE" in header and "Denver" in row

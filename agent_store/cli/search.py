@@ -23,6 +23,13 @@ def marked(snippet: str, marks: list[tuple[int, int]]) -> str:
 
 
 EMBEDDERS = ["wordllama", "e5"]  # the offline ones (agent_store/search/embedders.py)
+MODELS = {"wordllama-l2_supercat": "wordllama", "multilingual-e5-small-q4": "e5"}  # their profiles' models
+
+
+async def embedder_in_use(url: str | None) -> str | None:
+    """The offline embedder the store's vectors were made with (the first, by profile name), or None: no vectors."""
+    async with open_store(url) as store:
+        return next((MODELS[m] for m in await store.embeddings.models_in_use() if m in MODELS), None)
 
 
 @click.command()
@@ -33,10 +40,11 @@ EMBEDDERS = ["wordllama", "e5"]  # the offline ones (agent_store/search/embedder
 @click.option("--agent", "agent_id", default=None, help="Only sessions of this agent.")
 @click.option("--limit", type=click.IntRange(1, 1000), default=20, show_default=True)
 @click.option("--cursor", default=None, help="The next_cursor of the previous page (--json prints it).")
-@click.option("--ranking", type=click.Choice(["keyword", "vector", "hybrid"]), default="keyword", show_default=True,
-              help="By words, by meaning (needs `agent-store embed` first), or both fused.")
-@click.option("--embedder", type=click.Choice(EMBEDDERS), default="wordllama", show_default=True,
-              help="The offline embedder the vectors were made with (--ranking vector or hybrid).")
+@click.option("--ranking", type=click.Choice(["auto", "keyword", "vector", "hybrid"]), default="auto",
+              show_default=True, help="By words, by meaning (needs `agent-store embed` first), or both fused; auto: "
+              "both where the store has vectors, else by words.")  # fmt: skip
+@click.option("--embedder", type=click.Choice(EMBEDDERS), default=None,
+              help="The offline embedder the vectors were made with (default: the one the store's vectors are in).")
 @click.option("--min-score", type=click.FloatRange(-1, 1), default=None,
               help="By meaning: drop hits found by meaning alone below this cosine similarity (SCORE).")
 @url_option
@@ -48,11 +56,14 @@ async def search(query: str, user_id: str | None, all_users: bool, session_id: s
     """Messages matching QUERY: words, "phrases", OR, -exclusions; Chinese matches inside words."""
     if (user_id is None) == (not all_users):
         raise click.UsageError("give --user ID, or --all-users to search every user's messages")
-    async with open_store(url, embedder=None if ranking == "keyword" else embedder) as store:
+    chosen = None if ranking == "keyword" else embedder or await embedder_in_use(url)
+    if ranking == "auto" and chosen is None:  # no vectors yet: by words (and, if they find nothing, how to mean)
+        ranking = "keyword"
+    async with open_store(url, embedder=chosen or (None if ranking == "keyword" else "wordllama")) as store:
         page = await store.search(query, user_id=user_id, all_users=all_users, session_id=session_id,
                                   agent_id=agent_id, limit=limit, cursor=cursor, ranking=ranking,
                                   min_score=min_score)  # fmt: skip
-    if page.ranking != ranking:  # hybrid with no vector yet ranks by words: say so, on stderr (JSON stays clean)
+    if ranking != "keyword" and page.ranking == "keyword":  # no vector yet: say so, on stderr (JSON stays clean)
         click.echo("ranked by words only: no message has a vector yet (run `agent-store embed`)", err=True)
     if as_json:
         print_json(page.model_dump(mode="json"))
@@ -65,7 +76,7 @@ async def search(query: str, user_id: str | None, all_users: bool, session_id: s
                  *(["SCORE"] if scored else []), "MATCH"], rows)  # fmt: skip
     if not page.items and page.ranking == "keyword":  # words found nothing: say how to search by meaning
         click.echo("no message has all these words. To search by meaning: `agent-store embed`, then search again "
-                   "with --ranking hybrid", err=True)  # fmt: skip
+                   "(auto ranks by meaning where there are vectors; or --ranking hybrid)", err=True)  # fmt: skip
     if page.next_cursor:
         click.echo(f"more: --cursor {page.next_cursor}")
 
@@ -111,7 +122,8 @@ def loopback(host: str) -> bool:
     help="Link each model call's trace id there: an http(s) URL with {trace_id} in it (Jaeger, Tempo).",
 )
 @click.option("--embedder", type=click.Choice(EMBEDDERS), default=None,
-              help="Rank search by words and meaning with the vectors `agent-store embed` made with it.")
+              help="Rank search by words and meaning with the vectors `agent-store embed` made with it (default: the "
+              "one the store's vectors are in; none: by words).")  # fmt: skip
 @json_option
 def ui(url: str | None, host: str, port: int, token: str | None, allow_hosts: tuple[str, ...], trace_url: str | None,
        embedder: str | None, as_json: bool) -> None:  # fmt: skip
@@ -129,6 +141,7 @@ def ui(url: str | None, host: str, port: int, token: str | None, allow_hosts: tu
     listener = _listen(host, port)  # a port in use: one line, before announcing an address
     bound = f"[{host}]" if ":" in host and not host.startswith("[") else host  # an IPv6 address, as Host gives it
     allowed = [*LOOPBACK_HOSTS, bound, *allow_hosts]
+    embedder = embedder or asyncio.run(embedder_in_use(url))  # search: auto, with the vectors the store has
     app = create_app(open_store(url, embedder=embedder), token=token, owns_store=True, allowed_hosts=allowed,
                      trace_url=trace_url)  # fmt: skip
     port = listener.getsockname()[1]

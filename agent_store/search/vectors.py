@@ -224,13 +224,19 @@ class Embeddings:
         return NotEmbeddedError(f"no message has a vector in profile {self._need().profile.name!r} yet: run "
                                 "`agent-store embed` (or store.embeddings.backfill()) first")
 
-    async def _refuse_other_profiles(self) -> None:
+    async def models_in_use(self) -> list[str]:
+        """The models of the profiles that hold vectors (what ``agent-store search`` ranks with by default)."""
+        return [model for _, model in await self._profiles_in_use()]
+
+    async def _profiles_in_use(self) -> list[tuple[str, str]]:
         used = exists().where(V.profile_id == P.id)  # a profile with vectors: one a failed backfill made is not
         # (nor a framework provider's own vectors, GIVEN: no store embedder's space, agent_framework/vector_records.py)
         async with self.db.transaction(write=False, doing="finding the embedding profiles") as conn:
-            found = select(P.name).where(used, P.version != GIVEN).order_by(P.name)
-            names = list((await conn.execute(found)).scalars())
-        if names:
+            found = select(P.name, P.model).where(used, P.version != GIVEN).order_by(P.name)
+            return [(r.name, r.model) for r in await conn.execute(found)]
+
+    async def _refuse_other_profiles(self) -> None:
+        if names := [name for name, _ in await self._profiles_in_use()]:
             raise EmbeddingProfileError(
                 f"this store's embedder is {self._need().profile.name!r}, but the stored vectors are in {names}: "
                 "open the store with the embedder they were made with, or run a backfill in this profile first")
