@@ -181,6 +181,10 @@ class StoreSessionStore(_SessionStoreBase):
                                                                "one loaded it: load it again") from None  # fmt: skip
             at = run.point or points.Point(key=parent, session_id=run.storage_id, seq_end=snap.end // POSITION_STEP,
                                            version=snap.version, recorded=False, is_head=True)
+            if await points.resolve(self.store.db, session_id, self.user_id) is not None:  # set meanwhile: no
+                run.response, run._key = None, None  # branch left behind for a turn its key refuses
+                raise InvalidValueError(f"response id {session_id!r} already names a point of a conversation; a "
+                                        "point never changes: store the next turn under a new id") from None
             async with self.store.db.transaction(write=True, doing="branching a conversation") as conn:
                 branched = await points.branch(conn, run, at)
             points.adopt(run, branched)  # only once the branch is there: a failed attempt leaves the run as it was

@@ -120,7 +120,7 @@ class StoreResponseProvider:
             row = {"user_id": user, "response_id": rid, "conversation_id": conversation, "previous_id": previous,
                    "status": _status(response), "envelope": envelope, "history_from": source, "history_skip": skip,
                    "history_len": len(history), "created_seq": await self._next_seq(conn, user, conversation),
-                   "created_at": now, "updated_at": now, "deleted_at": None}  # fmt: skip
+                   "created_at": now, "updated_at": now, "deleted_at": None, "transcribed": not self.transcript}
             insert = (postgresql if conn.dialect.name == "postgresql" else sqlite).insert(hosted_responses_t)
             if not (await conn.execute(insert.on_conflict_do_nothing(), row)).rowcount:  # there: alive or deleted
                 there = (await conn.execute(select(R.deleted_at).where(R.user_id == user, R.response_id == rid)
