@@ -241,7 +241,7 @@ async def test_an_import_into_a_keyed_store_seals_what_it_imports(url: str, tmp_
         async with Store.from_url(target, keys=KeyFile(tmp_path / "keys.db")) as keyed:
             await keyed.migrate()
             report = await keyed.import_lines(lines)
-            assert report.imported == 1 and report.checkpoints == 1
+            assert report.imported == 2 and report.checkpoints == 1  # her session, and her served response's transcript
             assert "Zanzibar" not in await all_stored(keyed)
             await reads_back(keyed, checkpoints, saved, snapshots=False)  # (AG-UI snapshots are not exported)
 

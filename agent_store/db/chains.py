@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from agent_store.db.tables import sessions_t
 
-__all__ = ["CHAIN_MAX", "WALKED", "base_of", "branches_of", "chain_of", "walk"]
+__all__ = ["CHAIN_MAX", "WALKED", "base_of", "branch_row", "branches_of", "chain_of", "walk"]
 CHAIN_MAX = 10_000  # bases a branch's history may be read through (every walk stops there; a read past it is refused)
 WALKED = ("id", "user_id", "base_id", "base_seq", "base_version", "base_incarnation")  # every walk's columns
 _S = sessions_t.c
@@ -29,6 +29,19 @@ def base_of(child: Any, base: Any) -> ColumnElement[bool]:
     """SQL: the session ``base`` (a table or alias) is ``child``'s base (columns of a walk or of the sessions)."""
     return and_(base.c.id == child.c.base_id, base.c.user_id.is_not_distinct_from(child.c.user_id),
                 base.c.incarnation == func.coalesce(child.c.base_incarnation, base.c.incarnation))  # fmt: skip
+
+
+def branch_row(base: Any, new_id: str, seq: int, version: int, incarnation: int, now: Any, expires_at: Any) -> dict[
+    str, Any
+]:  # fmt: skip
+    """The one row a branch is (``store.fork(share=True)`` and a response continued from a point both make it
+    so): a session of ``base``'s user, agent and title whose history before ``seq`` is ``base``'s at ``version``
+    (the base's version *at the cut*, never now: a later compaction of the base is not the branch's), named by id
+    and incarnation (:func:`base_of`)."""
+    return {"id": new_id, "user_id": base.user_id, "agent_id": base.agent_id, "incarnation": incarnation,
+            "version": 0, "next_seq": seq, "created_at": now, "updated_at": now, "base_id": base.id, "base_seq": seq,
+            "base_version": version, "base_incarnation": base.incarnation, "keeps_history": False,
+            "title": base.title, "ttl_seconds": base.ttl_seconds, "expires_at": expires_at}  # fmt: skip
 
 
 def branches_of(session_ids: str | list[str]) -> ColumnElement[bool]:

@@ -232,11 +232,8 @@ async def branch(db: Database, session_id: str, user_id: str | None, at_seq: int
         if source.base_seq is not None and cut + 1 < source.base_seq:
             raise InvalidValueError(f"at_seq {cut} is in the history {session_id!r} reads from its own base: branch "
                                     "that session instead")  # fmt: skip
-        row = {"id": new_id, "user_id": source.user_id, "agent_id": source.agent_id, "incarnation": new_stamp(),
-               "version": 0, "next_seq": cut + 1, "created_at": now, "updated_at": now, "base_id": session_id,
-               "base_seq": cut + 1, "base_version": await _version_at(conn, session_id, cut, source.version),
-               "base_incarnation": source.incarnation, "keeps_history": False, "title": source.title,
-               "ttl_seconds": source.ttl_seconds, "expires_at": source.expires_at}  # fmt: skip
+        version = await _version_at(conn, session_id, cut, source.version)
+        row = chains.branch_row(source, new_id, cut + 1, version, new_stamp(), now, source.expires_at)
         insert = (postgresql if conn.dialect.name == "postgresql" else sqlite).insert(sessions_t)
         if not (await conn.execute(insert.on_conflict_do_nothing(), row)).rowcount:
             raise InvalidValueError(f"new_id {new_id!r} is already in use; choose another id")

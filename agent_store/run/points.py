@@ -21,7 +21,7 @@ from sqlalchemy import bindparam, literal, select, union_all, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 import agent_store.run.point_reads as reads
-from agent_store.db import codec, erasures, message_decode, message_rows, sealing, tenancy
+from agent_store.db import chains, codec, erasures, message_decode, message_rows, sealing, tenancy
 from agent_store.db import statements as sql
 from agent_store.db.cut_points import GONE, forget_point
 from agent_store.db.database import Database
@@ -226,11 +226,7 @@ async def branch(conn: AsyncConnection, run: Run, point: Point, now: datetime | 
         raise sql.not_found(point.session_id, run.user_id)
     await _still_there(conn, run, point, base)
     new_id = f"{point.key[:200]}~{sql.new_stamp():x}"
-    row = {"id": new_id, "user_id": base.user_id, "agent_id": base.agent_id, "incarnation": sql.new_stamp(),
-           "version": 0, "next_seq": point.seq_end, "created_at": now, "updated_at": now, "base_id": base.id,
-           "base_seq": point.seq_end, "base_version": point.version, "base_incarnation": base.incarnation,
-           "keeps_history": False, "ttl_seconds": base.ttl_seconds, "expires_at": _expiry(run, base, now),
-           "title": base.title}  # fmt: skip
+    row = chains.branch_row(base, new_id, point.seq_end, point.version, sql.new_stamp(), now, _expiry(run, base, now))
     await conn.execute(sessions_t.insert(), row)
     stamp = sql.new_stamp()
     own = {k: v for k, v in run._snapshot.state_text.items() if not _shared(k)}
