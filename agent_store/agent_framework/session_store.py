@@ -106,7 +106,7 @@ class StoreSessionStore(_SessionStoreBase):
         try:
             if point.is_head:
                 run = await self.store.load(point.session_id, user_id=self.user_id, history_limit=self.history_limit)
-                if run._snapshot.version == point.version:
+                if run.snapshot.version == point.version:
                     run.point = point
                     return run
                 await run.discard()  # another request moved it since it was resolved: the point's view
@@ -168,21 +168,21 @@ class StoreSessionStore(_SessionStoreBase):
         moves = (following and parent == session_id) or self.names_head(session_id, session)
         run.response = ResponseToRecord(session_id, parent, moves=moves,
                                         claims=None if moves or following else self.claims(session_id, session))
-        if run._key is None:  # a retry of this set() (this run) finds its first attempt by this run id
-            run._key = ids.run_id()
-        snap = run._snapshot
+        if run.idempotency_key is None:  # a retry of this set() (this run) finds its first attempt by this run id
+            run.idempotency_key = ids.run_id()
+        snap = run.snapshot
         try:
             await run.commit()
         except HeadMoved:
             if moves or following:  # a conversation's turns land in order, or not at all: never a branch
-                run.response, run._key = None, None
+                run.response, run.idempotency_key = None, None
                 raise ConflictError(run.storage_id, [], reason=f"another request advanced the conversation "
                                                                f"{parent if following else session_id!r} after this "
                                                                "one loaded it: load it again") from None  # fmt: skip
             at = run.point or points.Point(key=parent, session_id=run.storage_id, seq_end=snap.end // POSITION_STEP,
                                            version=snap.version, recorded=False, is_head=True)
             if await points.resolve(self.store.db, session_id, self.user_id) is not None:  # set meanwhile: no
-                run.response, run._key = None, None  # branch left behind for a turn its key refuses
+                run.response, run.idempotency_key = None, None  # branch left behind for a turn its key refuses
                 raise InvalidValueError(f"response id {session_id!r} already names a point of a conversation; a "
                                         "point never changes: store the next turn under a new id") from None
             async with self.store.db.transaction(write=True, doing="branching a conversation") as conn:
@@ -193,7 +193,7 @@ class StoreSessionStore(_SessionStoreBase):
         end = snap.end // POSITION_STEP
         run.point = points.Point(key=session_id, session_id=run.storage_id, seq_end=end, version=snap.version,
                                  recorded=not moves, is_head=True, moves=moves)
-        run.response, run._key = None, None
+        run.response, run.idempotency_key = None, None
 
     def is_response_id(self, key: str) -> bool:
         """Whether ``key``, set as a session's own id (the first request of a ``previous_response_id`` chain is

@@ -15,7 +15,7 @@ __all__ = ["committed"]
 def committed(run: Any, delta: Delta, incarnation: int, written: Any) -> CommitResult:
     """Make the snapshot describe the database as this run left it, so a later commit writes only news."""
     version, messages, keys, *rest = written
-    snap = run._snapshot
+    snap = run.snapshot
     compaction.committed(snap, delta.messages, delta.rewrites, int(version), int(messages))
     if not snap.exists and int(version) != 1:
         # It joined a session another run created meanwhile, whose keys this run never read: its later

@@ -80,7 +80,7 @@ class Run:
         agent_id: str | None, run_id: str | None = None,
     ) -> None:  # fmt: skip
         self.db, self.session, self.user_id, self.agent_id = db, session, user_id, agent_id
-        self._snapshot = snapshot
+        self.snapshot = snapshot  # what it loaded (snapshot.py): its commit diffs and checks against this
         # run/points.py (0017): the row the commit writes (the session's, or a branch's), a branch's base (then the
         # checked path), the point it was loaded at (a response id's), the response to record with its commit.
         self.storage_id: str = session.session_id
@@ -88,7 +88,7 @@ class Run:
         self.point: Any = None
         self.response: Any = None
         self._scopes = scopes(session.session_id, user_id, db.settings.app_id)
-        self._key, self._commits = run_id, 0
+        self.idempotency_key, self._commits = run_id, 0  # a commit under a key already committed writes nothing
         self._pending: Delta | None = None  # sent, outcome unknown: the next commit() retries exactly this
         self._maybe_landed, self._started_at = False, datetime.now(UTC)  # (the pending delta's COMMIT was sent)
         # When what it holds was read from the store: erasures from then on refuse its commit (None: not known, a
@@ -125,12 +125,12 @@ class Run:
     @property
     def exists(self) -> bool:
         """Whether the session was in the database when loaded (or has been committed since)."""
-        return self._snapshot.exists
+        return self.snapshot.exists
 
     @property
     def loaded_ids(self) -> set[str]:
         """The store ids of the messages it loaded (the rest of its history is new)."""
-        return self._snapshot.message_ids
+        return self.snapshot.message_ids
 
     @property
     def history(self) -> list[Message]:
@@ -163,9 +163,9 @@ class Run:
             self.calls.append(ModelCall(called_at=datetime.now(UTC), usage=dict(usage), purpose="response"))
 
     def _next_run_id(self) -> str:
-        if self._key is None:
+        if self.idempotency_key is None:
             return ids.run_id()
-        return self._key if self._commits == 0 else f"{self._key}#{self._commits + 1}"
+        return self.idempotency_key if self._commits == 0 else f"{self.idempotency_key}#{self._commits + 1}"
 
     @tenancy.for_its("user_id")
     async def commit(self) -> CommitResult:
@@ -194,7 +194,7 @@ class Run:
             if isinstance(exc, InvalidValueError):
                 await self.log_unwritten("failed")  # refused before any SQL: its model calls were spent
             raise
-        snap = self._snapshot
+        snap = self.snapshot
         if delta.empty and snap.exists and not retry and self.response is None:
             await self.discard()
             return CommitResult(session_id=self.storage_id, run_id=delta.run_id, version=snap.version)
@@ -206,7 +206,7 @@ class Run:
         self._pending = delta
         one_call = commit_postgresql if self.db.dialect == "postgresql" else commit_sqlite
         # The common case: a first attempt, outside a serialized run, no key to look up, a session it loaded.
-        fast = one_call.AVAILABLE and not retry and self._held is None and self._key is None
+        fast = one_call.AVAILABLE and not retry and self._held is None and self.idempotency_key is None
         fast = fast and self.base_id is None and self.response is None  # a branch, a response: checked (0017)
         fast = fast and not snap.verify_new_ids and (not delta.compacts or one_call.takes(self._one_call(delta)))
         held, self._held = self._held, None  # a serialized run's lock ends with this commit, either way
@@ -236,7 +236,7 @@ class Run:
                     ) as db:
                         history = self.history if self.skip_replays else None
                         incarnation, written, self._maybe_landed = await checked_commit.write(
-                            db, self._one_call(delta), check_landed=retry or self._key is not None,
+                            db, self._one_call(delta), check_landed=retry or self.idempotency_key is not None,
                             maybe_landed=self._maybe_landed, history=history,
                         )  # fmt: skip
                     break
@@ -274,9 +274,9 @@ class Run:
     def _one_call(self, delta: Delta) -> OneCall:
         return OneCall(
             db=self.db, session_id=self.storage_id, user_id=self.user_id, agent_id=self.agent_id,
-            scopes=self._scopes, snapshot=self._snapshot, delta=delta, log_ids=self._log_ids(delta.run_id),
+            scopes=self._scopes, snapshot=self.snapshot, delta=delta, log_ids=self._log_ids(delta.run_id),
             since=self._fence_since(), sent=self._sent, response=self.response,
-            base_seq=self._snapshot.end // POSITION_STEP if self.base_id is not None else None, cipher=self._cipher,
+            base_seq=self.snapshot.end // POSITION_STEP if self.base_id is not None else None, cipher=self._cipher,
         )  # fmt: skip
 
     def _trying_once_more(self) -> None:  # a dead pooled connection: once more on a fresh one, as a retry (by run id)
@@ -297,7 +297,7 @@ class Run:
     async def log_unwritten(self, outcome: str) -> None:
         """Log a run that wrote nothing ("conflict", "failed") and its model calls, in a transaction of its own:
         operators see conflicts, and spent tokens are charged (also where no log row may go: record_unwritten)."""
-        snap, log_ids = self._snapshot, self._log_ids(ids.run_id())
+        snap, log_ids = self.snapshot, self._log_ids(ids.run_id())
         incarnation = snap.incarnation if snap.exists else None
         await runlog.log_unwritten(self.db, outcome, self.calls, log_ids, snap.version, incarnation,
                                    user_id=self.user_id, agent_id=self.agent_id,
@@ -309,7 +309,7 @@ class Run:
     def _delta(self) -> Delta:
         settings = self.db.settings
         return diff(
-            self._snapshot, self.session.state, self.history, self._scopes,
+            self.snapshot, self.session.state, self.history, self._scopes,
             max_bytes=settings.max_value_bytes, cipher=self._cipher, run_id=self._next_run_id(),
             history_key=HISTORY_KEY, service_session_id=self.session.service_session_id, calls=self.calls,
         )  # fmt: skip

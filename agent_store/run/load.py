@@ -73,7 +73,7 @@ async def load(
             if held is not None:
                 await db.release(held, commit=False)  # a rollback's failure is logged there, never raised
             raise
-    run._held, run._key, run._read_at = held, run_id, read_at
+    run._held, run.idempotency_key, run._read_at = held, run_id, read_at
     if run.base_id is not None:  # a branch (0017): its history is read through its bases
         return await _branch_head(db, run, history_limit, serialized, skip_excluded)
     return run
@@ -88,12 +88,13 @@ async def _branch_head(
         await loaded.discard()
         raise InvalidValueError("a branch of a conversation (a response's session) is loaded whole: serialized and "
                                 "skip_excluded runs are not available on it")  # fmt: skip
-    snap = loaded._snapshot
+    snap = loaded.snapshot
     head = points.Point(key=loaded.storage_id, session_id=loaded.storage_id, seq_end=snap.end // POSITION_STEP,
                         version=snap.version, recorded=False, is_head=False)
     run = await points.load_point(db, head, user_id=loaded.user_id, agent_id=loaded.agent_id,
                                   history_limit=history_limit)  # fmt: skip
-    run._key, run._read_at = loaded._key, loaded._read_at  # read_at: the earlier read's (the erasure fence)
+    run.idempotency_key, run._read_at = loaded.idempotency_key, loaded._read_at  # read_at: the earlier read's
+    # (the erasure fence)
     return run
 
 

@@ -229,7 +229,7 @@ async def branch(conn: AsyncConnection, run: Run, point: Point, now: datetime | 
     row = chains.branch_row(base, new_id, point.seq_end, point.version, sql.new_stamp(), now, _expiry(run, base, now))
     await conn.execute(sessions_t.insert(), row)
     stamp = sql.new_stamp()
-    own = {k: v for k, v in run._snapshot.state_text.items() if not _shared(k)}
+    own = {k: v for k, v in run.snapshot.state_text.items() if not _shared(k)}
     if own:
         await conn.execute(state_t.insert(), [{"session_id": new_id, "key": k, "value": v, "version": stamp,
                                                "updated_at": now} for k, v in own.items()])  # fmt: skip
@@ -252,11 +252,11 @@ async def _still_there(conn: AsyncConnection, run: Run, point: Point, base: Any)
     gone = point.seq_end > base.next_seq
     if not gone and point.seq_end > (base.base_seq or 0):  # it reads some of the base: the session the run loaded
         # (found by an outside review: a delete and a new session of the id between the run's commit and this)
-        gone = base.incarnation != run._snapshot.incarnation
+        gone = base.incarnation != run.snapshot.incarnation
     if not gone and point.seq_end > (base.base_seq or 0):  # its last message is still the one the run loaded
         last = (await conn.execute(select(_M.message_id).where(_M.session_id == point.session_id,
                                                                _M.seq == point.seq_end - 1))).scalar()  # fmt: skip
-        gone = last is None or last not in run._snapshot.message_ids
+        gone = last is None or last not in run.snapshot.message_ids
     if gone:
         raise ConflictError(point.session_id, [], reason=f"the history {point.key!r} named was cut (truncate or "
                                                          "clear) after this run loaded it: load it again")  # fmt: skip
@@ -264,7 +264,7 @@ async def _still_there(conn: AsyncConnection, run: Run, point: Point, base: Any)
 
 def adopt(run: Run, branched: Branched) -> None:
     """The run commits into the branch from now on (after the branch's transaction committed)."""
-    snap = run._snapshot
+    snap = run.snapshot
     for key in branched.own_keys:
         snap.state_stamp[key] = branched.stamp
     snap.exists, snap.incarnation, snap.version = True, branched.incarnation, 0
