@@ -210,3 +210,60 @@ def test_items_become_the_frameworks_messages_and_a_message_without_text_says_wh
     assert [(m.role, m.text, m.message_id) for m in made] == [
         ("user", "[input_image]", "i1"), ("system", "be brief", "i2"), ("assistant", "", "i3"), ("tool", "", "i4")]
     assert made[2].contents[0].name == "weather" and made[3].contents[0].result == "晴"
+
+
+async def test_a_turn_the_store_refuses_holds_up_nothing_after_it(url: str, store: Store) -> None:
+    """Found by an outside review: a turn over the store's max_value_bytes blocked every later turn of its
+    conversation and chain, and a page of such rows every sweep. It is a line saying so; the server keeps it."""
+    from agentserver_route import host
+
+    async with Store.from_url(url, max_value_bytes=64 * 1024) as small:
+        app = host(small, "agent_server")
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost") as http:
+
+            async def post(body: dict[str, Any]) -> dict[str, Any]:
+                said = await http.post("/responses", json={"model": "offline", **body},
+                                       headers={"x-agent-user-id": "u"}, timeout=60)  # fmt: skip
+                return dict(said.json())
+
+            await post({"input": "turn 1", "conversation": "cb"})
+            big = await post({"input": "long paste " + "x" * 100_000, "conversation": "cb"})
+            await post({"input": "turn 3", "conversation": "cb"})
+            first = await post({"input": "chain big " + "y" * 100_000})
+            await post({"input": "chain 2", "previous_response_id": first["id"]})
+        said = [t for *_, role, t in await _transcript(small) if role == "user"]
+    assert big["status"] == "completed" and "turn 3" in said and "chain 2" in said
+    assert sum("over this store's max_value_bytes" in t for t in said) == 2  # the two long ones, said to be
+    assert await rows(small, "SELECT count(*) FROM agent_hosted_responses WHERE NOT transcribed") == [(0,)]
+
+
+async def test_a_long_chain_left_out_is_one_session_and_a_sweep_reads_past_what_fails(
+    url: str, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:  # fmt: skip
+    """Found by an outside review: a chain of over 100 left-out responses split in two, and a page of rows that
+    cannot be written stopped every sweep before the others."""
+    real = transcripts._write
+
+    async def fails(*args: Any, **kwargs: Any) -> bool:
+        raise RuntimeError("the process stopped here")
+
+    monkeypatch.setattr(transcripts, "_write", fails)
+    previous: dict[str, Any] = {}
+    for n in range(105):
+        body = {"input": f"chain {n}", **({"previous_response_id": previous["id"]} if previous else {})}
+        previous = await ask(url, "u", body)
+    monkeypatch.setattr(transcripts, "PAGE", 10)
+    blocked = {previous["id"]}  # the newest: cannot be written at all (a sweep must read on past a page of such)
+
+    async def some(store_: Store, user: str, rid: str) -> bool:
+        if rid in blocked:
+            raise RuntimeError("cannot be written")
+        return await real(store_, user, rid)
+
+    monkeypatch.setattr(transcripts, "_write", some)
+    await ask(url, "v", {"input": "v's own", "conversation": "other"})  # after them all
+    assert await transcripts.transcribe_pending(store) >= 1
+    said = [(s, t) for s, _, role, t in await _transcript(store) if role == "user"]
+    assert [t for s, t in said if t.startswith("chain")] == [f"chain {n}" for n in range(104)]
+    assert len({s for s, t in said if t.startswith("chain")}) == 1
+    assert await rows(store, "SELECT user_id FROM agent_hosted_responses WHERE NOT transcribed") == [("u",)]

@@ -25,12 +25,13 @@ byte for byte, in ``agent_hosted_*``: the transcript is derived from them, never
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from agent_framework import AgentSession, Content, Message
-from sqlalchemy import select, update
+from sqlalchemy import select, tuple_, update
 
 from agent_store.agent_framework.session_store import StoreSessionStore
 from agent_store.db import sealing, tenancy
@@ -47,7 +48,9 @@ R, L, T = hosted_responses_t.c, hosted_links_t.c, hosted_items_t.c
 PREFIX = "served:"  # the transcript's session ids: never one of the host's own agent sessions (foundry.py)
 ENDED = ("completed", "failed", "incomplete", "cancelled")  # a response's turn is written when it has ended
 TRIES = 5  # turns of one conversation ending at once: each retries its append on the head it lost to
-MAX_DEPTH = 100  # responses left out that one write puts in first (the rest: the next sweep's)
+CHAIN_MAX = 10_000  # left-out responses of a chain one write puts in first
+SIZE_MARGIN = 4096  # a message's row carries a little more than its to_dict() (its columns)
+PAGE = 500  # unmarked rows a sweep reads at a time
 
 
 class _Transcripts(StoreSessionStore):
@@ -104,41 +107,86 @@ def session_id_for(user: str, key: str) -> str:
     return PREFIX + hashlib.sha256(f"{user}\0{key}".encode()).hexdigest()[:32]
 
 
-async def transcribe(store: Store, user: str, rid: str, *, depth: int = 0) -> bool:
+async def transcribe(store: Store, user: str, rid: str) -> bool:
     """Write the ended response ``rid`` of the partition ``user`` into the transcript, once, after what it follows
-    (a conversation's earlier turns, the response it continues) if a process left that out. False: nothing to
-    write (not ended, gone, or written). Raises what a commit raises; the response stays unmarked then."""
+    (its conversation's earlier turns, the responses it continues) if a process left that out: one of those that
+    cannot be written is logged and holds up nothing. False: nothing to write (not ended, gone, or written).
+    Raises what a commit raises for ``rid`` itself; it stays unmarked then."""
     with tenancy.acting_as(user):
-        async with store.db.transaction(write=False, doing="reading a served response") as conn:
-            row = (await conn.execute(select(R.status, R.previous_id, R.conversation_id, R.transcribed, R.history_from,
-                                             R.created_seq).where(R.user_id == user, R.response_id == rid))).first()
-            if row is None or row.transcribed or row.status not in ENDED:
-                return False
-            bodies = (await conn.execute(select(T.item_id, T.body).select_from(hosted_links_t.join(
-                hosted_items_t, (T.user_id == L.user_id) & (T.item_id == L.item_id))).where(
-                L.user_id == user, L.response_id == rid, L.kind.in_(("i", "o"))).order_by(L.kind, L.pos))).all()
-            previous, before = row.previous_id, []
-            if previous is None and row.conversation_id is None:  # a host that does not echo it: the response
-                previous = row.history_from or await _continued(conn, user, rid)  # (history.py's pointer, else
-                # the response whose last item ends this one's history)
-            if row.conversation_id is not None and depth == 0:  # its conversation's turns left out before it
-                before = list((await conn.execute(select(R.response_id).where(
-                    R.user_id == user, R.conversation_id == row.conversation_id, ~R.transcribed, R.status.in_(ENDED),
-                    R.created_seq < row.created_seq).order_by(R.created_seq))).scalars())  # fmt: skip
-        for earlier in before if depth < MAX_DEPTH else []:  # in the order they were served
-            await transcribe(store, user, earlier, depth=depth + 1)
-        if previous is not None and depth < MAX_DEPTH:  # (already written: one read, and nothing to do)
-            await transcribe(store, user, previous, depth=depth + 1)
-        cipher = await sealing.for_user(store.db, user, writing=False)  # as agentserver/seals.py opens them
-        messages = to_messages([sealing.open_json(cipher, "i\0" + r.item_id, r.body)[0] for r in bodies])
+        for earlier in await _left_out_before(store, user, rid):  # oldest first: the order served
+            try:
+                await _write(store, user, earlier)
+            except Exception:
+                log.warning("served response %r is not in the transcript", earlier, exc_info=True)
+        return await _write(store, user, rid)
+
+
+_ROW = (R.status, R.previous_id, R.conversation_id, R.transcribed, R.history_from, R.created_seq)
+
+
+async def _left_out_before(store: Store, user: str, rid: str) -> list[str]:
+    """The ended responses a process left out that ``rid`` follows, oldest first: its conversation's earlier
+    turns, or the responses it continues, back to the first one written."""
+    async with store.db.transaction(write=False, doing="reading a served response") as conn:
+        row = (await conn.execute(select(*_ROW).where(R.user_id == user, R.response_id == rid))).first()
+        if row is None or row.transcribed or row.status not in ENDED:
+            return []
         if row.conversation_id is not None:
-            await _append(store, user, row.conversation_id, messages)
-        else:
-            await _point(store, user, rid, previous, messages)
-        async with store.db.transaction(write=True, doing="marking a served response transcribed") as conn:
-            await conn.execute(update(hosted_responses_t).where(R.user_id == user, R.response_id == rid)
-                               .values(transcribed=True))  # fmt: skip
+            return list((await conn.execute(select(R.response_id).where(
+                R.user_id == user, R.conversation_id == row.conversation_id, ~R.transcribed, R.status.in_(ENDED),
+                R.created_seq < row.created_seq).order_by(R.created_seq))).scalars())  # fmt: skip
+        chain: list[str] = []
+        at = await _previous(conn, user, rid, row)
+        while at is not None and len(chain) < CHAIN_MAX:
+            up = (await conn.execute(select(*_ROW).where(R.user_id == user, R.response_id == at))).first()
+            if up is None or up.transcribed:
+                break
+            chain += [at] if up.status in ENDED else []
+            at = await _previous(conn, user, at, up)
+        return chain[::-1]
+
+
+async def _previous(conn: Any, user: str, rid: str, row: Any) -> str | None:
+    """The response ``rid`` continues (none for a conversation's turn): as the envelope says, or, from a host
+    that does not echo it, history.py's pointer, else the response whose last item ends its history."""
+    if row.previous_id is not None or row.conversation_id is not None:
+        return cast("str | None", row.previous_id)
+    return cast("str | None", row.history_from) or await _continued(conn, user, rid)
+
+
+async def _write(store: Store, user: str, rid: str) -> bool:
+    """One response's turn, and its mark."""
+    async with store.db.transaction(write=False, doing="reading a served response") as conn:
+        row = (await conn.execute(select(*_ROW).where(R.user_id == user, R.response_id == rid))).first()
+        if row is None or row.transcribed or row.status not in ENDED:
+            return False
+        bodies = (await conn.execute(select(T.item_id, T.body).select_from(hosted_links_t.join(
+            hosted_items_t, (T.user_id == L.user_id) & (T.item_id == L.item_id))).where(
+            L.user_id == user, L.response_id == rid, L.kind.in_(("i", "o"))).order_by(L.kind, L.pos))).all()
+        previous = await _previous(conn, user, rid, row)
+    cipher = await sealing.for_user(store.db, user, writing=False)  # as agentserver/seals.py opens them
+    messages = to_messages([sealing.open_json(cipher, "i\0" + r.item_id, r.body)[0] for r in bodies])
+    messages = [_within(m, store.db.settings.max_value_bytes) for m in messages]
+    if row.conversation_id is not None:
+        await _append(store, user, row.conversation_id, messages)
+    else:
+        await _point(store, user, rid, previous, messages)
+    async with store.db.transaction(write=True, doing="marking a served response transcribed") as conn:
+        await conn.execute(update(hosted_responses_t).where(R.user_id == user, R.response_id == rid)
+                           .values(transcribed=True))  # fmt: skip
     return True
+
+
+def _within(message: Message, max_bytes: int) -> Message:
+    """A message the store would refuse as too large (``max_value_bytes``) is a line saying so, under its ids:
+    the turn stays whole and in order, and the item stays, whole, in the server's own rows."""
+    size = len(json.dumps(message.to_dict(), ensure_ascii=False).encode())
+    if size <= max_bytes - SIZE_MARGIN:
+        return message
+    said = Message(role=message.role, contents=[f"[{size} bytes: over this store's max_value_bytes; the server's "
+                                                "items keep it]"], message_id=message.message_id)  # fmt: skip
+    said.additional_properties[STORE_ID] = message.additional_properties[STORE_ID]
+    return said
 
 
 async def _continued(conn: Any, user: str, rid: str) -> str | None:
@@ -210,15 +258,23 @@ async def after_write(provider: Any, user: str, rid: str) -> None:
 
 async def transcribe_pending(store: Store, *, limit: int = 500) -> int:
     """Write the ended responses not transcribed yet (a process died between a response and its turn; or stored
-    before 0028), oldest first, at most ``limit``: how many were written. An operator's sweep: every partition."""
-    async with store.db.transaction(write=False, doing="finding served responses to transcribe") as conn:
-        found = (await conn.execute(select(R.user_id, R.response_id).where(~R.transcribed, R.status.in_(ENDED))
-                                    .order_by(R.created_seq).limit(limit))).all()  # fmt: skip
-    written = 0
-    for r in found:  # one that cannot be written (logged) never holds up the others
-        try:
-            written += await transcribe(store, r.user_id, r.response_id)
-        except Exception:
-            log.warning("served response %r of user %r is not in the transcript", r.response_id, r.user_id,
-                        exc_info=True)  # fmt: skip
+    before 0028), oldest first, about ``limit`` of them: how many were written. A response that cannot be written
+    is logged and passed (the sweep reads on past it: no number of them holds up the others). An operator's
+    sweep: every partition."""
+    written, after = 0, None
+    while written < limit:
+        page = select(R.user_id, R.response_id, R.created_seq).where(~R.transcribed, R.status.in_(ENDED))
+        if after is not None:
+            page = page.where(tuple_(R.created_seq, R.user_id, R.response_id) > tuple_(*after))
+        async with store.db.transaction(write=False, doing="finding served responses to transcribe") as conn:
+            found = (await conn.execute(page.order_by(R.created_seq, R.user_id, R.response_id).limit(PAGE))).all()
+        for r in found:
+            try:
+                written += await transcribe(store, r.user_id, r.response_id)
+            except Exception:
+                log.warning("served response %r of user %r is not in the transcript", r.response_id, r.user_id,
+                            exc_info=True)  # fmt: skip
+        if len(found) < PAGE:
+            return written
+        after = (found[-1].created_seq, found[-1].user_id, found[-1].response_id)
     return written
