@@ -79,3 +79,17 @@ async def test_the_cli_shows_the_score_and_says_how_to_search_by_meaning(
     cut = cli("search", "airplane ticket", "--user", "u", "--ranking", "hybrid", "--min-score", "1", url=url,
               cwd=tmp_path)  # fmt: skip
     assert cut.returncode == 0 and "Denver" not in cut.stdout
+
+
+async def test_the_browser_says_how_to_search_by_meaning_when_words_find_nothing(store: Store) -> None:
+    import httpx
+
+    from agent_store.browser.app import create_app
+
+    await say(store, "trip", TRIP)
+    transport = httpx.ASGITransport(app=create_app(store))
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
+        nothing = (await client.get("/search", params={"q": "airplane ticket", "user": "u"})).text
+        found = (await client.get("/search", params={"q": "Denver", "user": "u"})).text
+    assert "agent-store embed" in nothing and "No message has all these words" in nothing
+    assert "Denver" in found and "No message has all these words" not in found
