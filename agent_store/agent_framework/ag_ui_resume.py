@@ -109,6 +109,42 @@ async def _live_note(journal: Journal, user: str | None, thread_id: str, mark: R
     return {"type": "CUSTOM", "name": LIVE_EVENT, "value": {"runId": live, "after": 0}}  # none of it in the snapshot
 
 
+def _sse(journal: Journal, user: str | None, run_id: str, after: int) -> StreamingResponse:
+    """The run's events from ``after``, and how it ended if its worker did not say."""
+
+    async def frames() -> AsyncIterator[str]:
+        async for item in journal.follow(run_id, user_id=user, after=after):
+            yield f"id: {item.seq}\ndata: {json.dumps(item.event, ensure_ascii=False)}\n\n"
+        if (end := await _unended(journal, user, run_id)) is not None:  # no id: not one of the run's events
+            yield f"data: {json.dumps(end, ensure_ascii=False)}\n\n"
+
+    return StreamingResponse(frames(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+def _hydrated(runner: Any, journal: Journal, user: str | None, input_data: dict[str, Any]) -> StreamingResponse:
+    """A reload: the stored snapshot (the package's hydration, not a run: nothing journaled), and the run
+    still going on the thread, if any, with where the snapshot left it."""
+
+    async def frames() -> AsyncIterator[str]:
+        shown = False
+        with served_marks() as marks:
+            async for event in runner.run(input_data):
+                document = as_json(event)
+                thread = document.get("threadId") or input_data.get("thread_id") or ""
+                mark = marks.get((user or "", thread))
+                if document.get("type") == "MESSAGES_SNAPSHOT":
+                    shown, document = True, _with_pending(document, mark[2] if mark else [])
+                if document.get("type") == "RUN_FINISHED":
+                    pending = mark[2] if mark else []
+                    extra = [_with_pending({"type": "MESSAGES_SNAPSHOT"}, pending)] if pending and not shown else []
+                    note = await _live_note(journal, user, thread, mark)
+                    for more in [*extra, *([note] if note is not None else [])]:
+                        yield f"data: {json.dumps(more, ensure_ascii=False)}\n\n"
+                yield f"data: {json.dumps(document, ensure_ascii=False)}\n\n"
+
+    return StreamingResponse(frames(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
 def add_resumable_agui_routes(
     app: FastAPI, runner: Any, store: Store, *, path: str = "/", user_of: Callable[[Request], str | None],
     journal: Journal | None = None,
@@ -120,38 +156,6 @@ def add_resumable_agui_routes(
     snapshots = getattr(runner, "snapshot_store", None)
     marked = snapshots if isinstance(snapshots, StoreThreadSnapshotStore) else None
 
-    def sse(user: str | None, run_id: str, after: int) -> StreamingResponse:
-        async def frames() -> AsyncIterator[str]:
-            async for item in journal.follow(run_id, user_id=user, after=after):
-                yield f"id: {item.seq}\ndata: {json.dumps(item.event, ensure_ascii=False)}\n\n"
-            if (end := await _unended(journal, user, run_id)) is not None:  # no id: not one of the run's events
-                yield f"data: {json.dumps(end, ensure_ascii=False)}\n\n"
-
-        return StreamingResponse(frames(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-
-    def hydrated(user: str | None, input_data: dict[str, Any]) -> StreamingResponse:
-        """A reload: the stored snapshot (the package's hydration, not a run: nothing journaled), and the run
-        still going on the thread, if any, with where the snapshot left it."""
-
-        async def frames() -> AsyncIterator[str]:
-            shown = False
-            with served_marks() as marks:
-                async for event in runner.run(input_data):
-                    document = as_json(event)
-                    thread = document.get("threadId") or input_data.get("thread_id") or ""
-                    mark = marks.get((user or "", thread))
-                    if document.get("type") == "MESSAGES_SNAPSHOT":
-                        shown, document = True, _with_pending(document, mark[2] if mark else [])
-                    if document.get("type") == "RUN_FINISHED":
-                        pending = mark[2] if mark else []
-                        extra = [_with_pending({"type": "MESSAGES_SNAPSHOT"}, pending)] if pending and not shown else []
-                        note = await _live_note(journal, user, thread, mark)
-                        for more in [*extra, *([note] if note is not None else [])]:
-                            yield f"data: {json.dumps(more, ensure_ascii=False)}\n\n"
-                    yield f"data: {json.dumps(document, ensure_ascii=False)}\n\n"
-
-        return StreamingResponse(frames(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-
     @app.post(path or "/")
     async def run(body: AGUIRequest, request: Request) -> StreamingResponse:
         user = user_of(request)
@@ -161,7 +165,7 @@ def add_resumable_agui_routes(
         if snapshots is not None and user and _is_snapshot_hydration_request(
             input_data, snapshot_enabled=True, supports_checkpoint_resume=isinstance(runner, AgentFrameworkWorkflow)
         ):
-            return hydrated(user, input_data)
+            return _hydrated(runner, journal, user, input_data)
         run_id = input_data.setdefault("run_id", uuid.uuid4().hex)
         saved = asyncio.Event()
 
@@ -186,7 +190,7 @@ def add_resumable_agui_routes(
         stored = asyncio.ensure_future(saved.wait())
         await asyncio.wait({stored, task}, return_when=asyncio.FIRST_COMPLETED)
         stored.cancel()
-        return sse(user, run_id, 0)
+        return _sse(journal, user, run_id, 0)
 
     @app.get(f"{base}/runs/{{run_id}}")
     async def resume(run_id: str, request: Request, after: int | None = None) -> StreamingResponse:
@@ -204,7 +208,7 @@ def add_resumable_agui_routes(
             raise HTTPException(status_code=404, detail=f"no run {run_id!r}") from None
         except InvalidValueError as exc:
             raise HTTPException(status_code=400, detail=str(exc)) from None
-        return sse(user, run_id, after or 0)
+        return _sse(journal, user, run_id, after or 0)
 
     @app.post(f"{base}/runs/{{run_id}}/cancel")
     async def cancel(run_id: str, request: Request) -> dict[str, bool]:
