@@ -29,7 +29,7 @@ def committed(run: Any, delta: Delta, incarnation: int, written: Any) -> CommitR
     for key, text in delta.upserts.items():
         snap.state_text[key], snap.state_stamp[key] = delta.opened.get(key, text), delta.stamp
     snap.message_ids.update(r.message_id for r in delta.messages)
-    run._pending, run._commits = None, run._commits + 1
+    run.pending, run.commits = None, run.commits + 1
     del run.calls[: len(delta.calls)]  # what was recorded is not recorded again (later calls stay)
     return CommitResult(
         session_id=run.storage_id, run_id=delta.run_id, version=int(version),

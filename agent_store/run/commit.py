@@ -87,17 +87,17 @@ class Run:
         self.base_id: str | None = None
         self.point: Any = None
         self.response: Any = None
-        self._scopes = scopes(session.session_id, user_id, db.settings.app_id)
-        self.idempotency_key, self._commits = run_id, 0  # a commit under a key already committed writes nothing
-        self._pending: Delta | None = None  # sent, outcome unknown: the next commit() retries exactly this
+        self.key_scopes = scopes(session.session_id, user_id, db.settings.app_id)
+        self.idempotency_key, self.commits = run_id, 0  # a commit under a key already committed writes nothing
+        self.pending: Delta | None = None  # sent, outcome unknown: the next commit() retries exactly this
         self._maybe_landed, self._started_at = False, datetime.now(UTC)  # (the pending delta's COMMIT was sent)
         # When what it holds was read from the store: erasures from then on refuse its commit (None: not known, a
         # session the store did not hand out: any erasure of the user still on record refuses it).
-        self._read_at: datetime | None = self._started_at
+        self.read_at: datetime | None = self._started_at
         self.calls: list[ModelCall] = []  # model calls not committed yet (the usage ledger: recorders append)
         self.budgeted = snapshot.budgeted  # a token budget applied when it loaded (unrecorded calls then matter)
-        self._held: AsyncConnection | None = None  # serialized mode: the transaction that holds the lock
-        self._cipher: Any = None  # the user's keys, fetched by the load (or the commit) (db/sealing.py)
+        self.held: AsyncConnection | None = None  # serialized mode: the transaction that holds the lock
+        self.cipher: Any = None  # the user's keys, fetched by the load (or the commit) (db/sealing.py)
         self.skip_replays = False  # a history provider's save: what replays the stored tail is not stored again
         if isinstance(session, StoredSession):
             session.link(self)  # no cycle: see StoredSession
@@ -115,12 +115,12 @@ class Run:
         """
         codec.check_id(session.session_id, "session_id", required=True)
         run = cls(db, session, Snapshot(verify_new_ids=True), user_id=user_id, agent_id=agent_id)
-        run._read_at = read_at
+        run.read_at = read_at
         return run
 
-    def _fence_since(self) -> datetime:
+    def fence_since(self) -> datetime:
         """Erasures of the user at or after this moment refuse the commit: they came after this run read."""
-        return UNKNOWN if self._read_at is None else self._read_at - ERASURE_MARGIN
+        return UNKNOWN if self.read_at is None else self.read_at - ERASURE_MARGIN
 
     @property
     def exists(self) -> bool:
@@ -151,7 +151,7 @@ class Run:
 
     async def discard(self) -> None:
         """Give up the run without writing (releases a serialized run's lock). Never raises: nothing to undo."""
-        held, self._held = self._held, None
+        held, self.held = self.held, None
         if held is not None:
             await self.db.release(held, commit=False)
 
@@ -165,7 +165,7 @@ class Run:
     def _next_run_id(self) -> str:
         if self.idempotency_key is None:
             return ids.run_id()
-        return self.idempotency_key if self._commits == 0 else f"{self.idempotency_key}#{self._commits + 1}"
+        return self.idempotency_key if self.commits == 0 else f"{self.idempotency_key}#{self.commits + 1}"
 
     @tenancy.for_its("user_id")
     async def commit(self) -> CommitResult:
@@ -182,13 +182,13 @@ class Run:
             SessionNotFoundError / SessionClosedError: the session was deleted / closed meanwhile.
             StorageUnavailableError: the database failed; the session in memory is intact, retry.
         """
-        retry = self._pending is not None
+        retry = self.pending is not None
         self._maybe_landed = retry and self._maybe_landed
         try:
             if not retry:  # the user's keys; a first key is made only past the erasure fence
-                fence = statements.session_fence(self.db, self.storage_id, self.user_id, self._fence_since())
-                self._cipher = await sealing.ready(self.db, self.user_id, self._cipher, fence=fence)
-            delta = self._pending or self._delta()
+                fence = statements.session_fence(self.db, self.storage_id, self.user_id, self.fence_since())
+                self.cipher = await sealing.ready(self.db, self.user_id, self.cipher, fence=fence)
+            delta = self.pending or self.next_delta()
         except BaseException as exc:
             await self.discard()
             if isinstance(exc, InvalidValueError):
@@ -203,20 +203,20 @@ class Run:
                 "session %r: the service-side conversation moved on and no message was stored here; give the agent "
                 "agent_store.agent_framework.StoreHistoryProvider to keep a local transcript", self.storage_id
             )  # fmt: skip
-        self._pending = delta
+        self.pending = delta
         one_call = commit_postgresql if self.db.dialect == "postgresql" else commit_sqlite
         # The common case: a first attempt, outside a serialized run, no key to look up, a session it loaded.
-        fast = one_call.AVAILABLE and not retry and self._held is None and self.idempotency_key is None
+        fast = one_call.AVAILABLE and not retry and self.held is None and self.idempotency_key is None
         fast = fast and self.base_id is None and self.response is None  # a branch, a response: checked (0017)
-        fast = fast and not snap.verify_new_ids and (not delta.compacts or one_call.takes(self._one_call(delta)))
-        held, self._held = self._held, None  # a serialized run's lock ends with this commit, either way
+        fast = fast and not snap.verify_new_ids and (not delta.compacts or one_call.takes(self.call_for(delta)))
+        held, self.held = self.held, None  # a serialized run's lock ends with this commit, either way
         with telemetry.operation("commit", session_id=self.storage_id) as span:
             written, attempts = None, 1 if held is not None else 2  # a dead pooled connection: once more
             if fast:  # the common case: one round trip (SQLite: one hop), or nothing written and the checked path
                 try:
-                    written, lost = await one_call.attempt(self._one_call(delta))
+                    written, lost = await one_call.attempt(self.call_for(delta))
                 except InvalidValueError:
-                    self._pending = None  # refused while building the call: nothing was sent
+                    self.pending = None  # refused while building the call: nothing was sent
                     await self.log_unwritten("failed")
                     raise
                 except (StorageUnavailableError, DatabaseError) as exc:
@@ -236,14 +236,14 @@ class Run:
                     ) as db:
                         history = self.history if self.skip_replays else None
                         incarnation, written, self._maybe_landed = await checked_commit.write(
-                            db, self._one_call(delta), check_landed=retry or self.idempotency_key is not None,
+                            db, self.call_for(delta), check_landed=retry or self.idempotency_key is not None,
                             maybe_landed=self._maybe_landed, history=history,
                         )  # fmt: skip
                     break
                 except checked_commit.Landed as landed:
                     return self._committed(delta, landed.incarnation, landed.row)
                 except checked_commit.HeadMoved:
-                    self._pending = None  # nothing written: the caller branches and commits again (run/points.py)
+                    self.pending = None  # nothing written: the caller branches and commits again (run/points.py)
                     raise
                 except (ConflictError, SessionNotFoundError, SessionClosedError, InvalidValueError) as exc:
                     if isinstance(exc, SessionNotFoundError) and landed_before and not snap.exists:
@@ -251,7 +251,7 @@ class Run:
                         # land (only the server's answer proves it did not): the next commit() retries exactly
                         # that delta and finds it, never a new one that would conflict with it.
                         raise
-                    self._pending = None  # refused before COMMIT: certainly not written
+                    self.pending = None  # refused before COMMIT: certainly not written
                     if isinstance(exc, ConflictError):
                         telemetry.conflicts.add(1)
                     if not isinstance(exc, SessionNotFoundError):  # (a deleted session has no run log)
@@ -271,12 +271,12 @@ class Run:
             telemetry.state_keys_written.add(result.state_keys_written)
             return result
 
-    def _one_call(self, delta: Delta) -> OneCall:
+    def call_for(self, delta: Delta) -> OneCall:
         return OneCall(
             db=self.db, session_id=self.storage_id, user_id=self.user_id, agent_id=self.agent_id,
-            scopes=self._scopes, snapshot=self.snapshot, delta=delta, log_ids=self._log_ids(delta.run_id),
-            since=self._fence_since(), sent=self._sent, response=self.response,
-            base_seq=self.snapshot.end // POSITION_STEP if self.base_id is not None else None, cipher=self._cipher,
+            scopes=self.key_scopes, snapshot=self.snapshot, delta=delta, log_ids=self._log_ids(delta.run_id),
+            since=self.fence_since(), sent=self._sent, response=self.response,
+            base_seq=self.snapshot.end // POSITION_STEP if self.base_id is not None else None, cipher=self.cipher,
         )  # fmt: skip
 
     def _trying_once_more(self) -> None:  # a dead pooled connection: once more on a fresh one, as a retry (by run id)
@@ -301,16 +301,16 @@ class Run:
         incarnation = snap.incarnation if snap.exists else None
         await runlog.log_unwritten(self.db, outcome, self.calls, log_ids, snap.version, incarnation,
                                    user_id=self.user_id, agent_id=self.agent_id,
-                                   since=self._fence_since())  # fmt: skip
+                                   since=self.fence_since())  # fmt: skip
 
     def _log_ids(self, run_id: str) -> dict[str, Any]:
         return {"session_id": self.storage_id, "run_id": run_id, "started_at": self._started_at}
 
-    def _delta(self) -> Delta:
+    def next_delta(self) -> Delta:
         settings = self.db.settings
         return diff(
-            self.snapshot, self.session.state, self.history, self._scopes,
-            max_bytes=settings.max_value_bytes, cipher=self._cipher, run_id=self._next_run_id(),
+            self.snapshot, self.session.state, self.history, self.key_scopes,
+            max_bytes=settings.max_value_bytes, cipher=self.cipher, run_id=self._next_run_id(),
             history_key=HISTORY_KEY, service_session_id=self.session.service_session_id, calls=self.calls,
         )  # fmt: skip
 

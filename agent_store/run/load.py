@@ -73,7 +73,7 @@ async def load(
             if held is not None:
                 await db.release(held, commit=False)  # a rollback's failure is logged there, never raised
             raise
-    run._held, run.idempotency_key, run._read_at = held, run_id, read_at
+    run.held, run.idempotency_key, run.read_at = held, run_id, read_at
     if run.base_id is not None:  # a branch (0017): its history is read through its bases
         return await _branch_head(db, run, history_limit, serialized, skip_excluded)
     return run
@@ -93,7 +93,7 @@ async def _branch_head(
                         version=snap.version, recorded=False, is_head=False)
     run = await points.load_point(db, head, user_id=loaded.user_id, agent_id=loaded.agent_id,
                                   history_limit=history_limit)  # fmt: skip
-    run.idempotency_key, run._read_at = loaded.idempotency_key, loaded._read_at  # read_at: the earlier read's
+    run.idempotency_key, run.read_at = loaded.idempotency_key, loaded.read_at  # read_at: the earlier read's
     # (the erasure fence)
     return run
 
@@ -164,7 +164,7 @@ async def _read(
     session.state[HISTORY_KEY] = IdentifiedHistory({**(history if isinstance(history, dict) else {}),
                                                     "messages": messages})  # fmt: skip
     run = Run(db, session, snap, user_id=user_id, agent_id=agent_id)
-    run.base_id, run._cipher = (row.author if row is not None else None), cipher
+    run.base_id, run.cipher = (row.author if row is not None else None), cipher
     return run
 
 

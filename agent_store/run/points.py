@@ -156,8 +156,8 @@ async def load_point(
     viewed = Run(db, session, snap, user_id=user_id, agent_id=agent_id)
     viewed.storage_id = point.session_id
     viewed.base_id = view.chain[0].author if view.chain else None  # a branch: its compaction of its base's is its own
-    viewed._scopes = scopes(point.session_id, user_id, db.settings.app_id)
-    viewed._read_at, viewed._cipher = read_at, cipher
+    viewed.key_scopes = scopes(point.session_id, user_id, db.settings.app_id)
+    viewed.read_at, viewed.cipher = read_at, cipher
     # A session's head by its own id (a branch's) is no point: a commit under that id moves the head.
     viewed.point = point if point.recorded or point.moves or point.key != point.session_id else None
     return viewed
@@ -216,7 +216,7 @@ async def branch(conn: AsyncConnection, run: Run, point: Point, now: datetime | 
     now = now or datetime.now(UTC)
     if run.user_id is not None:  # creates one of the user's sessions: as a fork does, never beside an erasure
         await sql.lock_user(conn, run.user_id, exclusive=False)
-        if await erasures.erased_since(conn, run.user_id, run._fence_since()):
+        if await erasures.erased_since(conn, run.user_id, run.fence_since()):
             raise sql.not_found(point.session_id, run.user_id)
     query = select(sessions_t).where(_S.id == point.session_id)
     if conn.dialect.name == "postgresql":  # FOR SHARE: a purge skips the base until the branch is in, a cut waits
@@ -269,4 +269,4 @@ def adopt(run: Run, branched: Branched) -> None:
         snap.state_stamp[key] = branched.stamp
     snap.exists, snap.incarnation, snap.version = True, branched.incarnation, 0
     run.storage_id, run.base_id = branched.session_id, branched.base_id
-    run._scopes = scopes(branched.session_id, run.user_id, run.db.settings.app_id)
+    run.key_scopes = scopes(branched.session_id, run.user_id, run.db.settings.app_id)

@@ -81,7 +81,7 @@ def _payloads(db: Database, who: str) -> list[str]:
         run.add_usage(NO_TOKENS)
         run.session.state[f"turn {turn}"] = turn
         run.session.state[f"user:turn {turn}"] = turn
-        delta = run._delta()
-        payloads.append(commit_postgresql.payload(run._one_call(delta)))
+        delta = run.next_delta()
+        payloads.append(commit_postgresql.payload(run.call_for(delta)))
         snapshot = Snapshot(exists=True, incarnation=delta.incarnation, version=turn)
     return payloads
