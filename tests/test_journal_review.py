@@ -109,6 +109,7 @@ async def test_a_hard_cancel_during_the_last_batch_still_ends_the_run_with_every
     async with Store.from_url(pg_url) as store, Store.from_url(pg_url) as other:
         journal, far = store.journal(lease_s=2), other.journal()
         one_sent, two_kept, heard = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        released: list[asyncio.Future[Any]] = []  # the holder's commit: done before the holder is given back
         async with other.engine.connect() as holder:
 
             async def events() -> Any:
@@ -120,7 +121,8 @@ async def test_a_hard_cancel_during_the_last_batch_still_ends_the_run_with_every
                 transaction = await holder.begin()  # the run's row held a while: its last batch waits
                 await holder.execute(text("SELECT 1 FROM agent_streams WHERE stream_id = 'r1' FOR UPDATE"))
                 grace_starts()  # from now: the hard cancel comes (0.6 s) while the last batch waits (1.5 s)
-                asyncio.get_running_loop().call_later(1.5, lambda: asyncio.ensure_future(transaction.commit()))
+                asyncio.get_running_loop().call_later(1.5, lambda: released.append(asyncio.ensure_future(
+                    transaction.commit())))  # fmt: skip
                 await asyncio.Event().wait()  # the run waits here: the hard cancel cuts it
                 yield {"n": 3}
 
@@ -131,6 +133,9 @@ async def test_a_hard_cancel_during_the_last_batch_still_ends_the_run_with_every
             await asyncio.wait_for(two_kept.wait(), 60)
             assert await far.cancel("r1", user_id="u")
             assert await asyncio.wait_for(task, 30) == "cancelled"
+            # (the run may end before the holder lets go: its commit must not race the holder's own rollback)
+            await until(lambda: released, "the holder's commit started")
+            await asyncio.wait_for(released[0], 30)
         got, info = await far.read("r1", user_id="u")
         assert (info["status"], [e.event for e in got]) == ("cancelled", [{"n": 1}, {"n": 2}])
         await journal.close()
