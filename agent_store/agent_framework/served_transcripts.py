@@ -51,13 +51,15 @@ TRIES = 5  # turns of one conversation ending at once: each retries its append o
 CHAIN_MAX = 10_000  # left-out responses of a chain one write puts in first
 SIZE_MARGIN = 4096  # a message's row carries a little more than its to_dict() (its columns)
 PAGE = 500  # unmarked rows a sweep reads at a time
+WINDOW = 64  # messages a write loads besides its own turn's count (never a conversation's whole history)
 
 
 class _Transcripts(StoreSessionStore):
     """The store's sessions with served ids as keys: a conversation's key is its head; every other a point."""
 
-    def __init__(self, store: Store, user_id: str | None, conversation: str | None) -> None:
-        super().__init__(store, user_id=user_id)
+    def __init__(self, store: Store, user_id: str | None, conversation: str | None, turn: int) -> None:
+        # A window, not the whole history: a turn only appends, and a turn written twice is at the end of it.
+        super().__init__(store, user_id=user_id, history_limit=turn + WINDOW)
         self.conversation = conversation
 
     def is_response_id(self, key: str) -> bool:
@@ -215,7 +217,7 @@ async def _set(sessions: _Transcripts, key: str, session: AgentSession, served_i
 async def _append(store: Store, user: str, conversation: str, messages: list[Message]) -> None:
     """The turn on the conversation's head; lost to another turn ending at once: again, on the new head."""
     key = key_of(conversation)
-    sessions = _Transcripts(store, user or None, key)
+    sessions = _Transcripts(store, user or None, key, len(messages))
     for attempt in range(TRIES):
         session = await sessions.get(key) or AgentSession(session_id=session_id_for(user, key))
         there = {m.additional_properties.get(STORE_ID) for m in _history(session)}
@@ -230,7 +232,7 @@ async def _append(store: Store, user: str, conversation: str, messages: list[Mes
 
 async def _point(store: Store, user: str, rid: str, previous: str | None, messages: list[Message]) -> None:
     """The turn at its own point, on its previous response's (a branch where that is not the head any more)."""
-    sessions, key = _Transcripts(store, user or None, None), key_of(rid)
+    sessions, key = _Transcripts(store, user or None, None, len(messages)), key_of(rid)
     if await sessions.get(key) is not None:  # written before its mark (a process that died between the two)
         return
     session = await sessions.get(key_of(previous)) if previous is not None else None
